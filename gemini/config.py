@@ -1,0 +1,242 @@
+"""resource-config.txt: the groups, their time shares and their memory limits.
+
+Two formats, detected from the first significant line:
+
+v1 (Gemini's original)::
+
+    2
+    podA 0.3 0.5 1073741824
+    podB 0.2 1.0 2147483648
+
+  a count N, then N lines ``ID REQUEST LIMIT GPU_MEM`` (MinUtil, MaxUtil, bytes).
+
+v2 (INI)::
+
+    [podA]
+    MinUtil = 0.3        # default 0
+    MaxUtil = 0.5        # default 1
+    MemoryLimit = 1GiB   # default 1GiB; K/M/G/T = 10^3.., Ki/Mi/Gi/Ti = 2^10..
+
+Every error is a ConfigError whose text starts with ``file:line:``.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_NAME_LEN = 63
+DEFAULT_MEMORY_LIMIT = 1 << 30
+MAX_MEMORY = (1 << 63) - 1
+
+_UNITS = {
+    "": 1,
+    "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgGtT][iI]?)?[bB]?\s*$")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used. str() is 'file:line: what is wrong'."""
+
+    def __init__(self, path: str, line: int, message: str):
+        self.path, self.line, self.message = path, line, message
+        super().__init__(f"{path}:{line}: {message}")
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    name: str
+    min_util: float = 0.0
+    max_util: float = 1.0
+    mem_limit: int = DEFAULT_MEMORY_LIMIT
+    line: int = 0  # where the group is defined, for messages
+
+
+@dataclass(frozen=True)
+class Config:
+    groups: tuple[GroupConfig, ...]
+    path: str = "<string>"
+    format: str = "v2"
+    warnings: tuple[str, ...] = field(default=())
+
+    def group(self, name: str) -> GroupConfig | None:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        return None
+
+    @property
+    def names(self) -> list[str]:
+        return [g.name for g in self.groups]
+
+
+def parse_size(text: str) -> int:
+    """'1GiB' -> 1073741824, '1.5G' -> 1500000000, '4096' -> 4096. Raises ValueError."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(f"bad size {text!r} (use e.g. 4096, 512MiB, 2G, 1.5GiB)")
+    number, unit = m.group(1), (m.group(2) or "").upper()
+    value = float(number) * _UNITS[unit] if "." in number else int(number) * _UNITS[unit]
+    if not math.isfinite(value) or value > MAX_MEMORY:
+        raise ValueError(f"size {text!r} is too large")
+    return int(value)
+
+
+def _parse_util(text: str, what: str, path: str, line: int) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(path, line, f"{what} {text!r} is not a number") from None
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise ConfigError(path, line, f"{what} {text!r} must be between 0 and 1")
+    return value
+
+
+def _parse_mem(text: str, path: str, line: int) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise ConfigError(path, line, f"MemoryLimit: {exc}") from None
+    if value <= 0:
+        raise ConfigError(path, line, f"MemoryLimit {text!r} must be greater than 0")
+    return value
+
+
+def _check_name(name: str, path: str, line: int) -> None:
+    if not name:
+        raise ConfigError(path, line, "empty group name")
+    if len(name) > MAX_NAME_LEN:
+        raise ConfigError(path, line, f"group name {name[:20]!r}... is {len(name)} characters (at most {MAX_NAME_LEN})")
+    bad = [c for c in name if not (0x21 <= ord(c) <= 0x7E)]
+    if bad:
+        raise ConfigError(path, line, f"group name {name!r} has a character that is not printable ASCII: {bad[0]!r}")
+
+
+def _strip_comment(line: str) -> str:
+    return line.split("#", 1)[0].strip()
+
+
+def _significant(lines: list[str]):
+    for number, raw in enumerate(lines, 1):
+        text = _strip_comment(raw)
+        if text:
+            yield number, text
+
+
+def _parse_v1(lines: list[str], path: str) -> list[GroupConfig]:
+    rows = list(_significant(lines))
+    count_line, count_text = rows[0]
+    try:
+        count = int(count_text)
+    except ValueError:
+        raise ConfigError(path, count_line, f"first line must be the number of groups, got {count_text!r}") from None
+    if count < 0:
+        raise ConfigError(path, count_line, f"number of groups {count} is negative")
+    body = rows[1:]
+    if len(body) != count:
+        where = body[-1][0] if body else count_line
+        raise ConfigError(path, where, f"the first line says {count} group(s) but {len(body)} follow")
+    groups = []
+    for number, text in body:
+        parts = text.split()
+        if len(parts) != 4:
+            raise ConfigError(path, number, f"expected 'ID REQUEST LIMIT GPU_MEM', got {len(parts)} field(s)")
+        name, request, limit, mem = parts
+        _check_name(name, path, number)
+        groups.append(GroupConfig(name, _parse_util(request, "REQUEST", path, number),
+                                  _parse_util(limit, "LIMIT", path, number), _parse_mem(mem, path, number), number))
+    return groups
+
+
+_SECTION_RE = re.compile(r"^\[(.*)\]$")
+_KEYS = {"minutil": "min_util", "maxutil": "max_util", "memorylimit": "mem_limit"}
+
+
+def _parse_v2(lines: list[str], path: str) -> list[GroupConfig]:
+    groups: list[GroupConfig] = []
+    current: dict | None = None
+    seen_keys: set[str] = set()
+
+    def finish() -> None:
+        if current is not None:
+            groups.append(GroupConfig(**current))
+
+    for number, text in _significant(lines):
+        section = _SECTION_RE.match(text)
+        if section:
+            finish()
+            name = section.group(1).strip()
+            _check_name(name, path, number)
+            current, seen_keys = {"name": name, "line": number}, set()
+            continue
+        if current is None:
+            raise ConfigError(path, number, f"{text!r} is outside any [group] section")
+        key, sep, value = text.partition("=")
+        if not sep:
+            key, sep, value = text.partition(":")
+        if not sep:
+            raise ConfigError(path, number, f"expected 'Key = value', got {text!r}")
+        key, value = key.strip(), value.strip()
+        attr = _KEYS.get(key.lower())
+        if attr is None:
+            raise ConfigError(path, number, f"unknown key {key!r} (expected MinUtil, MaxUtil or MemoryLimit)")
+        if attr in seen_keys:
+            raise ConfigError(path, number, f"{key} given twice in [{current['name']}]")
+        seen_keys.add(attr)
+        if attr == "mem_limit":
+            current[attr] = _parse_mem(value, path, number)
+        else:
+            current[attr] = _parse_util(value, key, path, number)
+    finish()
+    return groups
+
+
+def parse_config(text: str, path: str = "<string>") -> Config:
+    """Parse either format. Raises ConfigError naming file:line."""
+    if "\0" in text:
+        line = text[: text.index("\0")].count("\n") + 1
+        raise ConfigError(path, line, "file contains a NUL byte")
+    lines = text.splitlines()
+    first = next(_significant(lines), None)
+    if first is None:
+        raise ConfigError(path, max(len(lines), 1), "no groups defined (the file is empty)")
+    if first[1].startswith("["):
+        fmt, groups = "v2", _parse_v2(lines, path)
+    elif re.fullmatch(r"[+-]?\d+", first[1]):
+        fmt, groups = "v1", _parse_v1(lines, path)
+    else:
+        raise ConfigError(path, first[0], f"cannot tell the format: {first[1][:40]!r} is neither a group "
+                                          "count (v1) nor a [group] section (v2)")
+    if not groups:
+        raise ConfigError(path, first[0], "no groups defined")
+    seen: dict[str, int] = {}
+    for g in groups:
+        if g.name in seen:
+            raise ConfigError(path, g.line, f"group {g.name!r} is defined twice (first at line {seen[g.name]})")
+        seen[g.name] = g.line
+        if g.min_util > g.max_util:
+            raise ConfigError(path, g.line, f"group {g.name!r}: MinUtil {g.min_util} is above MaxUtil {g.max_util}")
+    warnings = []
+    total_min = sum(g.min_util for g in groups)
+    if total_min > 1.0 + 1e-9:
+        warnings.append(f"{path}: the MinUtil values add up to {total_min:.3g}, more than 1: "
+                        "not every guarantee can be met under overload")
+    return Config(tuple(groups), path, fmt, tuple(warnings))
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and parse a config file. A missing or unreadable file is a ConfigError too."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(p), 0, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(str(p), line, "file is not valid UTF-8") from None
+    return parse_config(text, str(p))

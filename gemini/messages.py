@@ -1,0 +1,200 @@
+"""Messages between gem-pmgr (zmq DEALER) and gem-schd (zmq ROUTER), and gem-ctl.
+
+Each zmq message is one frame holding a JSON object with a "type" field. The
+dataclasses below are the schema; `encode`/`decode` are the only way in and
+out, and `decode` rejects anything that does not fit the schema with a
+MessageError, so a bad peer can be logged and ignored.
+
+Times are in milliseconds (floats) so that the JSON stays readable in traces.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar, Union
+
+MAX_MESSAGE_BYTES = 64 * 1024  # larger frames are dropped before parsing
+
+
+class MessageError(ValueError):
+    """A frame that does not decode to a known message."""
+
+
+# --- pod manager -> scheduler ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hello:
+    """First message from a pod manager, and again whenever the scheduler says it does not know it."""
+    TYPE: ClassVar[str] = "hello"
+    group: str
+    pid: int
+    mem_used: int = 0           # bytes the group's clients hold (rebuilds accounting after a restart)
+    clients: int = 0
+
+
+@dataclass(frozen=True)
+class TokenRequest:
+    TYPE: ClassVar[str] = "token_request"
+    group: str
+    overuse_ms: float = 0.0     # worst overuse reported by the group's clients since the last request
+    burst_ms: float = 0.0       # largest burst prediction of the group's clients; 0 = none
+
+
+@dataclass(frozen=True)
+class TokenRelease:
+    """The group's clients are all idle: end the slot now (work-conserving)."""
+    TYPE: ClassVar[str] = "token_release"
+    group: str
+    token_seq: int
+    overuse_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    TYPE: ClassVar[str] = "heartbeat"
+    group: str
+    mem_used: int = 0
+    clients: int = 0
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    """From gem-ctl (or anyone): ask for the status table."""
+    TYPE: ClassVar[str] = "status"
+
+
+# --- scheduler -> pod manager ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Welcome:
+    TYPE: ClassVar[str] = "welcome"
+    group: str
+    min_util: float
+    max_util: float
+    mem_limit: int
+    scheduler_id: str           # changes when gem-schd restarts
+
+
+@dataclass(frozen=True)
+class Grant:
+    TYPE: ClassVar[str] = "grant"
+    group: str
+    quota_ms: float
+    token_seq: int
+
+
+@dataclass(frozen=True)
+class ConfigUpdate:
+    """Pushed to a group's pod manager when a reload changes its settings."""
+    TYPE: ClassVar[str] = "config"
+    group: str
+    min_util: float
+    max_util: float
+    mem_limit: int
+
+
+@dataclass(frozen=True)
+class GroupRemoved:
+    TYPE: ClassVar[str] = "group_removed"
+    group: str
+
+
+@dataclass(frozen=True)
+class HeartbeatAck:
+    TYPE: ClassVar[str] = "heartbeat_ack"
+    scheduler_id: str
+
+
+@dataclass(frozen=True)
+class Error:
+    TYPE: ClassVar[str] = "error"
+    code: str                   # one of the ERR_* strings below
+    message: str
+    group: str = ""
+
+
+ERR_UNKNOWN_GROUP = "unknown_group"
+ERR_NOT_REGISTERED = "not_registered"
+ERR_BAD_MESSAGE = "bad_message"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    name: str
+    min_util: float
+    max_util: float
+    share: float                # usage over the window / window
+    mem_used: int
+    mem_limit: int
+    clients: int
+    holding: bool
+    waiting: bool
+    wait_ms: float              # how long its current request has waited (0 if none)
+    quota_ms: float
+    grants: int
+    connected: bool
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    TYPE: ClassVar[str] = "status_reply"
+    scheduler_id: str
+    window_ms: float
+    holder: str
+    groups: list = field(default_factory=list)   # list of GroupStatus as dicts
+
+
+Message = Union[Hello, TokenRequest, TokenRelease, Heartbeat, StatusRequest, Welcome, Grant, ConfigUpdate,
+                GroupRemoved, HeartbeatAck, Error, StatusReply]
+_BY_TYPE: dict[str, type] = {cls.TYPE: cls for cls in Message.__args__}  # type: ignore[attr-defined]
+
+TO_SCHEDULER = frozenset({Hello, TokenRequest, TokenRelease, Heartbeat, StatusRequest})
+FROM_SCHEDULER = frozenset({Welcome, Grant, ConfigUpdate, GroupRemoved, HeartbeatAck, Error, StatusReply})
+
+_CHECKS = {
+    "str": lambda v: isinstance(v, str) and len(v) <= 4096,
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**64,
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    "bool": lambda v: isinstance(v, bool),
+    "list": lambda v: isinstance(v, list),
+}
+
+
+def encode(msg: Message) -> bytes:
+    body: dict[str, Any] = {"type": msg.TYPE}
+    body.update(asdict(msg))
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode(frame: bytes, allowed: frozenset[type] | None = None) -> Message:
+    """Parse one frame. Raises MessageError naming what is wrong."""
+    if len(frame) > MAX_MESSAGE_BYTES:
+        raise MessageError(f"message of {len(frame)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        body = json.loads(frame)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MessageError(f"not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise MessageError("message is not a JSON object")
+    mtype = body.pop("type", None)
+    cls = _BY_TYPE.get(mtype) if isinstance(mtype, str) else None
+    if cls is None:
+        raise MessageError(f"unknown message type {mtype!r}")
+    if allowed is not None and cls not in allowed:
+        raise MessageError(f"message type {mtype!r} is not accepted here")
+    values = {}
+    for f in fields(cls):
+        if f.name in body:
+            value = body.pop(f.name)
+            kind = f.type if isinstance(f.type, str) else f.type.__name__
+            if not _CHECKS[kind](value):
+                raise MessageError(f"{mtype}.{f.name}: bad value {value!r} (expected {kind})")
+            values[f.name] = float(value) if kind == "float" else value
+    missing = [f.name for f in fields(cls)
+               if f.name not in values and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise MessageError(f"{mtype}: missing field(s) {', '.join(missing)}")
+    if body:
+        raise MessageError(f"{mtype}: unknown field(s) {', '.join(sorted(body))}")
+    return cls(**values)
