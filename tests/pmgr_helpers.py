@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from pathlib import Path
 from contextlib import asynccontextmanager
 from typing import Callable
 
@@ -16,6 +17,7 @@ from gemini import protocol as hp
 from gemini.podmgr.server import PodManagerServer
 
 TIMEOUT = 5.0
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class FakeClock:

@@ -1,0 +1,756 @@
+"""gem-pmgr: the pure logic on simulated time, then the daemon on real sockets against a fake gem-schd."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from gemini import messages as sm
+from gemini import protocol as hp
+from gemini.podmgr.manager import (HEARTBEAT_S, WELCOME_WAIT_S, CloseHook, PodManager, ToHook, ToScheduler)
+from pmgr_helpers import (REPO_ROOT, AsyncHook, FakeClock, FakeScheduler, eventually, free_port,
+                          running_pmgr)
+
+GROUP = "g"
+MS = 1_000_000  # ns
+
+
+# =============================================================================================
+# manager.py on simulated time
+# =============================================================================================
+
+def welcome(limit: int = 1000, sid: str = "s1", group: str = GROUP) -> sm.Welcome:
+    return sm.Welcome(group=group, min_util=0.1, max_util=0.9, mem_limit=limit, scheduler_id=sid)
+
+
+def upstream(actions) -> list:
+    return [a.msg for a in actions if isinstance(a, ToScheduler)]
+
+
+def to_hook(actions, cid=None) -> list:
+    return [a for a in actions if isinstance(a, ToHook) and (cid is None or a.client_id == cid)]
+
+
+def closes(actions) -> list[int]:
+    return [a.client_id for a in actions if isinstance(a, CloseHook)]
+
+
+class Rig:
+    """A PodManager that has said hello and got its Welcome, plus helpers to connect hooks."""
+
+    def __init__(self, limit: int = 1000, welcomed: bool = True, **kw):
+        self.clock = FakeClock()
+        self.m = PodManager(GROUP, self.clock, pid=99, **kw)
+        assert upstream(self.m.start()) == [sm.Hello(group=GROUP, pid=99, mem_used=0, clients=0)]
+        if welcomed:
+            assert self.m.on_scheduler(welcome(limit)) == []
+
+    def hook(self, mem_in_use: int = 0, pid: int = 1) -> int:
+        cid = self.m.connect(f"peer{pid}")
+        acts = self.m.on_hook(cid, 1, hp.Hello(pid=pid, pod_name=GROUP, mem_in_use=mem_in_use))
+        if self.m.mem_limit is not None:
+            [ack] = to_hook(acts)
+            assert isinstance(ack.msg, hp.HelloAck) and ack.msg.client_id == cid and ack.seq == 1
+        return cid
+
+    def grant(self, quota_ms: float, seq: int):
+        return self.m.on_scheduler(sm.Grant(group=GROUP, quota_ms=quota_ms, token_seq=seq))
+
+
+class TestHandshake:
+    def test_hello_ack_carries_limit_usage_and_group(self):
+        r = Rig(limit=5000)
+        r.hook(mem_in_use=700, pid=1)
+        cid = r.m.connect("p")
+        [ack] = r.m.on_hook(cid, 9, hp.Hello(pid=2, pod_name=""))   # an empty name joins this group
+        assert ack.seq == 9
+        assert ack.msg == hp.HelloAck(client_id=cid, mem_limit=5000, mem_used=700, group=GROUP)
+
+    def test_group_mismatch_closes_with_the_served_group_named(self):
+        r = Rig()
+        cid = r.m.connect("p")
+        acts = r.m.on_hook(cid, 1, hp.Hello(pid=1, pod_name="other"))
+        [err] = to_hook(acts)
+        assert err.msg.code == hp.ErrorCode.GROUP_MISMATCH and "'g'" in err.msg.message
+        assert closes(acts) == [cid]
+
+    def test_device_mismatch_only_when_both_sides_name_a_device(self):
+        r = Rig(device_uuid="GPU-aaa")
+        cid = r.m.connect("p")
+        acts = r.m.on_hook(cid, 1, hp.Hello(pid=1, pod_name=GROUP, device_uuid="GPU-bbb"))
+        assert to_hook(acts)[0].msg.code == hp.ErrorCode.DEVICE_MISMATCH and closes(acts) == [cid]
+        for uuid in ("GPU-aaa", ""):
+            cid = r.m.connect("p")
+            assert isinstance(r.m.on_hook(cid, 1, hp.Hello(pid=1, device_uuid=uuid))[0].msg, hp.HelloAck)
+        r2 = Rig()   # no --device-uuid: any device is served
+        cid = r2.m.connect("p")
+        assert isinstance(r2.m.on_hook(cid, 1, hp.Hello(pid=1, device_uuid="GPU-x"))[0].msg, hp.HelloAck)
+
+    @pytest.mark.parametrize("first", [hp.TokenRequest(), hp.MemAlloc(bytes=1), hp.MemInfo(),
+                                       hp.TokenRelease(token_seq=1)])
+    def test_request_before_hello(self, first):
+        r = Rig()
+        cid = r.m.connect("p")
+        acts = r.m.on_hook(cid, 3, first)
+        assert to_hook(acts)[0].msg.code == hp.ErrorCode.NOT_HELLO and to_hook(acts)[0].seq == 3
+        assert closes(acts) == [cid]
+
+    def test_second_hello_is_a_protocol_error(self):
+        r = Rig()
+        cid = r.hook()
+        acts = r.m.on_hook(cid, 2, hp.Hello(pid=1))
+        assert to_hook(acts)[0].msg.code == hp.ErrorCode.PROTOCOL and closes(acts) == [cid]
+
+
+class TestTokenSharing:
+    def test_second_client_is_granted_at_once_with_the_time_left(self):
+        r = Rig()
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        acts = r.m.on_hook(a, 5, hp.TokenRequest(overuse_ns=2 * MS, burst_ns=7 * MS))
+        assert to_hook(acts) == []
+        assert upstream(acts) == [sm.TokenRequest(group=GROUP, overuse_ms=2.0, burst_ms=7.0)]
+        acts = r.grant(100.0, 7)
+        assert to_hook(acts) == [ToHook(a, 5, hp.TokenGrant(quota_ns=100 * MS, token_seq=7))]
+        r.clock.advance(0.030)
+        acts = r.m.on_hook(b, 6, hp.TokenRequest())
+        [g] = to_hook(acts)
+        assert g.client_id == b and g.msg.token_seq == 7
+        assert g.msg.quota_ns == pytest.approx(70 * MS, abs=1000)
+        assert upstream(acts) == [] and r.m.holders == {a, b}
+
+    def test_one_upstream_request_per_expiry_with_worst_overuse_and_largest_burst(self):
+        r = Rig()
+        a, b, c = r.hook(pid=1), r.hook(pid=2), r.hook(pid=3)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(10.0, 1)
+        # reports between the two upstream requests: releases count as well as requests
+        r.m.on_hook(b, 1, hp.TokenRequest(overuse_ns=1 * MS, burst_ns=9 * MS))
+        r.m.on_hook(c, 1, hp.TokenRelease(token_seq=1, overuse_ns=4 * MS, burst_ns=2 * MS))
+        r.clock.advance(0.011)      # expired
+        sent = []
+        for cid, (over, burst) in zip((a, b, c), ((3, 1), (2, 5), (0, 0))):
+            acts = r.m.on_hook(cid, 2, hp.TokenRequest(overuse_ns=over * MS, burst_ns=burst * MS))
+            assert to_hook(acts) == []
+            sent += upstream(acts)
+        assert sent == [sm.TokenRequest(group=GROUP, overuse_ms=4.0, burst_ms=9.0)]
+        acts = r.grant(20.0, 2)
+        assert sorted(h.client_id for h in to_hook(acts)) == [a, b, c]
+        assert all(h.seq == 2 and h.msg == hp.TokenGrant(quota_ns=20 * MS, token_seq=2) for h in to_hook(acts))
+        # what b and c reported after the upstream request went out is carried by the next one
+        r.clock.advance(0.021)
+        acts = r.m.on_hook(a, 3, hp.TokenRequest())
+        assert upstream(acts) == [sm.TokenRequest(group=GROUP, overuse_ms=2.0, burst_ms=5.0)]
+        r.grant(20.0, 3)
+        r.clock.advance(0.021)
+        assert upstream(r.m.on_hook(a, 4, hp.TokenRequest())) == [sm.TokenRequest(group=GROUP)]
+
+    def test_token_with_under_half_a_millisecond_left_counts_as_expired(self):
+        r = Rig()
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(10.0, 1)
+        r.clock.advance(0.0096)
+        acts = r.m.on_hook(b, 1, hp.TokenRequest())
+        assert to_hook(acts) == [] and len(upstream(acts)) == 1
+
+    def test_early_release_only_when_the_last_holder_releases(self):
+        r = Rig()
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(100.0, 4)
+        r.m.on_hook(b, 1, hp.TokenRequest())
+        acts = r.m.on_hook(a, 2, hp.TokenRelease(token_seq=4, overuse_ns=3 * MS))
+        assert to_hook(acts) == [ToHook(a, 2, hp.Ack())] and upstream(acts) == []
+        r.clock.advance(0.010)
+        acts = r.m.on_hook(b, 2, hp.TokenRelease(token_seq=4))
+        assert upstream(acts) == [sm.TokenRelease(group=GROUP, token_seq=4, overuse_ms=3.0)]
+        # the slot is over: the next request goes upstream, with no overuse counted twice
+        acts = r.m.on_hook(a, 3, hp.TokenRequest())
+        assert to_hook(acts) == [] and upstream(acts) == [sm.TokenRequest(group=GROUP)]
+
+    def test_release_of_an_old_token_only_contributes_its_overuse(self):
+        r = Rig()
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(10.0, 1)
+        r.clock.advance(0.02)
+        r.m.on_hook(a, 2, hp.TokenRequest())
+        r.grant(10.0, 2)
+        acts = r.m.on_hook(b, 1, hp.TokenRelease(token_seq=1, overuse_ns=6 * MS))
+        assert to_hook(acts) == [ToHook(b, 1, hp.Ack())] and upstream(acts) == []
+        assert r.m.holders == {a}
+        r.clock.advance(0.02)
+        assert upstream(r.m.on_hook(a, 3, hp.TokenRequest())) == [sm.TokenRequest(group=GROUP, overuse_ms=6.0)]
+
+    def test_release_after_expiry_sends_nothing(self):
+        r = Rig()
+        a = r.hook()
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(10.0, 1)
+        r.clock.advance(0.011)
+        acts = r.m.on_hook(a, 2, hp.TokenRelease(token_seq=1, overuse_ns=MS))
+        assert upstream(acts) == [] and to_hook(acts) == [ToHook(a, 2, hp.Ack())]
+
+    def test_holder_disconnect_releases_early(self):
+        r = Rig()
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(50.0, 3)
+        r.m.on_hook(b, 1, hp.TokenRequest())
+        assert upstream(r.m.disconnect(a)) == []
+        assert upstream(r.m.disconnect(b)) == [sm.TokenRelease(group=GROUP, token_seq=3)]
+        assert r.m.disconnect(b) == []      # idempotent
+
+    def test_waiter_disconnect_cancels_its_wait_and_an_unneeded_grant_goes_back(self):
+        r = Rig()
+        a = r.hook()
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.m.disconnect(a)
+        assert r.m.waiting == []
+        acts = r.grant(50.0, 8)
+        assert to_hook(acts) == [] and upstream(acts) == [sm.TokenRelease(group=GROUP, token_seq=8)]
+
+    def test_requests_before_welcome_go_upstream_once_welcomed(self):
+        r = Rig(welcomed=False)
+        cid = r.m.connect("p")
+        r.m.on_hook(cid, 1, hp.Hello(pid=1, pod_name=GROUP))
+        assert upstream(r.m.on_hook(cid, 2, hp.TokenRequest(burst_ns=4 * MS))) == []
+        acts = r.m.on_scheduler(welcome())
+        assert upstream(acts) == [sm.TokenRequest(group=GROUP, burst_ms=4.0)]
+        assert to_hook(acts)[0].msg.__class__ is hp.HelloAck
+
+
+class TestMemory:
+    def test_verdicts_at_the_exact_limit(self):
+        r = Rig(limit=1000)
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        def alloc(cid, n):
+            [rep] = r.m.on_hook(cid, 1, hp.MemAlloc(bytes=n))
+            return rep.msg
+        assert alloc(a, 600) == hp.MemReply(verdict=hp.MemVerdict.OK, used=600, limit=1000)
+        assert alloc(b, 401) == hp.MemReply(verdict=hp.MemVerdict.DENIED, used=600, limit=1000)
+        assert alloc(b, 400) == hp.MemReply(verdict=hp.MemVerdict.OK, used=1000, limit=1000)
+        assert alloc(a, 1).verdict == hp.MemVerdict.DENIED
+        assert alloc(a, 0).verdict == hp.MemVerdict.OK
+        [info] = r.m.on_hook(b, 2, hp.MemInfo())
+        assert info.msg == hp.MemReply(verdict=0, used=1000, limit=1000)
+
+    def test_free_only_ones_own_and_never_below_zero(self):
+        r = Rig(limit=1000)
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.MemAlloc(bytes=300))
+        r.m.on_hook(b, 1, hp.MemAlloc(bytes=200))
+        [rep] = r.m.on_hook(b, 2, hp.MemFree(bytes=500))    # b holds only 200
+        assert rep.msg.used == 300 and r.m.clients[b].mem == 0 and r.m.clients[a].mem == 300
+        [rep] = r.m.on_hook(a, 2, hp.MemFree(bytes=100))
+        assert rep.msg == hp.MemReply(verdict=0, used=200, limit=1000)
+
+    def test_hello_credits_existing_memory_and_disconnect_releases_it(self):
+        r = Rig(limit=1000)
+        a = r.hook(mem_in_use=900)
+        b = r.hook()
+        assert r.m.on_hook(b, 1, hp.MemAlloc(bytes=101))[0].msg.verdict == hp.MemVerdict.DENIED
+        r.m.disconnect(a)
+        assert r.m.mem_used == 0
+        assert r.m.on_hook(b, 2, hp.MemAlloc(bytes=1000))[0].msg.verdict == hp.MemVerdict.OK
+
+    def test_limit_change_is_pushed_to_every_hook(self):
+        r = Rig(limit=1000)
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.connect("no-hello-yet")
+        r.m.on_hook(a, 1, hp.MemAlloc(bytes=10))
+        acts = r.m.on_scheduler(sm.ConfigUpdate(group=GROUP, min_util=0, max_util=1, mem_limit=4000))
+        assert sorted(acts, key=lambda x: x.client_id) == [
+            ToHook(a, 0, hp.LimitUpdate(verdict=0, used=10, limit=4000)),
+            ToHook(b, 0, hp.LimitUpdate(verdict=0, used=10, limit=4000))]
+        assert r.m.on_scheduler(sm.ConfigUpdate(group=GROUP, min_util=0, max_util=1, mem_limit=4000)) == []
+        assert r.m.on_hook(b, 2, hp.MemAlloc(bytes=3990))[0].msg.verdict == hp.MemVerdict.OK
+
+    def test_requests_before_the_first_welcome_wait_then_no_scheduler(self):
+        r = Rig(welcomed=False)
+        cid = r.m.connect("p")
+        assert r.m.on_hook(cid, 1, hp.Hello(pid=1)) == []
+        assert r.m.on_hook(cid, 2, hp.MemAlloc(bytes=5)) == []
+        r.clock.advance(WELCOME_WAIT_S + 0.01)
+        acts = to_hook(r.m.tick())
+        assert acts[0] == ToHook(cid, 1, hp.HelloAck(client_id=cid, mem_limit=0, mem_used=0, group=GROUP))
+        assert acts[1].seq == 2 and acts[1].msg.code == hp.ErrorCode.NO_SCHEDULER
+        assert r.m.on_hook(cid, 3, hp.MemInfo()) == []     # still no limit: waits again
+
+    def test_requests_before_the_first_welcome_are_answered_by_it(self):
+        r = Rig(welcomed=False)
+        cid = r.m.connect("p")
+        r.m.on_hook(cid, 1, hp.Hello(pid=1))
+        r.m.on_hook(cid, 2, hp.MemAlloc(bytes=5))
+        r.clock.advance(1.0)
+        acts = to_hook(r.m.on_scheduler(welcome(limit=10)))
+        assert [a.seq for a in acts] == [1, 2]
+        assert acts[1].msg == hp.MemReply(verdict=0, used=5, limit=10)
+
+
+class TestSchedulerLink:
+    def test_heartbeat_every_second_with_usage_and_clients(self):
+        r = Rig()
+        a = r.hook()
+        r.m.on_hook(a, 1, hp.MemAlloc(bytes=77))
+        beats = []
+        for _ in range(20):
+            r.clock.advance(0.125)      # 2.5 s in steps a float adds exactly
+            beats += upstream(r.m.tick())
+        assert beats == [sm.Heartbeat(group=GROUP, mem_used=77, clients=1)] * int(2.5 / HEARTBEAT_S)
+
+    def test_not_registered_re_hellos_and_resends_the_outstanding_request(self):
+        r = Rig()
+        a = r.hook(mem_in_use=50)
+        r.m.on_hook(a, 1, hp.TokenRequest(burst_ns=3 * MS))
+        r.clock.advance(5.0)
+        acts = r.m.on_scheduler(sm.Error(code=sm.ERR_NOT_REGISTERED, message="who?"))
+        assert upstream(acts) == [sm.Hello(group=GROUP, pid=99, mem_used=50, clients=1)]
+        # more not_registered replies in a burst (queued heartbeats) send no more Hellos
+        assert upstream(r.m.on_scheduler(sm.Error(code=sm.ERR_NOT_REGISTERED, message="who?"))) == []
+        acts = r.m.on_scheduler(welcome(sid="s2"))
+        assert upstream(acts) == [sm.TokenRequest(group=GROUP, burst_ms=3.0)]
+        assert to_hook(r.grant(10.0, 1))[0].msg.token_seq == 1
+
+    def test_new_scheduler_id_in_heartbeat_ack_re_registers(self):
+        r = Rig()
+        a = r.hook()
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        assert r.m.on_scheduler(sm.HeartbeatAck(scheduler_id="s1")) == []
+        acts = r.m.on_scheduler(sm.HeartbeatAck(scheduler_id="s2"))
+        assert [type(m) for m in upstream(acts)] == [sm.Hello]
+        assert upstream(r.m.on_scheduler(welcome(sid="s2"))) == [sm.TokenRequest(group=GROUP)]
+        # a repeated Welcome from the same scheduler does not duplicate the request
+        assert upstream(r.m.on_scheduler(welcome(sid="s2"))) == []
+
+    def test_failed_send_is_repeated_when_the_link_is_back(self):
+        r = Rig()
+        a = r.hook()
+        [req] = upstream(r.m.on_hook(a, 1, hp.TokenRequest()))
+        r.m.upstream_failed(req)
+        r.clock.advance(0.05)
+        assert req in upstream(r.m.tick())
+        r.clock.advance(0.05)
+        assert req not in upstream(r.m.tick())
+
+    def test_unknown_group_refuses_waiters_and_newcomers_and_retries(self):
+        r = Rig(welcomed=False)
+        cid = r.m.connect("p")
+        r.m.on_hook(cid, 1, hp.Hello(pid=1))
+        r.m.on_hook(cid, 2, hp.TokenRequest())
+        acts = r.m.on_scheduler(sm.Error(code=sm.ERR_UNKNOWN_GROUP, group=GROUP, message="no"))
+        codes = {a.seq: a.msg.code for a in to_hook(acts)}
+        assert codes == {1: hp.ErrorCode.UNKNOWN_GROUP, 2: hp.ErrorCode.UNKNOWN_GROUP}
+        assert closes(acts) == [cid]
+        assert "resource-config.txt" in to_hook(acts)[0].msg.message
+        late = r.m.connect("q")
+        acts = r.m.on_hook(late, 1, hp.Hello(pid=2))
+        assert to_hook(acts)[0].msg.code == hp.ErrorCode.UNKNOWN_GROUP and closes(acts) == [late]
+        hellos = []
+        for _ in range(25):
+            r.clock.advance(0.1)
+            hellos += [m for m in upstream(r.m.tick()) if isinstance(m, sm.Hello)]
+        assert len(hellos) == 2
+        r.m.on_scheduler(welcome())     # the config gained the group
+        ok = r.m.connect("r")
+        assert isinstance(r.m.on_hook(ok, 1, hp.Hello(pid=3))[0].msg, hp.HelloAck)
+
+    def test_group_removed_lets_the_token_run_out_and_refuses_requests(self):
+        r = Rig()
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(100.0, 1)
+        r.clock.advance(0.2)
+        r.m.on_hook(b, 1, hp.TokenRequest())     # waits for the next grant
+        acts = r.m.on_scheduler(sm.GroupRemoved(group=GROUP))
+        assert [(x.client_id, x.seq, x.msg.code) for x in to_hook(acts)] == [(b, 1, hp.ErrorCode.UNKNOWN_GROUP)]
+        assert closes(acts) == []
+        acts = r.m.on_hook(a, 2, hp.TokenRequest())
+        assert to_hook(acts)[0].msg.code == hp.ErrorCode.UNKNOWN_GROUP and upstream(acts) == []
+        # memory accounting goes on with the last limit
+        assert r.m.on_hook(a, 3, hp.MemAlloc(bytes=10))[0].msg.verdict == hp.MemVerdict.OK
+
+    def test_messages_for_another_group_are_ignored(self):
+        r = Rig()
+        a = r.hook()
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        assert r.m.on_scheduler(sm.Grant(group="other", quota_ms=10, token_seq=1)) == []
+        assert r.m.waiting == [(a, 1)]
+
+    def test_silence_is_logged_once(self, caplog):
+        r = Rig()
+        caplog.set_level(logging.WARNING, "gemini.podmgr")
+        for _ in range(100):
+            r.clock.advance(0.1)
+            r.m.tick()
+        assert sum("has not answered" in rec.message for rec in caplog.records) == 1
+        r.m.on_scheduler(sm.HeartbeatAck(scheduler_id="s1"))
+        assert sum("answers again" in rec.message for rec in caplog.records) == 1
+
+
+# =============================================================================================
+# the daemon on real sockets
+# =============================================================================================
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_two_connections_share_one_token_and_one_upstream_request_per_expiry():
+    async def body():
+        async with running_pmgr(GROUP, 1000) as (srv, sched):
+            await sched.wait_registered(GROUP)
+            a, b = await AsyncHook.connect(srv.port), await AsyncHook.connect(srv.port)
+            await a.hello(GROUP, pid=1)
+            await b.hello(GROUP, pid=2)
+            fa = a.request(hp.TokenRequest(overuse_ns=1 * MS, burst_ns=2 * MS))
+            req = await sched.expect(sm.TokenRequest)
+            assert (req.overuse_ms, req.burst_ms) == (1.0, 2.0)
+            await sched.grant(GROUP, 200.0)
+            ga = await fa
+            assert ga.quota_ns == 200 * MS
+            await asyncio.sleep(0.05)
+            gb = await b.call(hp.TokenRequest(overuse_ns=5 * MS, burst_ns=1 * MS))
+            assert gb.token_seq == ga.token_seq
+            assert 100 * MS < gb.quota_ns < 155 * MS
+            assert sched.count(sm.TokenRequest) == 1
+            await asyncio.sleep(0.16)           # expired
+            both = [a.request(hp.TokenRequest(overuse_ns=3 * MS, burst_ns=9 * MS)), b.request(hp.TokenRequest())]
+            req = await sched.expect(sm.TokenRequest)
+            assert (req.overuse_ms, req.burst_ms) == (5.0, 9.0)
+            await asyncio.sleep(0.1)
+            assert sched.count(sm.TokenRequest) == 2
+            seq = await sched.grant(GROUP, 50.0)
+            grants = await asyncio.gather(*both)
+            assert [g.token_seq for g in grants] == [seq, seq]
+            await a.close()
+            await b.close()
+    run(body())
+
+
+def test_waiting_token_request_does_not_hold_up_memory_requests_on_the_same_connection():
+    async def body():
+        async with running_pmgr(GROUP, 1000) as (srv, sched):
+            await sched.wait_registered(GROUP)
+            h = await AsyncHook.connect(srv.port)
+            await h.hello(GROUP)
+            token = h.request(hp.TokenRequest())
+            await sched.expect(sm.TokenRequest)
+            assert (await h.call(hp.MemAlloc(bytes=100), timeout=1.0)).verdict == hp.MemVerdict.OK
+            assert (await h.call(hp.MemInfo(), timeout=1.0)).used == 100
+            assert not token.done()
+            await sched.grant(GROUP, 10.0)
+            assert (await asyncio.wait_for(token, 2)).quota_ns == 10 * MS
+            await h.close()
+    run(body())
+
+
+def test_closed_connection_holding_the_token_releases_it_and_its_memory_within_a_second():
+    async def body():
+        async with running_pmgr(GROUP, 1000) as (srv, sched):
+            await sched.wait_registered(GROUP)
+            h = await AsyncHook.connect(srv.port)
+            await h.hello(GROUP)
+            assert (await h.call(hp.MemAlloc(bytes=700))).verdict == hp.MemVerdict.OK
+            t = h.request(hp.TokenRequest())
+            await sched.expect(sm.TokenRequest)
+            seq = await sched.grant(GROUP, 5000.0)
+            await t
+            start = time.monotonic()
+            await h.close()
+            rel = await sched.expect(sm.TokenRelease, timeout=1.0)
+            assert rel.token_seq == seq and time.monotonic() - start < 1.0
+            await eventually(lambda: srv.manager.mem_used == 0, 1.0, "memory released")
+            other = await AsyncHook.connect(srv.port)
+            await other.hello(GROUP)
+            assert (await other.call(hp.MemAlloc(bytes=1000))).verdict == hp.MemVerdict.OK
+            await other.close()
+    run(body())
+
+
+KILLED_HOOK = textwrap.dedent("""
+    import sys, time
+    sys.path[:0] = [sys.argv[2], sys.argv[3]]
+    from pmgr_helpers import BlockingHook
+    from gemini import protocol as hp
+    h = BlockingHook(int(sys.argv[1]))
+    h.call(hp.Hello(pid=0, pod_name="g"))
+    assert h.call(hp.MemAlloc(bytes=600)).verdict == 0
+    grant = h.call(hp.TokenRequest())
+    print("holding", grant.token_seq, flush=True)
+    time.sleep(60)
+""")
+
+
+def test_sigkilled_process_holding_the_token_releases_it_and_its_memory_within_a_second():
+    async def body():
+        async with running_pmgr(GROUP, 1000) as (srv, sched):
+            await sched.wait_registered(GROUP)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", KILLED_HOOK, str(srv.port), str(REPO_ROOT), str(REPO_ROOT / "tests"),
+                stdout=asyncio.subprocess.PIPE)
+            try:
+                await sched.expect(sm.TokenRequest, timeout=10)
+                seq = await sched.grant(GROUP, 5000.0)
+                line = await asyncio.wait_for(proc.stdout.readline(), 5)
+                assert line.split() == [b"holding", str(seq).encode()]
+                assert srv.manager.mem_used == 600
+                start = time.monotonic()
+                proc.kill()
+                rel = await sched.expect(sm.TokenRelease, timeout=1.0)
+                assert rel.token_seq == seq
+                await eventually(lambda: srv.manager.mem_used == 0, 1.0 - (time.monotonic() - start))
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                await proc.wait()
+    run(body())
+
+
+def test_exact_memory_limit_under_concurrent_requests_from_many_connections():
+    limit, each, conns, per = 10_000, 7, 8, 300     # 8*300*7 = 16800 bytes asked for 10000 available
+    async def body():
+        async with running_pmgr(GROUP, limit) as (srv, sched):
+            await sched.wait_registered(GROUP)
+            hooks = [await AsyncHook.connect(srv.port) for _ in range(conns)]
+            await asyncio.gather(*(h.hello(GROUP, pid=i) for i, h in enumerate(hooks)))
+            futs = [[h.request(hp.MemAlloc(bytes=each)) for _ in range(per)] for h in hooks]
+            replies = [await asyncio.gather(*f) for f in futs]
+            granted = [sum(each for r in rs if r.verdict == hp.MemVerdict.OK) for rs in replies]
+            assert sum(granted) == limit - limit % each
+            assert all(r.used <= limit for rs in replies for r in rs)
+            assert (await hooks[0].call(hp.MemInfo())).used == sum(granted)
+            # frees: a hook can only give back its own bytes
+            rich = max(range(conns), key=lambda i: granted[i])
+            poor = min(range(conns), key=lambda i: granted[i])
+            rep = await hooks[poor].call(hp.MemFree(bytes=granted[poor] + 10_000))
+            assert rep.used == sum(granted) - granted[poor]
+            await hooks[rich].call(hp.MemFree(bytes=granted[rich]))
+            assert srv.manager.mem_used == sum(granted) - granted[poor] - granted[rich]
+            # a live limit change reaches every hook as a push
+            await sched.send(GROUP, sm.ConfigUpdate(group=GROUP, min_util=0, max_util=1, mem_limit=2 * limit))
+            pushes = await asyncio.gather(*(asyncio.wait_for(h.pushes.get(), 2) for h in hooks))
+            assert all(p == hp.LimitUpdate(verdict=0, used=srv.manager.mem_used, limit=2 * limit) for p in pushes)
+            for h in hooks:
+                await h.close()
+    run(body())
+
+
+def _header(magic=hp.MAGIC, version=hp.VERSION, mtype=hp.MsgType.HELLO, size=hp.MSG_SIZE, seq=5) -> bytes:
+    return struct.pack("<IHHII", magic, version, mtype, size, seq)
+
+
+BAD_FRAMES = {
+    "garbage": (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\xff" * 300, hp.ErrorCode.PROTOCOL),
+    "truncated": (hp.encode(hp.Hello(pid=1, pod_name=GROUP), 5)[:100], hp.ErrorCode.PROTOCOL),
+    "oversized": (_header(size=1 << 30) + b"\0" * (hp.MSG_SIZE - hp.HEADER_SIZE), hp.ErrorCode.PROTOCOL),
+    "wrong-version": (_header(version=hp.VERSION + 1) + b"\0" * 240, hp.ErrorCode.VERSION),
+    "unknown-type": (_header(mtype=99) + b"\0" * 240, hp.ErrorCode.PROTOCOL),
+    "reply-type": (hp.encode(hp.Ack(), 5), hp.ErrorCode.PROTOCOL),
+    "before-hello": (hp.encode(hp.MemAlloc(bytes=1), 5), hp.ErrorCode.NOT_HELLO),
+    "short-header": (b"\x47\x45", hp.ErrorCode.PROTOCOL),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FRAMES))
+def test_bad_frames_close_only_that_connection(name):
+    data, code = BAD_FRAMES[name]
+    async def body():
+        async with running_pmgr(GROUP, 1000) as (srv, sched):
+            await sched.wait_registered(GROUP)
+            good = await AsyncHook.connect(srv.port)
+            await good.hello(GROUP)
+            await good.call(hp.MemAlloc(bytes=10))
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+            writer.write(data)
+            if name in ("truncated", "short-header"):
+                writer.write_eof()
+            reply = await asyncio.wait_for(reader.read(), 3)    # everything until the server closes
+            assert len(reply) == hp.MSG_SIZE
+            seq, err = hp.decode(reply, hp.PMGR_TO_HOOK)
+            assert isinstance(err, hp.Error) and err.code == code and err.message
+            writer.close()
+            # the daemon goes on serving the other connection and new ones
+            assert (await good.call(hp.MemInfo())).used == 10
+            again = await AsyncHook.connect(srv.port)
+            assert isinstance(await again.hello(GROUP), hp.HelloAck)
+            await again.close()
+            await good.close()
+    run(body())
+
+
+def test_bad_frame_after_hello_releases_that_connections_memory():
+    async def body():
+        async with running_pmgr(GROUP, 1000) as (srv, sched):
+            await sched.wait_registered(GROUP)
+            h = await AsyncHook.connect(srv.port)
+            await h.hello(GROUP)
+            await h.call(hp.MemAlloc(bytes=400))
+            h.send_raw(_header(magic=0xDEADBEEF) + b"\0" * 240)
+            await h.wait_closed()
+            await eventually(lambda: srv.manager.mem_used == 0, 1.0)
+    run(body())
+
+
+def test_garbage_from_the_scheduler_is_logged_and_survived(caplog):
+    async def body():
+        async with running_pmgr(GROUP, 1000) as (srv, sched):
+            await sched.wait_registered(GROUP)
+            ident = sched.registered[GROUP]
+            for junk in (b"not json", b"[]", b'{"type":"grant"}', b'{"type":"hello","group":"g","pid":1}', b""):
+                await sched.sock.send_multipart([ident, junk])
+            h = await AsyncHook.connect(srv.port)
+            await h.hello(GROUP)
+            t = h.request(hp.TokenRequest())
+            await sched.expect(sm.TokenRequest)
+            await sched.grant(GROUP, 10)
+            assert (await asyncio.wait_for(t, 2)).quota_ns == 10 * MS
+            await h.close()
+    with caplog.at_level(logging.WARNING, "gemini.podmgr"):
+        run(body())
+    assert sum("bad message from gem-schd" in r.message for r in caplog.records) == 5
+
+
+def test_scheduler_restart_re_hello_and_re_sent_request():
+    async def body():
+        async with running_pmgr(GROUP, 1000) as (srv, sched):
+            await sched.wait_registered(GROUP)
+            h = await AsyncHook.connect(srv.port)
+            await h.hello(GROUP)
+            await h.call(hp.MemAlloc(bytes=321))
+            t = h.request(hp.TokenRequest(burst_ns=4 * MS))
+            await sched.expect(sm.TokenRequest)
+            port = sched.port
+            await sched.close()                         # gem-schd dies with our request queued
+            await asyncio.sleep(0.3)
+            new = FakeScheduler({GROUP: 1000}, port=port, scheduler_id="sched-2")
+            try:
+                hello = await new.expect(sm.Hello, timeout=5)
+                assert hello.mem_used == 321 and hello.clients == 1
+                req = await new.expect(sm.TokenRequest, timeout=2)
+                assert req.burst_ms == 4.0
+                assert new.kinds()[0] in ("Heartbeat", "Hello")
+                seq = await new.grant(GROUP, 25.0)
+                g = await asyncio.wait_for(t, 2)
+                assert (g.token_seq, g.quota_ns) == (seq, 25 * MS)
+                assert srv.manager.scheduler_id == "sched-2"
+            finally:
+                await h.close()
+                await new.close()
+    run(body())
+
+
+def test_token_requests_wait_while_the_scheduler_is_away():
+    async def body():
+        port = free_port()
+        async with running_pmgr(GROUP, start_scheduler=False, scheduler_port=port) as (srv, _):
+            h = await AsyncHook.connect(srv.port)
+            hello = h.request(hp.Hello(pid=1, pod_name=GROUP))
+            ack = await asyncio.wait_for(hello, WELCOME_WAIT_S + 2)   # no scheduler: acked without a limit
+            assert ack.mem_limit == 0
+            mem = await h.call(hp.MemAlloc(bytes=1), timeout=WELCOME_WAIT_S + 2)
+            assert isinstance(mem, hp.Error) and mem.code == hp.ErrorCode.NO_SCHEDULER
+            t = h.request(hp.TokenRequest())
+            await asyncio.sleep(0.3)
+            assert not t.done()
+            sched = FakeScheduler({GROUP: 500}, port=port)
+            try:
+                await sched.expect(sm.TokenRequest, timeout=3)
+                await sched.grant(GROUP, 10)
+                assert (await asyncio.wait_for(t, 2)).quota_ns == 10 * MS
+                assert (await h.call(hp.MemAlloc(bytes=1))).limit == 500
+            finally:
+                await h.close()
+                await sched.close()
+    run(body())
+
+
+def test_unknown_group_is_refused_with_a_clear_error():
+    async def body():
+        async with running_pmgr(GROUP, groups={"other": 1}) as (srv, sched):
+            h = await AsyncHook.connect(srv.port)
+            err = await h.hello(GROUP)
+            assert err.code == hp.ErrorCode.UNKNOWN_GROUP and "resource-config.txt" in err.message
+            await h.wait_closed()
+    run(body())
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+def _pmgr_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gemini.podmgr.cli", *args]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    for name in ("POD_NAME", "POD_MANAGER_IP", "POD_MANAGER_PORT", "SCHEDULER_IP", "SCHEDULER_PORT"):
+        env.pop(name, None)
+        env.pop("GEMINI_" + name, None)
+    return env
+
+
+def test_cli_busy_port_is_a_clear_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = subprocess.run(_pmgr_cmd("--name", GROUP, "--port", str(port), "--scheduler-port", str(free_port())),
+                             env=_env(), capture_output=True, text=True, timeout=20)
+    assert res.returncode == 2
+    assert f"127.0.0.1:{port}" in res.stderr and "already in use" in res.stderr
+
+
+def test_cli_env_vars_are_defaults_and_sigterm_stops_cleanly():
+    port = free_port()
+    env = _env()
+    env.update(POD_NAME=GROUP, POD_MANAGER_PORT=str(port), SCHEDULER_PORT=str(free_port()))
+    proc = subprocess.Popen(_pmgr_cmd("-v"), env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert f"hooks on 127.0.0.1:{port}" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_warns_when_binding_beyond_loopback():
+    port = free_port()
+    proc = subprocess.Popen(_pmgr_cmd("--name", GROUP, "--ip", "0.0.0.0", "--port", str(port),
+                                      "--scheduler-port", str(free_port())),
+                            env=_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+        assert "not a loopback address" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
