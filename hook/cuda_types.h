@@ -31,6 +31,9 @@ typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
+/* Copy descriptors: gemini passes them through without looking inside. */
+typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
+typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
 
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 

@@ -1,0 +1,50 @@
+# gemini -- build, test, demo.
+#
+#   make demo       install into .venv, build, run the backend and two clients in two groups
+#   make test       install into .venv, build, run the test suite (no GPU needed)
+#   make gpu-check  on a GPU node: build, run the tests marked gpu, run the benchmarks,
+#                   write a report under $$OUT (or ./out); uses the system python3, no network
+#   make hook       build gemini/lib/libgemhook.so.1 only
+
+PYTHON ?= python3
+VENV   ?= .venv
+VPY    := $(VENV)/bin/python
+CC     ?= cc
+BUILD  ?= build
+OUT    ?= out
+
+HOOK_SRC := hook/libgemhook.c hook/symbols.c hook/gate.c hook/memory.c hook/client.c hook/util.c
+HOOK_HDR := hook/gemhook.h hook/hook_table.h hook/cuda_types.h hook/gemini_proto.h
+HOOK_LIB := gemini/lib/libgemhook.so.1
+# A plain C library: no libpython, no libcuda (opened at run time), no CUDA headers.
+HOOK_CFLAGS  := -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -pthread -Ihook
+HOOK_LDFLAGS := -shared -pthread -Wl,-soname,libgemhook.so.1 -Wl,--no-undefined -Wl,-z,now
+
+.PHONY: all hook venv test demo gpu-check clean
+
+all: hook
+
+hook: $(HOOK_LIB)
+
+$(HOOK_LIB): $(HOOK_SRC) $(HOOK_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(HOOK_CFLAGS) $(HOOK_LDFLAGS) -o $@ $(HOOK_SRC) -ldl -lm
+
+-include tests/simcuda/sim.mk
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+test: venv hook
+	$(VPY) -m pytest -q
+
+demo: venv hook
+	$(VPY) -m gemini.demo
+
+clean:
+	rm -rf $(BUILD) $(HOOK_LIB) .pytest_cache

@@ -1,0 +1,404 @@
+/*
+ * client.c -- the connection to the pod manager.
+ *
+ * One persistent TCP connection per process (and device), opened lazily on
+ * the first call that needs it. Several threads may have requests in flight
+ * at once: a launch thread can wait seconds for a token while another thread
+ * allocates memory. Each request carries a seq; whichever waiting thread
+ * finds nobody reading becomes the reader and hands replies to their owners
+ * (leader/follower), so there is no extra thread and no per-request socket.
+ *
+ * A dead or unreachable pod manager never hangs the program and never kills
+ * it: connects retry with backoff for GEMINI_CONNECT_TIMEOUT_MS with a clear
+ * message, then the call fails and the CUDA call returns an error. The next
+ * call reconnects (the HELLO carries the memory the process already holds, so
+ * a restarted pod manager rebuilds its accounting).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gemhook.h"
+
+struct gem_waiter {
+    uint32_t seq;
+    int done;
+    int result;
+    struct gem_msg *reply;
+    struct gem_waiter *next;
+};
+
+static void cond_init_monotonic(pthread_cond_t *cv) {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+void gem_conn_init(struct gem_conn *c, const char *ip, int port, int ordinal, const char *uuid,
+                   const uint64_t *mem_in_use) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->send_mu, NULL);
+    cond_init_monotonic(&c->cv);
+    c->fd = -1;
+    snprintf(c->ip, sizeof c->ip, "%s", ip);
+    c->port = port;
+    c->device_ordinal = ordinal;
+    snprintf(c->device_uuid, sizeof c->device_uuid, "%s", uuid ? uuid : "");
+    c->mem_in_use = mem_in_use;
+}
+
+void gem_conn_reset_after_fork(struct gem_conn *c) {
+    /* The parent's connection is the parent's: the child must not read its replies. */
+    if (c->fd >= 0)
+        close(c->fd);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->send_mu, NULL);
+    cond_init_monotonic(&c->cv);
+    c->fd = -1;
+    c->reader_active = 0;
+    c->connecting = 0;
+    c->waiters = NULL;
+    c->next_connect_ns = 0;
+    c->ever_connected = 0;
+}
+
+static void deadline_to_timespec(int64_t t, struct timespec *ts) {
+    ts->tv_sec = t / GEM_NS_PER_S;
+    ts->tv_nsec = t % GEM_NS_PER_S;
+}
+
+/* ---- raw I/O ------------------------------------------------------------------------------- */
+
+static int write_all(int fd, const void *buf, size_t len) {
+    const char *p = buf;
+    while (len > 0) {
+        /* MSG_NOSIGNAL: a dead pod manager must not SIGPIPE the program */
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Read one frame. Returns 1 with a frame, 0 if nothing arrived within wait_ms, -1 on EOF/error.
+ * Once the first byte is in, the rest must follow within 5 s, or the stream is out of step. */
+static int read_frame(int fd, struct gem_msg *m, int wait_ms, char *why, size_t why_len) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int pr = poll(&pfd, 1, wait_ms);
+    if (pr == 0)
+        return 0;
+    if (pr < 0)
+        return errno == EINTR ? 0 : -1;
+    char *p = (char *)m;
+    size_t got = 0;
+    int64_t limit = gem_now_ns() + 5 * GEM_NS_PER_S;
+    while (got < sizeof *m) {
+        ssize_t n = recv(fd, p + got, sizeof *m - got, 0);
+        if (n == 0) {
+            snprintf(why, why_len, "the pod manager closed the connection");
+            return -1;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (gem_now_ns() > limit) {
+                    snprintf(why, why_len, "truncated frame from the pod manager");
+                    return -1;
+                }
+                poll(&pfd, 1, 100);
+                continue;
+            }
+            snprintf(why, why_len, "%s", strerror(errno));
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    if (gemhook_msg_check(m, why, why_len) != 0)
+        return -1;
+    return 1;
+}
+
+static int connect_tcp(const char *ip, int port, int timeout_ms, char *why, size_t why_len) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    int gai = getaddrinfo(ip, portstr, &hints, &res);
+    if (gai != 0) {
+        snprintf(why, why_len, "cannot resolve '%s': %s", ip, gai_strerror(gai));
+        return -1;
+    }
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+        if (fd < 0)
+            continue;
+        int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc < 0 && errno == EINPROGRESS) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            rc = poll(&pfd, 1, timeout_ms) == 1 ? 0 : -1;
+            int err = 0;
+            socklen_t len = sizeof err;
+            if (rc == 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0) {
+                errno = err;
+                rc = -1;
+            } else if (rc != 0) {
+                errno = ETIMEDOUT;
+            }
+        }
+        if (rc == 0)
+            break;
+        snprintf(why, why_len, "%s", strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return -1;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+/* Connect and handshake. Returns the fd, -1 (unreachable: retry) or -2 (refused: do not retry). */
+static int open_session(struct gem_conn *c, char *why, size_t why_len) {
+    int fd = connect_tcp(c->ip, c->port, 1000, why, why_len);
+    if (fd < 0)
+        return -1;
+    struct gem_msg hello, reply;
+    gemhook_msg_init(&hello, GEM_MSG_HELLO, 1);
+    hello.u.hello.pid = (int32_t)getpid();
+    hello.u.hello.device_ordinal = c->device_ordinal;
+    hello.u.hello.mem_in_use = c->mem_in_use ? *c->mem_in_use : 0;
+    hello.u.hello.flags = gem_cfg.fail_open ? GEM_HELLO_FLAG_FAIL_OPEN : 0;
+    snprintf(hello.u.hello.pod_name, sizeof hello.u.hello.pod_name, "%s", gem_cfg.pod_name);
+    snprintf(hello.u.hello.device_uuid, sizeof hello.u.hello.device_uuid, "%s", c->device_uuid);
+    if (write_all(fd, &hello, sizeof hello) != 0) {
+        snprintf(why, why_len, "%s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    int r;
+    do
+        r = read_frame(fd, &reply, 5000, why, why_len);
+    while (r == 1 && reply.hdr.seq == 0 && reply.hdr.type == GEM_MSG_LIMIT_UPDATE);
+    if (r == 0)
+        snprintf(why, why_len, "no answer to the handshake within 5 s");
+    if (r != 1) {
+        close(fd);
+        return -1;
+    }
+    if (reply.hdr.type == GEM_MSG_ERROR) {
+        snprintf(why, why_len, "%.*s", GEM_ERRMSG_LEN, reply.u.error.message);
+        close(fd);
+        return -2;
+    }
+    if (reply.hdr.type != GEM_MSG_HELLO_ACK) {
+        snprintf(why, why_len, "unexpected reply type %u to the handshake", reply.hdr.type);
+        close(fd);
+        return -1;
+    }
+    c->client_id = reply.u.hello_ack.client_id;
+    c->mem_limit = reply.u.hello_ack.mem_limit;
+    snprintf(c->group, sizeof c->group, "%.*s", GEM_NAME_LEN - 1, reply.u.hello_ack.group);
+    return fd;
+}
+
+/* Make sure there is a session. Called with c->mu held; may drop it while connecting. */
+static int ensure_connected(struct gem_conn *c) {
+    while (c->fd < 0) {
+        if (c->connecting) {
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        int64_t now = gem_now_ns();
+        if (now < c->next_connect_ns)
+            return c->last_failure; /* failed moments ago: fail fast, do not stall every call */
+        c->connecting = 1;
+        pthread_mutex_unlock(&c->mu);
+        char why[GEM_ERRMSG_LEN + 64] = "";
+        int64_t give_up = now + gem_cfg.connect_timeout_ns;
+        int64_t backoff = 50 * GEM_NS_PER_MS;
+        int fd, attempts = 0;
+        for (;;) {
+            fd = open_session(c, why, sizeof why);
+            attempts++;
+            if (fd >= 0 || fd == -2)
+                break;
+            int64_t t = gem_now_ns();
+            if (t + backoff > give_up)
+                break;
+            if (attempts == 1)
+                GEM_LOG(GEM_LOG_WARN, "cannot reach the pod manager at %s:%d (%s); retrying for %.0f s",
+                        c->ip, c->port, why, (double)(give_up - t) / 1e9);
+            struct timespec ts = {.tv_sec = backoff / GEM_NS_PER_S, .tv_nsec = backoff % GEM_NS_PER_S};
+            nanosleep(&ts, NULL);
+            backoff = backoff * 2 > GEM_NS_PER_S ? GEM_NS_PER_S : backoff * 2;
+        }
+        pthread_mutex_lock(&c->mu);
+        c->connecting = 0;
+        pthread_cond_broadcast(&c->cv);
+        if (fd >= 0) {
+            c->fd = fd;
+            c->next_connect_ns = 0;
+            if (c->ever_connected)
+                atomic_fetch_add(&gem_stats.reconnects, 1);
+            c->ever_connected = 1;
+            GEM_LOG(GEM_LOG_DEBUG, "connected to the pod manager of group '%s' at %s:%d (client %llu)",
+                    c->group, c->ip, c->port, (unsigned long long)c->client_id);
+            break;
+        }
+        c->last_failure = fd == -2 ? GEM_CALL_REFUSED : GEM_CALL_UNREACHABLE;
+        c->next_connect_ns = gem_now_ns() + GEM_NS_PER_S;
+        if (fd == -2)
+            GEM_LOG(GEM_LOG_ERROR, "the pod manager at %s:%d refused this process: %s", c->ip, c->port, why);
+        else
+            GEM_LOG(GEM_LOG_ERROR, "the pod manager at %s:%d is unreachable (%s); this CUDA call fails "
+                    "(start it with launch-backend.py, or set GEMINI_FAIL_OPEN=1 to run ungated)",
+                    c->ip, c->port, why);
+        return c->last_failure;
+    }
+    return GEM_CALL_OK;
+}
+
+/* The connection died: fail every waiter, forget the fd. Called with c->mu held. */
+static void mark_broken(struct gem_conn *c, int fd, const char *why) {
+    if (c->fd != fd)
+        return;
+    GEM_LOG(GEM_LOG_WARN, "lost the connection to the pod manager at %s:%d: %s", c->ip, c->port, why);
+    close(fd);
+    c->fd = -1;
+    for (struct gem_waiter *w = c->waiters; w; w = w->next)
+        if (!w->done) {
+            w->done = 1;
+            w->result = GEM_CALL_BROKEN;
+        }
+    pthread_cond_broadcast(&c->cv);
+}
+
+static void dispatch(struct gem_conn *c, const struct gem_msg *m) {
+    if (m->hdr.seq == 0) {
+        /* a push */
+        if (m->hdr.type == GEM_MSG_LIMIT_UPDATE) {
+            c->mem_limit = m->u.mem_reply.limit;
+            GEM_LOG(GEM_LOG_INFO, "group '%s' memory limit is now %llu bytes", c->group,
+                    (unsigned long long)c->mem_limit);
+        } else if (m->hdr.type == GEM_MSG_ERROR) {
+            GEM_LOG(GEM_LOG_ERROR, "pod manager: %.*s", GEM_ERRMSG_LEN, m->u.error.message);
+        }
+        return;
+    }
+    if (m->hdr.type == GEM_MSG_MEM_REPLY)
+        c->mem_limit = m->u.mem_reply.limit;
+    for (struct gem_waiter *w = c->waiters; w; w = w->next)
+        if (w->seq == m->hdr.seq && !w->done) {
+            *w->reply = *m;
+            w->done = 1;
+            w->result = GEM_CALL_OK;
+            return;
+        }
+    /* a reply nobody waits for any more (its caller timed out): drop it */
+}
+
+int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns) {
+    pthread_mutex_lock(&c->mu);
+    int rc = ensure_connected(c);
+    if (rc != GEM_CALL_OK) {
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    if (++c->next_seq == 0)
+        c->next_seq = 1;
+    struct gem_waiter w = {.seq = c->next_seq, .reply = reply};
+    req->hdr.seq = w.seq;
+    w.next = c->waiters;
+    c->waiters = &w;
+    int fd = c->fd;
+    pthread_mutex_unlock(&c->mu);
+
+    pthread_mutex_lock(&c->send_mu);
+    int sent = write_all(fd, req, sizeof *req);
+    pthread_mutex_unlock(&c->send_mu);
+
+    pthread_mutex_lock(&c->mu);
+    if (sent != 0)
+        mark_broken(c, fd, strerror(errno));
+    int64_t start = gem_now_ns();
+    int64_t give_up = timeout_ns > 0 ? start + timeout_ns : INT64_MAX;
+    int64_t next_note = start + 10 * GEM_NS_PER_S;
+    while (!w.done) {
+        if (c->fd != fd) {
+            w.done = 1;
+            w.result = GEM_CALL_BROKEN;
+            break;
+        }
+        int64_t now = gem_now_ns();
+        if (now >= give_up) {
+            w.done = 1;
+            w.result = GEM_CALL_TIMEOUT;
+            break;
+        }
+        if (now >= next_note) {
+            GEM_LOG(GEM_LOG_WARN, "still waiting for the pod manager at %s:%d after %.0f s (message type %u)",
+                    c->ip, c->port, (double)(now - start) / 1e9, req->hdr.type);
+            next_note = now + 10 * GEM_NS_PER_S;
+        }
+        if (!c->reader_active) {
+            c->reader_active = 1;
+            pthread_mutex_unlock(&c->mu);
+            struct gem_msg m;
+            char why[128] = "";
+            int64_t wait_ns = give_up - now < 200 * GEM_NS_PER_MS ? give_up - now : 200 * GEM_NS_PER_MS;
+            int r = read_frame(fd, &m, (int)(wait_ns / GEM_NS_PER_MS) + 1, why, sizeof why);
+            pthread_mutex_lock(&c->mu);
+            c->reader_active = 0;
+            if (r < 0)
+                mark_broken(c, fd, why);
+            else if (r == 1)
+                dispatch(c, &m);
+            pthread_cond_broadcast(&c->cv); /* someone else may need to read now */
+        } else {
+            struct timespec ts;
+            int64_t until = now + 200 * GEM_NS_PER_MS < give_up ? now + 200 * GEM_NS_PER_MS : give_up;
+            deadline_to_timespec(until, &ts);
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        }
+    }
+    for (struct gem_waiter **pp = &c->waiters; *pp; pp = &(*pp)->next)
+        if (*pp == &w) {
+            *pp = w.next;
+            break;
+        }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (w.result == GEM_CALL_OK && reply->hdr.type == GEM_MSG_ERROR)
+        return GEM_CALL_REFUSED;
+    return w.result;
+}
+
+void gem_conn_close(struct gem_conn *c) {
+    pthread_mutex_lock(&c->mu);
+    if (c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+    pthread_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,535 @@
+/*
+ * memory.c -- memory accounting and limits.
+ *
+ * The pod manager owns the group's count; the hook asks it before every
+ * allocation (MEM_ALLOC reserves the bytes, so concurrent allocations from
+ * any process of the group can never together pass the limit), and returns
+ * the bytes on free. When the driver's real size differs from the estimate
+ * (pitch, arrays) the difference is reserved or returned afterwards; if the
+ * extra is refused the allocation is rolled back. Pointers the hook did not
+ * see allocated go to the driver untouched.
+ *
+ * Allocation is not a hot path (frameworks cache), so a round trip per
+ * allocation is affordable; bench/bench_memory.py measures it.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemhook.h"
+
+/* ---- the allocation table: (space, key) -> bytes, device ----------------------------------- */
+
+enum alloc_space { SPACE_PTR = 1, SPACE_VMM = 2, SPACE_ARRAY = 3, SPACE_MIPMAP = 4 };
+
+struct alloc_entry {
+    uint64_t key;
+    uint64_t bytes;
+    int16_t space; /* 0 = empty, -1 = deleted */
+    int16_t ordinal;
+    int32_t kind;
+};
+
+static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct alloc_entry *table;
+static size_t table_cap, table_used, table_deleted;
+
+static size_t slot_of(uint64_t key, int space, size_t cap) {
+    uint64_t h = (key ^ ((uint64_t)space << 59)) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 16) & (cap - 1);
+}
+
+static int table_grow(void) {
+    size_t cap = table_cap ? table_cap * 2 : 1024;
+    struct alloc_entry *t = calloc(cap, sizeof *t);
+    if (!t)
+        return -1;
+    for (size_t i = 0; i < table_cap; i++) {
+        if (table[i].space <= 0)
+            continue;
+        size_t j = slot_of(table[i].key, table[i].space, cap);
+        while (t[j].space)
+            j = (j + 1) & (cap - 1);
+        t[j] = table[i];
+    }
+    free(table);
+    table = t;
+    table_cap = cap;
+    table_deleted = 0;
+    return 0;
+}
+
+static void track(int space, uint64_t key, uint64_t bytes, int ordinal, int kind) {
+    pthread_mutex_lock(&table_mu);
+    if ((table_used + table_deleted + 1) * 2 > table_cap && table_grow() != 0) {
+        pthread_mutex_unlock(&table_mu);
+        GEM_LOG(GEM_LOG_ERROR, "out of host memory for the allocation table; %llu bytes stay counted",
+                (unsigned long long)bytes);
+        return;
+    }
+    size_t i = slot_of(key, space, table_cap);
+    while (table[i].space > 0)
+        i = (i + 1) & (table_cap - 1);
+    if (table[i].space < 0)
+        table_deleted--;
+    table[i] = (struct alloc_entry){key, bytes, (int16_t)space, (int16_t)ordinal, kind};
+    table_used++;
+    pthread_mutex_unlock(&table_mu);
+}
+
+/* Remove and return an entry; 0 if the hook never saw this allocation. */
+static int untrack(int space, uint64_t key, struct alloc_entry *out) {
+    int found = 0;
+    pthread_mutex_lock(&table_mu);
+    if (table_cap) {
+        size_t i = slot_of(key, space, table_cap);
+        while (table[i].space) {
+            if (table[i].space == space && table[i].key == key) {
+                *out = table[i];
+                table[i].space = -1;
+                table_used--;
+                table_deleted++;
+                found = 1;
+                break;
+            }
+            i = (i + 1) & (table_cap - 1);
+        }
+    }
+    pthread_mutex_unlock(&table_mu);
+    return found;
+}
+
+void gem_memory_reset_after_fork(void) {
+    /* the parent's allocations are not the child's */
+    pthread_mutex_init(&table_mu, NULL);
+    if (table)
+        memset(table, 0, table_cap * sizeof *table);
+    table_used = table_deleted = 0;
+}
+
+/* ---- talking to the pod manager ------------------------------------------------------------- */
+
+/* Account this process's calls? Not when disabled, failing open, or before CUDA is initialised
+ * (then the driver's own answer is NOT_INITIALIZED anyway). */
+static int accounting(void) {
+    if (gem_ensure_real() != 0 || gem_cfg.disabled || gem_fail_open_active())
+        return 0;
+    return gem_runtime_init() == 0;
+}
+
+static CUresult reserve(struct gem_device *d, uint64_t bytes, int kind) {
+    if (bytes == 0)
+        return CUDA_SUCCESS;
+    struct gem_msg req, reply;
+    gemhook_msg_init(&req, GEM_MSG_MEM_ALLOC, 0);
+    req.u.mem_request.bytes = bytes;
+    req.u.mem_request.kind = (uint32_t)kind;
+    int rc = gem_conn_call(&d->conn, &req, &reply, 10 * GEM_NS_PER_S);
+    if (rc == GEM_CALL_OK && reply.hdr.type == GEM_MSG_MEM_REPLY) {
+        if (reply.u.mem_reply.verdict == GEM_MEM_OK) {
+            __atomic_fetch_add(&d->mem_in_use, bytes, __ATOMIC_RELAXED);
+            atomic_fetch_add(&gem_stats.mem_allocs, 1);
+            return CUDA_SUCCESS;
+        }
+        atomic_fetch_add(&gem_stats.mem_denied, 1);
+        GEM_LOG(GEM_LOG_INFO, "GPU %d: allocation of %llu bytes refused: group '%s' uses %llu of %llu bytes",
+                d->ordinal, (unsigned long long)bytes, d->conn.group, (unsigned long long)reply.u.mem_reply.used,
+                (unsigned long long)reply.u.mem_reply.limit);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    atomic_fetch_add(&gem_stats.mem_errors, 1);
+    if (rc == GEM_CALL_OK || rc == GEM_CALL_REFUSED)
+        GEM_LOG(GEM_LOG_ERROR, "GPU %d: the pod manager refused a memory request: %.*s", d->ordinal,
+                GEM_ERRMSG_LEN, reply.hdr.type == GEM_MSG_ERROR ? reply.u.error.message : "unexpected reply");
+    if (gem_cfg.fail_open && (rc == GEM_CALL_UNREACHABLE || rc == GEM_CALL_BROKEN)) {
+        gem_enter_fail_open();
+        return CUDA_SUCCESS;
+    }
+    return gem_unavailable_result();
+}
+
+static void unreserve(struct gem_device *d, uint64_t bytes, int kind) {
+    if (bytes == 0)
+        return;
+    __atomic_fetch_sub(&d->mem_in_use, bytes, __ATOMIC_RELAXED);
+    atomic_fetch_add(&gem_stats.mem_frees, 1);
+    struct gem_msg req, reply;
+    gemhook_msg_init(&req, GEM_MSG_MEM_FREE, 0);
+    req.u.mem_request.bytes = bytes;
+    req.u.mem_request.kind = (uint32_t)kind;
+    /* If this fails the connection is gone, and the pod manager already dropped the process's
+     * count; a reconnect's HELLO carries mem_in_use, which no longer includes these bytes. */
+    gem_conn_call(&d->conn, &req, &reply, 10 * GEM_NS_PER_S);
+}
+
+/* The group's (used, limit); 0 if unknown. */
+static int group_memory(struct gem_device *d, uint64_t *used, uint64_t *limit) {
+    struct gem_msg req, reply;
+    gemhook_msg_init(&req, GEM_MSG_MEM_INFO, 0);
+    if (gem_conn_call(&d->conn, &req, &reply, 10 * GEM_NS_PER_S) == GEM_CALL_OK &&
+        reply.hdr.type == GEM_MSG_MEM_REPLY) {
+        *used = reply.u.mem_reply.used;
+        *limit = reply.u.mem_reply.limit;
+        return 1;
+    }
+    return 0;
+}
+
+/* Allocate through `call` with `estimate` bytes reserved first; the real size (if the
+ * allocation reports one) replaces the estimate. Returns the CUresult of the whole. */
+#define RESERVE_OR_RETURN(d, bytes, kind)                    \
+    do {                                                     \
+        CUresult reserve_rc_ = reserve((d), (bytes), (kind)); \
+        if (reserve_rc_ != CUDA_SUCCESS)                     \
+            return reserve_rc_;                              \
+    } while (0)
+
+/* The real size came out larger than the reservation: reserve the rest or undo. */
+static int settle(struct gem_device *d, uint64_t reserved, uint64_t actual, int kind) {
+    if (actual > reserved) {
+        if (reserve(d, actual - reserved, kind) != CUDA_SUCCESS)
+            return -1;
+    } else if (actual < reserved) {
+        unreserve(d, reserved - actual, kind);
+    }
+    return 0;
+}
+
+/* ---- plain allocations ------------------------------------------------------------------------ */
+
+static CUresult alloc_plain(CUresult (*call)(CUdeviceptr *, size_t, void *, void *), CUdeviceptr *dptr,
+                            size_t bytes, void *a, void *b, int kind) {
+    if (!dptr || bytes == 0 || !accounting())
+        return call(dptr, bytes, a, b);
+    struct gem_device *d = gem_current_device();
+    RESERVE_OR_RETURN(d, bytes, kind);
+    CUresult rc = call(dptr, bytes, a, b);
+    if (rc != CUDA_SUCCESS) {
+        unreserve(d, bytes, kind);
+        return rc;
+    }
+    track(SPACE_PTR, *dptr, bytes, d->ordinal, kind);
+    return rc;
+}
+
+/* Adapters giving each driver call the (dptr, bytes, a, b) shape alloc_plain takes. */
+static CUresult call_alloc(CUdeviceptr *p, size_t n, void *a, void *b) {
+    (void)a, (void)b;
+    return REAL(cuMemAlloc_v2)(p, n);
+}
+static CUresult call_managed(CUdeviceptr *p, size_t n, void *flags, void *b) {
+    (void)b;
+    return REAL(cuMemAllocManaged)(p, n, (unsigned int)(uintptr_t)flags);
+}
+static CUresult call_async(CUdeviceptr *p, size_t n, void *stream, void *b) {
+    (void)b;
+    return REAL(cuMemAllocAsync)(p, n, (CUstream)stream);
+}
+static CUresult call_async_ptsz(CUdeviceptr *p, size_t n, void *stream, void *b) {
+    (void)b;
+    return REAL(cuMemAllocAsync_ptsz)(p, n, (CUstream)stream);
+}
+static CUresult call_pool(CUdeviceptr *p, size_t n, void *pool, void *stream) {
+    return REAL(cuMemAllocFromPoolAsync)(p, n, (CUmemoryPool)pool, (CUstream)stream);
+}
+static CUresult call_pool_ptsz(CUdeviceptr *p, size_t n, void *pool, void *stream) {
+    return REAL(cuMemAllocFromPoolAsync_ptsz)(p, n, (CUmemoryPool)pool, (CUstream)stream);
+}
+
+#define NEED_REAL(name)                                                     \
+    do {                                                                    \
+        if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))       \
+            return CUDA_ERROR_NOT_INITIALIZED;                              \
+    } while (0)
+
+GEM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    NEED_REAL(cuMemAlloc_v2);
+    return alloc_plain(call_alloc, dptr, bytesize, NULL, NULL, GEM_MEM_DEVICE);
+}
+
+GEM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    NEED_REAL(cuMemAllocManaged);
+    return alloc_plain(call_managed, dptr, bytesize, (void *)(uintptr_t)flags, NULL, GEM_MEM_MANAGED);
+}
+
+GEM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    NEED_REAL(cuMemAllocAsync);
+    return alloc_plain(call_async, dptr, bytesize, hStream, NULL, GEM_MEM_ASYNC);
+}
+
+GEM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    NEED_REAL(cuMemAllocAsync_ptsz);
+    return alloc_plain(call_async_ptsz, dptr, bytesize, hStream, NULL, GEM_MEM_ASYNC);
+}
+
+GEM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                            CUstream hStream) {
+    NEED_REAL(cuMemAllocFromPoolAsync);
+    return alloc_plain(call_pool, dptr, bytesize, pool, hStream, GEM_MEM_ASYNC);
+}
+
+GEM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                                 CUstream hStream) {
+    NEED_REAL(cuMemAllocFromPoolAsync_ptsz);
+    return alloc_plain(call_pool_ptsz, dptr, bytesize, pool, hStream, GEM_MEM_ASYNC);
+}
+
+GEM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t widthInBytes, size_t height,
+                                       unsigned int elementSizeBytes) {
+    NEED_REAL(cuMemAllocPitch_v2);
+    if (!dptr || !pPitch || widthInBytes == 0 || height == 0 || !accounting())
+        return REAL(cuMemAllocPitch_v2)(dptr, pPitch, widthInBytes, height, elementSizeBytes);
+    struct gem_device *d = gem_current_device();
+    /* Drivers align the pitch to 512 bytes or less; the real pitch settles the difference. */
+    uint64_t estimate = ((uint64_t)widthInBytes + 511) / 512 * 512 * (uint64_t)height;
+    RESERVE_OR_RETURN(d, estimate, GEM_MEM_DEVICE);
+    CUresult rc = REAL(cuMemAllocPitch_v2)(dptr, pPitch, widthInBytes, height, elementSizeBytes);
+    if (rc != CUDA_SUCCESS) {
+        unreserve(d, estimate, GEM_MEM_DEVICE);
+        return rc;
+    }
+    uint64_t actual = (uint64_t)*pPitch * (uint64_t)height;
+    if (settle(d, estimate, actual, GEM_MEM_DEVICE) != 0) {
+        REAL(cuMemFree_v2)(*dptr);
+        unreserve(d, estimate, GEM_MEM_DEVICE);
+        atomic_fetch_add(&gem_stats.mem_rollbacks, 1);
+        *dptr = 0;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    track(SPACE_PTR, *dptr, actual, d->ordinal, GEM_MEM_DEVICE);
+    return rc;
+}
+
+/* ---- frees ------------------------------------------------------------------------------------ */
+
+static CUresult free_tracked(int space, uint64_t key, CUresult rc_of_real, int have_entry,
+                             const struct alloc_entry *e) {
+    if (!have_entry)
+        return rc_of_real;
+    struct gem_device *d = gem_device_by_ordinal(e->ordinal);
+    if (rc_of_real == CUDA_SUCCESS) {
+        if (d)
+            unreserve(d, e->bytes, e->kind);
+    } else {
+        track(space, key, e->bytes, e->ordinal, e->kind); /* still allocated */
+    }
+    return rc_of_real;
+}
+
+GEM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    NEED_REAL(cuMemFree_v2);
+    struct alloc_entry e;
+    int have = dptr && untrack(SPACE_PTR, dptr, &e);
+    return free_tracked(SPACE_PTR, dptr, REAL(cuMemFree_v2)(dptr), have, &e);
+}
+
+GEM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    NEED_REAL(cuMemFreeAsync);
+    struct alloc_entry e;
+    int have = dptr && untrack(SPACE_PTR, dptr, &e);
+    return free_tracked(SPACE_PTR, dptr, REAL(cuMemFreeAsync)(dptr, hStream), have, &e);
+}
+
+GEM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+    NEED_REAL(cuMemFreeAsync_ptsz);
+    struct alloc_entry e;
+    int have = dptr && untrack(SPACE_PTR, dptr, &e);
+    return free_tracked(SPACE_PTR, dptr, REAL(cuMemFreeAsync_ptsz)(dptr, hStream), have, &e);
+}
+
+GEM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+    /* Live allocations are what is counted, and trimming frees none of them. */
+    NEED_REAL(cuMemPoolTrimTo);
+    return REAL(cuMemPoolTrimTo)(pool, minBytesToKeep);
+}
+
+/* ---- virtual memory management (PyTorch expandable segments, NCCL) ------------------------------ */
+
+GEM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                unsigned long long flags) {
+    NEED_REAL(cuMemCreate);
+    if (!handle || !prop || size == 0 || !accounting())
+        return REAL(cuMemCreate)(handle, size, prop, flags);
+    struct gem_device *d = NULL;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        d = gem_device_by_ordinal(prop->location.id);
+    if (!d) /* host or other locations are not GPU memory of a managed device */
+        return REAL(cuMemCreate)(handle, size, prop, flags);
+    RESERVE_OR_RETURN(d, size, GEM_MEM_VMM);
+    CUresult rc = REAL(cuMemCreate)(handle, size, prop, flags);
+    if (rc != CUDA_SUCCESS) {
+        unreserve(d, size, GEM_MEM_VMM);
+        return rc;
+    }
+    track(SPACE_VMM, *handle, size, d->ordinal, GEM_MEM_VMM);
+    return rc;
+}
+
+GEM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    NEED_REAL(cuMemRelease);
+    struct alloc_entry e;
+    int have = untrack(SPACE_VMM, handle, &e);
+    return free_tracked(SPACE_VMM, handle, REAL(cuMemRelease)(handle), have, &e);
+}
+
+/* ---- arrays ----------------------------------------------------------------------------------- */
+
+static uint64_t format_bytes(CUarray_format f) {
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    default:
+        return 4; /* an estimate: the driver's memory requirements settle it */
+    }
+}
+
+static uint64_t array_estimate(size_t w, size_t h, size_t depth, CUarray_format f, unsigned channels) {
+    return (uint64_t)w * (h ? h : 1) * (depth ? depth : 1) * (channels ? channels : 1) * format_bytes(f);
+}
+
+/* Reserve, create, then settle on the size the driver reports. */
+static CUresult array_finish(struct gem_device *d, int space, uint64_t key, uint64_t estimate, uint64_t actual,
+                             CUresult (*destroy)(uint64_t)) {
+    if (settle(d, estimate, actual, GEM_MEM_DEVICE) != 0) {
+        destroy(key);
+        unreserve(d, estimate, GEM_MEM_DEVICE);
+        atomic_fetch_add(&gem_stats.mem_rollbacks, 1);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    track(space, key, actual, d->ordinal, GEM_MEM_DEVICE);
+    return CUDA_SUCCESS;
+}
+
+static CUresult destroy_array(uint64_t key) { return REAL(cuArrayDestroy)((CUarray)(uintptr_t)key); }
+static CUresult destroy_mipmap(uint64_t key) {
+    return REAL(cuMipmappedArrayDestroy)((CUmipmappedArray)(uintptr_t)key);
+}
+
+static uint64_t array_actual(CUarray arr, struct gem_device *d, uint64_t estimate) {
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    memset(&req, 0, sizeof req);
+    if (HAVE_REAL(cuArrayGetMemoryRequirements) &&
+        REAL(cuArrayGetMemoryRequirements)(&req, arr, d->cudev) == CUDA_SUCCESS && req.size > 0)
+        return req.size;
+    return estimate;
+}
+
+GEM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    NEED_REAL(cuArrayCreate_v2);
+    if (!pHandle || !desc || !accounting())
+        return REAL(cuArrayCreate_v2)(pHandle, desc);
+    struct gem_device *d = gem_current_device();
+    uint64_t estimate = array_estimate(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+    RESERVE_OR_RETURN(d, estimate, GEM_MEM_DEVICE);
+    CUresult rc = REAL(cuArrayCreate_v2)(pHandle, desc);
+    if (rc != CUDA_SUCCESS) {
+        unreserve(d, estimate, GEM_MEM_DEVICE);
+        return rc;
+    }
+    uint64_t key = (uint64_t)(uintptr_t)*pHandle;
+    rc = array_finish(d, SPACE_ARRAY, key, estimate, array_actual(*pHandle, d, estimate), destroy_array);
+    if (rc != CUDA_SUCCESS)
+        *pHandle = NULL;
+    return rc;
+}
+
+GEM_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    NEED_REAL(cuArray3DCreate_v2);
+    if (!pHandle || !desc || !accounting())
+        return REAL(cuArray3DCreate_v2)(pHandle, desc);
+    struct gem_device *d = gem_current_device();
+    uint64_t estimate = array_estimate(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+    RESERVE_OR_RETURN(d, estimate, GEM_MEM_DEVICE);
+    CUresult rc = REAL(cuArray3DCreate_v2)(pHandle, desc);
+    if (rc != CUDA_SUCCESS) {
+        unreserve(d, estimate, GEM_MEM_DEVICE);
+        return rc;
+    }
+    uint64_t key = (uint64_t)(uintptr_t)*pHandle;
+    rc = array_finish(d, SPACE_ARRAY, key, estimate, array_actual(*pHandle, d, estimate), destroy_array);
+    if (rc != CUDA_SUCCESS)
+        *pHandle = NULL;
+    return rc;
+}
+
+GEM_EXPORT CUresult cuArrayDestroy(CUarray hArray) {
+    NEED_REAL(cuArrayDestroy);
+    struct alloc_entry e;
+    uint64_t key = (uint64_t)(uintptr_t)hArray;
+    int have = hArray && untrack(SPACE_ARRAY, key, &e);
+    return free_tracked(SPACE_ARRAY, key, REAL(cuArrayDestroy)(hArray), have, &e);
+}
+
+GEM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                           unsigned int numLevels) {
+    NEED_REAL(cuMipmappedArrayCreate);
+    if (!pHandle || !desc || !accounting())
+        return REAL(cuMipmappedArrayCreate)(pHandle, desc, numLevels);
+    struct gem_device *d = gem_current_device();
+    /* every level at most halves each side: twice the base level bounds the whole chain */
+    uint64_t estimate = 2 * array_estimate(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+    RESERVE_OR_RETURN(d, estimate, GEM_MEM_DEVICE);
+    CUresult rc = REAL(cuMipmappedArrayCreate)(pHandle, desc, numLevels);
+    if (rc != CUDA_SUCCESS) {
+        unreserve(d, estimate, GEM_MEM_DEVICE);
+        return rc;
+    }
+    uint64_t actual = estimate;
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    memset(&req, 0, sizeof req);
+    if (HAVE_REAL(cuMipmappedArrayGetMemoryRequirements) &&
+        REAL(cuMipmappedArrayGetMemoryRequirements)(&req, *pHandle, d->cudev) == CUDA_SUCCESS && req.size > 0)
+        actual = req.size;
+    uint64_t key = (uint64_t)(uintptr_t)*pHandle;
+    rc = array_finish(d, SPACE_MIPMAP, key, estimate, actual, destroy_mipmap);
+    if (rc != CUDA_SUCCESS)
+        *pHandle = NULL;
+    return rc;
+}
+
+GEM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+    NEED_REAL(cuMipmappedArrayDestroy);
+    struct alloc_entry e;
+    uint64_t key = (uint64_t)(uintptr_t)hMipmappedArray;
+    int have = hMipmappedArray && untrack(SPACE_MIPMAP, key, &e);
+    return free_tracked(SPACE_MIPMAP, key, REAL(cuMipmappedArrayDestroy)(hMipmappedArray), have, &e);
+}
+
+/* ---- what the program sees: the group's limit as the size of the GPU ------------------------------ */
+
+static void clamp_to_group(struct gem_device *d, size_t *free_bytes, size_t *total_bytes) {
+    uint64_t used = 0, limit = 0;
+    if (!group_memory(d, &used, &limit) || limit == 0)
+        return;
+    if (total_bytes && *total_bytes > limit)
+        *total_bytes = (size_t)limit;
+    if (free_bytes) {
+        uint64_t left = limit > used ? limit - used : 0;
+        if (*free_bytes > left)
+            *free_bytes = (size_t)left;
+    }
+}
+
+GEM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    NEED_REAL(cuMemGetInfo_v2);
+    CUresult rc = REAL(cuMemGetInfo_v2)(free_bytes, total_bytes);
+    if (rc == CUDA_SUCCESS && accounting())
+        clamp_to_group(gem_current_device(), free_bytes, total_bytes);
+    return rc;
+}
+
+GEM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    NEED_REAL(cuDeviceTotalMem_v2);
+    CUresult rc = REAL(cuDeviceTotalMem_v2)(bytes, dev);
+    if (rc == CUDA_SUCCESS && bytes && accounting()) {
+        struct gem_device *d = gem_device_by_ordinal(dev);
+        if (d)
+            clamp_to_group(d, NULL, bytes);
+    }
+    return rc;
+}

@@ -1,0 +1,185 @@
+/*
+ * util.c -- pure functions: no globals, no I/O, no CUDA. Exported with a
+ * gemhook_ prefix so tests/test_hook_pure.py can call them through cffi and
+ * check them against the Python implementations.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemhook.h"
+
+/* ---- burst estimation ------------------------------------------------------------------
+ * A burst runs from the first launch after a synchronisation to the next
+ * synchronisation. Bursts closer than merge_gap_ns are one burst (Gemini uses
+ * 2 ms: a host gap that short is launch overhead, not idleness). The
+ * prediction is the 90th percentile of the bursts that ended in the last
+ * window_ns (Gemini: 3 s), 0 when there are none.
+ */
+
+void gemhook_burst_init(struct gemhook_burst_est *est, int64_t merge_gap_ns, int64_t window_ns) {
+    memset(est, 0, sizeof *est);
+    est->head = -1;
+    est->merge_gap_ns = merge_gap_ns;
+    est->window_ns = window_ns;
+}
+
+void gemhook_burst_record(struct gemhook_burst_est *est, int64_t start_ns, int64_t end_ns) {
+    if (end_ns < start_ns)
+        return;
+    if (est->count > 0) {
+        int h = est->head;
+        if (start_ns >= est->start[h] && start_ns - est->end[h] < est->merge_gap_ns) {
+            if (end_ns > est->end[h])
+                est->end[h] = end_ns;
+            return;
+        }
+    }
+    int h = (est->head + 1) % GEMHOOK_BURST_SLOTS;
+    est->start[h] = start_ns;
+    est->end[h] = end_ns;
+    est->head = h;
+    if (est->count < GEMHOOK_BURST_SLOTS)
+        est->count++;
+}
+
+int64_t gemhook_burst_predict(const struct gemhook_burst_est *est, int64_t now_ns) {
+    int64_t lengths[GEMHOOK_BURST_SLOTS];
+    int n = 0;
+    for (int i = 0; i < est->count; i++) {
+        int idx = (est->head - i + GEMHOOK_BURST_SLOTS) % GEMHOOK_BURST_SLOTS;
+        if (est->end[idx] < now_ns - est->window_ns)
+            break; /* older entries ended even earlier */
+        int64_t len = est->end[idx] - est->start[idx];
+        /* insertion sort: at most 256 entries, and this runs once per sync */
+        int j = n++;
+        while (j > 0 && lengths[j - 1] > len) {
+            lengths[j] = lengths[j - 1];
+            j--;
+        }
+        lengths[j] = len;
+    }
+    if (n == 0)
+        return 0;
+    int rank = (n * 9 + 9) / 10; /* nearest rank: ceil(0.9 n) */
+    return lengths[rank - 1];
+}
+
+/* ---- sizes: the same grammar as gemini.config.parse_size ------------------------------ */
+
+int gemhook_parse_size(const char *text, uint64_t *out) {
+    if (!text || !out)
+        return -1;
+    const char *p = text;
+    while (isspace((unsigned char)*p))
+        p++;
+    const char *num = p;
+    int digits = 0, dot = 0;
+    while (isdigit((unsigned char)*p) || (*p == '.' && !dot)) {
+        if (*p == '.')
+            dot = 1;
+        else
+            digits++;
+        p++;
+    }
+    if (digits == 0)
+        return -1;
+    char numbuf[64];
+    size_t nlen = (size_t)(p - num);
+    if (nlen >= sizeof numbuf)
+        return -1;
+    memcpy(numbuf, num, nlen);
+    numbuf[nlen] = '\0';
+    while (isspace((unsigned char)*p))
+        p++;
+    uint64_t unit = 1;
+    int binary = 0;
+    char u = (char)toupper((unsigned char)*p);
+    if (u == 'K' || u == 'M' || u == 'G' || u == 'T') {
+        p++;
+        if (*p == 'i' || *p == 'I') {
+            binary = 1;
+            p++;
+        }
+        int power = u == 'K' ? 1 : u == 'M' ? 2 : u == 'G' ? 3 : 4;
+        for (int i = 0; i < power; i++)
+            unit *= binary ? 1024u : 1000u;
+    }
+    if (*p == 'b' || *p == 'B')
+        p++;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (*p != '\0')
+        return -1;
+    const uint64_t max = (uint64_t)INT64_MAX;
+    if (dot) {
+        errno = 0;
+        double v = strtod(numbuf, NULL) * (double)unit;
+        if (errno || !isfinite(v) || v > (double)max)
+            return -1;
+        *out = (uint64_t)v;
+        return 0;
+    }
+    errno = 0;
+    unsigned long long v = strtoull(numbuf, NULL, 10);
+    if (errno || (unit > 1 && v > max / unit) || v * unit > max)
+        return -1;
+    *out = (uint64_t)v * unit;
+    return 0;
+}
+
+/* ---- frames ------------------------------------------------------------------------------ */
+
+void gemhook_msg_init(struct gem_msg *msg, uint16_t type, uint32_t seq) {
+    memset(msg, 0, sizeof *msg);
+    msg->hdr.magic = GEM_PROTO_MAGIC;
+    msg->hdr.version = GEM_PROTO_VERSION;
+    msg->hdr.type = type;
+    msg->hdr.size = GEM_MSG_SIZE;
+    msg->hdr.seq = seq;
+}
+
+int gemhook_msg_check(const struct gem_msg *msg, char *why, size_t why_len) {
+    const char *problem = NULL;
+    char buf[96];
+    if (msg->hdr.magic != GEM_PROTO_MAGIC) {
+        snprintf(buf, sizeof buf, "bad magic 0x%08x", msg->hdr.magic);
+        problem = buf;
+    } else if (msg->hdr.version != GEM_PROTO_VERSION) {
+        snprintf(buf, sizeof buf, "protocol version %u (this hook speaks %d)", msg->hdr.version, GEM_PROTO_VERSION);
+        problem = buf;
+    } else if (msg->hdr.size != GEM_MSG_SIZE) {
+        snprintf(buf, sizeof buf, "frame size %u (frames are %d)", msg->hdr.size, GEM_MSG_SIZE);
+        problem = buf;
+    } else if (msg->hdr.type < GEM_MSG_HELLO || msg->hdr.type > GEM_MSG_ERROR) {
+        snprintf(buf, sizeof buf, "unknown message type %u", msg->hdr.type);
+        problem = buf;
+    }
+    if (!problem)
+        return 0;
+    if (why && why_len) {
+        strncpy(why, problem, why_len - 1);
+        why[why_len - 1] = '\0';
+    }
+    return -1;
+}
+
+/* "host:port" -> ip, port. Returns 0 or -1. */
+int gemhook_parse_endpoint(const char *text, char *ip, size_t ip_len, int *port) {
+    if (!text || !ip || !port)
+        return -1;
+    const char *colon = strrchr(text, ':');
+    if (!colon || colon == text || (size_t)(colon - text) >= ip_len)
+        return -1;
+    char *end = NULL;
+    long p = strtol(colon + 1, &end, 10);
+    if (!end || *end != '\0' || end == colon + 1 || p <= 0 || p > 65535)
+        return -1;
+    memcpy(ip, text, (size_t)(colon - text));
+    ip[colon - text] = '\0';
+    *port = (int)p;
+    return 0;
+}
