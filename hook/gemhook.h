@@ -127,6 +127,7 @@ struct gemhook_burst_est {
     int64_t merge_gap_ns;
     int64_t window_ns;
 };
+GEM_EXPORT size_t gemhook_burst_size(void); /* tests allocate the estimator without its layout */
 GEM_EXPORT void gemhook_burst_init(struct gemhook_burst_est *est, int64_t merge_gap_ns, int64_t window_ns);
 GEM_EXPORT void gemhook_burst_record(struct gemhook_burst_est *est, int64_t start_ns, int64_t end_ns);
 GEM_EXPORT int64_t gemhook_burst_predict(const struct gemhook_burst_est *est, int64_t now_ns);

@@ -20,6 +20,8 @@
  * window_ns (Gemini: 3 s), 0 when there are none.
  */
 
+size_t gemhook_burst_size(void) { return sizeof(struct gemhook_burst_est); }
+
 void gemhook_burst_init(struct gemhook_burst_est *est, int64_t merge_gap_ns, int64_t window_ns) {
     memset(est, 0, sizeof *est);
     est->head = -1;

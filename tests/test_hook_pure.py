@@ -1,0 +1,143 @@
+"""The hook's pure functions, called through cffi and checked against the Python side."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gemini import protocol
+from gemini.config import parse_size
+from tests.hook_ffi import HOOK_LIB, hook_lib
+
+MS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return hook_lib()
+
+
+def c_parse_size(lib, text: str):
+    ffi, c = lib
+    out = ffi.new("uint64_t *")
+    return int(out[0]) if c.gemhook_parse_size(text.encode(), out) == 0 else None
+
+
+def py_parse_size(text: str):
+    try:
+        return parse_size(text)
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("4096", 4096), ("1K", 1000), ("1Ki", 1024), ("1KiB", 1024), ("2G", 2 * 10**9), ("2GiB", 2 * 2**30),
+    ("1.5GiB", int(1.5 * 2**30)), (" 8 MiB ", 8 * 2**20), ("10b", 10), ("1TB", 10**12), (".5K", 500),
+    ("", None), ("G", None), ("-1", None), ("1X", None), ("1GiBB", None), ("99999999999T", None), ("1 .5", None),
+])
+def test_parse_size_table(lib, text, expected):
+    assert c_parse_size(lib, text) == expected
+    assert py_parse_size(text) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789.kKmMgGtTiIbB -x", max_size=12))
+def test_parse_size_agrees_with_python(lib, text):
+    assert c_parse_size(lib, text) == py_parse_size(text)
+
+
+class Burst:
+    def __init__(self, lib, merge_ms=2, window_ms=3000):
+        self.ffi, self.c = lib
+        self.buf = self.ffi.new("char[]", self.c.gemhook_burst_size())
+        self.c.gemhook_burst_init(self.buf, merge_ms * MS, window_ms * MS)
+
+    def record(self, start_ms, end_ms):
+        self.c.gemhook_burst_record(self.buf, int(start_ms * MS), int(end_ms * MS))
+
+    def predict(self, now_ms):
+        return self.c.gemhook_burst_predict(self.buf, int(now_ms * MS)) / MS
+
+
+def test_burst_empty_predicts_zero(lib):
+    assert Burst(lib).predict(100) == 0
+
+
+def test_bursts_closer_than_merge_gap_are_one(lib):
+    b = Burst(lib)
+    b.record(0, 10)
+    b.record(11.5, 20)   # 1.5 ms apart: the same burst
+    assert b.predict(21) == 20
+    b.record(30, 35)     # 10 ms apart: a new burst
+    assert b.predict(36) == 20  # p90 of {20, 5} by nearest rank is the larger
+
+
+def test_burst_p90_nearest_rank(lib):
+    b = Burst(lib)
+    for i in range(10):           # lengths 1..10 ms, 100 ms apart
+        b.record(i * 100, i * 100 + i + 1)
+    assert b.predict(1000) == 9   # ceil(0.9 * 10) = 9th smallest
+
+
+def test_burst_window_forgets_old_bursts(lib):
+    b = Burst(lib)
+    b.record(0, 50)
+    b.record(4000, 4001)
+    assert b.predict(4002) == 1   # the 50 ms burst ended more than 3 s ago
+    assert b.predict(8000) == 0
+
+
+def test_burst_ring_keeps_newest(lib):
+    b = Burst(lib, window_ms=10**6)
+    for i in range(300):          # more than the 256 slots
+        b.record(i * 10, i * 10 + (100 if i < 100 else 1))
+    assert b.predict(3000) == 1   # the long early bursts fell out of the ring
+
+
+def test_c_frame_header_decodes_in_python(lib):
+    ffi, c = lib
+    buf = ffi.new("char[]", protocol.MSG_SIZE)
+    c.gemhook_msg_init(buf, int(protocol.MsgType.MEM_INFO), 77)
+    seq, msg = protocol.decode(bytes(ffi.buffer(buf)))
+    assert seq == 77 and isinstance(msg, protocol.MemInfo)
+
+
+@pytest.mark.parametrize("msg", [
+    protocol.Hello(pid=1, pod_name="a"), protocol.TokenGrant(quota_ns=5, token_seq=9),
+    protocol.Error(code=1, message="x"), protocol.Ack(),
+])
+def test_python_frames_pass_c_check(lib, msg):
+    ffi, c = lib
+    why = ffi.new("char[]", 128)
+    assert c.gemhook_msg_check(ffi.from_buffer(protocol.encode(msg, 3)), why, 128) == 0
+
+
+@pytest.mark.parametrize("offset,value,needle", [
+    (0, b"\0\0\0\0", b"magic"), (4, b"\x07\x00", b"version"), (8, b"\x00\x10\x00\x00", b"size"),
+    (6, b"\x63\x00", b"type"),
+])
+def test_c_check_rejects_bad_headers(lib, offset, value, needle):
+    ffi, c = lib
+    frame = bytearray(protocol.encode(protocol.Ack(), 1))
+    frame[offset:offset + len(value)] = value
+    why = ffi.new("char[]", 128)
+    assert c.gemhook_msg_check(ffi.from_buffer(frame), why, 128) != 0
+    assert needle in ffi.string(why)
+
+
+@pytest.mark.parametrize("text,ok", [("127.0.0.1:50052", True), ("host:1", True), (":5", False),
+                                     ("a:0", False), ("a:65536", False), ("a:5x", False), ("a", False)])
+def test_parse_endpoint(lib, text, ok):
+    ffi, c = lib
+    ip, port = ffi.new("char[]", 64), ffi.new("int *")
+    assert (c.gemhook_parse_endpoint(text.encode(), ip, 64, port) == 0) == ok
+
+
+def test_library_links_neither_cuda_nor_python():
+    hook_lib()
+    dynamic = subprocess.run(["readelf", "-d", str(HOOK_LIB)], capture_output=True, text=True, check=True).stdout
+    needed = [ln for ln in dynamic.splitlines() if "NEEDED" in ln]
+    assert needed, dynamic
+    assert not any("libcuda" in ln or "libpython" in ln for ln in needed), needed
