@@ -256,3 +256,48 @@ async def eventually(predicate: Callable[[], bool], timeout: float = TIMEOUT, wh
             raise AssertionError(f"{what} not reached within {timeout} s")
         await asyncio.sleep(0.005)
     return time.monotonic() - start
+
+
+class BackgroundPmgr:
+    """A fake scheduler and a real PodManagerServer running in a thread of their own, for tests that drive
+    them from outside (subprocesses such as launch-command)."""
+
+    def __init__(self, group: str, groups: dict[str, int]):
+        import threading
+        self.group = group
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self.port = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(groups,), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10) or self.error:
+            raise RuntimeError(f"background pod manager did not start: {self.error}")
+
+    def _main(self, groups) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve(groups))
+
+    async def _serve(self, groups) -> None:
+        self._stop = asyncio.Event()
+        try:
+            async with running_pmgr(self.group, groups=groups) as (server, sched):
+                self.server, self.sched = server, sched
+                self.port = server.port
+                deadline = time.monotonic() + 5        # until the scheduler has answered its Hello
+                while not (server.manager.registered or server.manager.unknown_reason):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("no answer from the fake scheduler")
+                    await asyncio.sleep(0.01)
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
+            self.error = exc
+            self._ready.set()
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+        self._loop.close()

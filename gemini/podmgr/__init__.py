@@ -7,10 +7,10 @@ DEFAULT_IP = "127.0.0.1"
 DEFAULT_PORT = 50052
 DEFAULT_SCHEDULER_PORT = 50051
 
-# Environment variables naming the group and its pod manager: Gemini's names first, then ours.
-# gem-pmgr reads them as defaults for its flags; launch-command sets all of them for the program it runs.
-ENV_POD_NAME = ("POD_NAME", "GEMINI_POD_NAME")
-ENV_POD_MANAGER_IP = ("POD_MANAGER_IP", "GEMINI_POD_MANAGER_IP")
-ENV_POD_MANAGER_PORT = ("POD_MANAGER_PORT", "GEMINI_POD_MANAGER_PORT")
-ENV_SCHEDULER_IP = ("SCHEDULER_IP", "GEMINI_SCHEDULER_IP")
-ENV_SCHEDULER_PORT = ("SCHEDULER_PORT", "GEMINI_SCHEDULER_PORT")
+# Environment variables naming the group and its pod manager, in the order the hook reads them (ours, then
+# Gemini's). gem-pmgr takes them as defaults for its flags; launch-command sets all of them for its program.
+ENV_POD_NAME = ("GEMINI_POD_NAME", "POD_NAME")
+ENV_POD_MANAGER_IP = ("GEMINI_POD_MANAGER_IP", "POD_MANAGER_IP")
+ENV_POD_MANAGER_PORT = ("GEMINI_POD_MANAGER_PORT", "POD_MANAGER_PORT")
+ENV_SCHEDULER_IP = ("GEMINI_SCHEDULER_IP", "SCHEDULER_IP")
+ENV_SCHEDULER_PORT = ("GEMINI_SCHEDULER_PORT", "SCHEDULER_PORT")

@@ -1,0 +1,1 @@
+"""The logic of tools/launch-backend.py (backend.py) and tools/launch-command.py (command.py)."""

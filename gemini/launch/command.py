@@ -1,0 +1,263 @@
+"""launch-command: run a program as a member of a group, with the gemini hook preloaded.
+
+    launch-command --name NAME --port PORT [--ip IP] [--timeout S] [--shell] -- CMD ARGS...
+
+Before starting anything it greets the group's pod manager (a HELLO handshake, then closes), so a wrong
+port, a group the scheduler does not know, or no pod manager at all is reported at once instead of by a
+hook inside the program. The program keeps its argv exactly (no shell unless --shell) and runs in its own
+process group, which --timeout ends as a whole. The exit code is the program's (128+N if signal N ended it;
+124 on --timeout; 2 for launch-command's own errors; 126/127 when the program cannot be run).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+from gemini import protocol as hp
+from gemini.hookpath import HookNotFound, hook_path
+from gemini.podmgr import DEFAULT_IP, ENV_POD_MANAGER_IP, ENV_POD_MANAGER_PORT, ENV_POD_NAME
+
+PROG = "launch-command"
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 124
+HANDSHAKE_TIMEOUT_S = 10.0      # the pod manager may wait up to ~2 s for gem-schd before it answers
+KILL_GRACE_S = 3.0
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class LaunchError(Exception):
+    """Something launch-command itself cannot do; the text is for the user."""
+
+
+def _env_first(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, usage=f"{PROG} --name NAME --port PORT [--ip IP] [--timeout S] [--shell] -- CMD [ARG...]",
+        description="Run CMD in a gemini group: LD_PRELOAD the hook and point it at the group's pod manager.")
+    p.add_argument("--name", default=_env_first(ENV_POD_NAME), help="the group (default: $POD_NAME)")
+    p.add_argument("--port", type=int, default=_env_first(ENV_POD_MANAGER_PORT),
+                   help="the group's pod manager port (default: $POD_MANAGER_PORT)")
+    p.add_argument("--ip", default=_env_first(ENV_POD_MANAGER_IP) or DEFAULT_IP,
+                   help=f"the pod manager's address (default: $POD_MANAGER_IP or {DEFAULT_IP})")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help=f"end the program's whole process group after S seconds and exit {EXIT_TIMEOUT}")
+    p.add_argument("--kill-grace", type=float, default=KILL_GRACE_S, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL when ending the program (default %(default)s)")
+    p.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S, metavar="S",
+                   help="give up on the pod manager after S seconds (default %(default)s)")
+    p.add_argument("--shell", action="store_true",
+                   help="run CMD ARGS... joined by spaces through /bin/sh -c")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    if "--" in argv:    # everything after the first "--" belongs to the program, untouched
+        cut = argv.index("--")
+        ns = parser.parse_args(argv[:cut])
+        ns.command = argv[cut + 1:]
+    else:
+        ns = parser.parse_args(argv)
+    if not ns.command:
+        parser.error("no command given (put it after --)")
+    if not ns.name:
+        parser.error("--name is required (or set POD_NAME)")
+    if len(ns.name.encode()) >= hp.NAME_LEN:
+        parser.error(f"--name must be shorter than {hp.NAME_LEN} bytes")
+    if ns.port is None:
+        parser.error("--port is required (or set POD_MANAGER_PORT)")
+    if not 1 <= ns.port <= 65535:
+        parser.error(f"--port {ns.port} is not a TCP port")
+    if ns.timeout is not None and ns.timeout <= 0:
+        parser.error("--timeout must be positive")
+    return ns
+
+
+def _recv_frame(sock: socket.socket, deadline: float, where: str) -> bytes:
+    buf = b""
+    while len(buf) < hp.MSG_SIZE:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout
+        sock.settimeout(left)
+        chunk = sock.recv(hp.MSG_SIZE - len(buf))
+        if not chunk:
+            raise LaunchError(f"the pod manager at {where} closed the connection during the handshake")
+        buf += chunk
+    return buf
+
+
+def handshake(ip: str, port: int, name: str, timeout: float = HANDSHAKE_TIMEOUT_S) -> hp.HelloAck:
+    """Greet the pod manager as a member of `name`. Returns its HELLO_ACK or raises LaunchError."""
+    where = f"{ip}:{port}"
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection((ip, port), timeout=timeout)
+    except ConnectionRefusedError:
+        raise LaunchError(f"no pod manager listening on {where} (is launch-backend running?)") from None
+    except socket.timeout:
+        raise LaunchError(f"connecting to the pod manager at {where} timed out after {timeout:g} s") from None
+    except OSError as exc:
+        raise LaunchError(f"cannot reach a pod manager at {where}: {exc.strerror or exc}") from None
+    with sock:
+        try:
+            sock.sendall(hp.encode(hp.Hello(pid=os.getpid(), pod_name=name), 1))
+            frame = _recv_frame(sock, deadline, where)
+        except socket.timeout:
+            raise LaunchError(f"no answer from {where} within {timeout:g} s (is it a gem-pmgr?)") from None
+        except OSError as exc:
+            raise LaunchError(f"the handshake with {where} failed: {exc.strerror or exc}") from None
+    try:
+        _, reply = hp.decode(frame, hp.PMGR_TO_HOOK)
+    except hp.ProtocolError as exc:
+        raise LaunchError(f"{where} does not speak the gemini protocol: {exc.message}") from None
+    if isinstance(reply, hp.HelloAck):
+        if reply.group != name:
+            raise LaunchError(f"{where} serves group '{reply.group}', not '{name}'")
+        return reply
+    if isinstance(reply, hp.Error):
+        if reply.code == hp.ErrorCode.GROUP_MISMATCH:
+            raise LaunchError(f"{where} is not the pod manager of group '{name}': {reply.message}")
+        if reply.code == hp.ErrorCode.UNKNOWN_GROUP:
+            raise LaunchError(f"gem-schd does not know group '{name}': {reply.message}")
+        code = hp.ErrorCode(reply.code).name if reply.code in hp.ErrorCode._value2member_map_ else reply.code
+        raise LaunchError(f"the pod manager at {where} refused the handshake ({code}): {reply.message}")
+    raise LaunchError(f"{where} answered HELLO with {type(reply).__name__}")
+
+
+def child_env(name: str, ip: str, port: int, hook: str, base: dict | None = None) -> dict:
+    """The program's environment: the hook first in LD_PRELOAD, and where its pod manager is."""
+    env = dict(os.environ if base is None else base)
+    existing = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{hook}:{existing}" if existing else hook
+    for names, value in ((ENV_POD_NAME, name), (ENV_POD_MANAGER_IP, ip), (ENV_POD_MANAGER_PORT, str(port))):
+        for var in names:
+            env[var] = value
+    return env
+
+
+def exit_code(returncode: int) -> int:
+    """A Popen returncode as a shell reports it: 128+N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def end_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the program's process group, then SIGKILL whatever is left after `grace` seconds."""
+    pgid = proc.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        proc.poll()     # reap the leader so that only live members keep the group
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.02)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@contextmanager
+def _foreground(pgid: int):
+    """Hand the controlling terminal to the program's group while it runs (interactive programs keep
+    working, Ctrl-C reaches them directly), then take it back. Does nothing without a terminal."""
+    fd, ours = None, os.getpgrp()
+    try:
+        if os.isatty(sys.stdin.fileno()) and os.tcgetpgrp(sys.stdin.fileno()) == ours:
+            fd = sys.stdin.fileno()
+    except (OSError, ValueError):
+        fd = None
+    if fd is None:
+        yield
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        try:
+            os.tcsetpgrp(fd, pgid)
+        except OSError:
+            pass
+        yield
+    finally:
+        try:
+            os.tcsetpgrp(fd, ours)
+        except OSError:
+            pass
+        signal.signal(signal.SIGTTOU, old)
+
+
+def run_program(argv: list[str], env: dict, timeout: float | None = None, grace: float = KILL_GRACE_S) -> int:
+    """Run argv in its own process group; forward signals; apply the timeout. Returns the exit code."""
+    try:
+        if sys.version_info >= (3, 11):
+            proc = subprocess.Popen(argv, env=env, process_group=0)
+        else:
+            proc = subprocess.Popen(argv, env=env, preexec_fn=os.setpgrp)  # noqa: PLW1509
+    except FileNotFoundError:
+        print(f"{PROG}: {argv[0]}: command not found", file=sys.stderr)
+        return 127
+    except PermissionError:
+        print(f"{PROG}: {argv[0]}: permission denied", file=sys.stderr)
+        return 126
+    except OSError as exc:
+        print(f"{PROG}: {argv[0]}: cannot run: {exc.strerror or exc}", file=sys.stderr)
+        return 126
+
+    def forward(signum, _frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        with _foreground(proc.pid):
+            try:
+                returncode = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{PROG}: {argv[0]} ran for more than {timeout:g} s: ending its process group",
+                      file=sys.stderr)
+                end_group(proc, grace)
+                proc.wait()
+                return EXIT_TIMEOUT
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return exit_code(returncode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        hook = str(hook_path())
+        handshake(ns.ip, ns.port, ns.name, ns.handshake_timeout)
+    except (LaunchError, HookNotFound) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    program = ["/bin/sh", "-c", " ".join(ns.command)] if ns.shell else ns.command
+    return run_program(program, child_env(ns.name, ns.ip, ns.port, hook), ns.timeout, ns.kill_grace)

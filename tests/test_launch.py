@@ -1,0 +1,494 @@
+"""tools/launch-command.py and tools/launch-backend.py, run as a user runs them (subprocesses, real sockets)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gemini.launch import command
+from pmgr_helpers import REPO_ROOT, BackgroundPmgr, BlockingHook, free_port
+from gemini import protocol as hp
+
+LAUNCH_COMMAND = str(REPO_ROOT / "tools" / "launch-command.py")
+LAUNCH_BACKEND = str(REPO_ROOT / "tools" / "launch-backend.py")
+GROUP = "g"
+
+# The child: dumps its argv, environment, pid and process group as JSON to $DUMP_TO.
+DUMP = textwrap.dedent("""
+    import json, os, sys
+    with open(os.environ["DUMP_TO"], "w") as f:
+        json.dump({"argv": sys.argv[1:], "env": dict(os.environ), "pid": os.getpid(),
+                   "pgid": os.getpgrp(), "ppid": os.getppid()}, f)
+    sys.exit(int(os.environ.get("EXIT_WITH", "0")))
+""")
+
+NASTY_ARGS = ["a b", "it's", '"quoted"', "$HOME", "${PATH}", "`id`", "$(id)", "line\nbreak", "", "  ",
+              "--", "--name", "*", "\\", "tab\there", "ünïcødé", ";", "|", "&&", "-"]
+
+
+def clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "POD_NAME", "POD_MANAGER_IP", "POD_MANAGER_PORT")
+           and not k.startswith("GEMINI_")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def fake_hook(tmp_path) -> Path:
+    # Any file serves as the hook here: the loader warns that it cannot preload it and goes on.
+    path = tmp_path / "libgemhook.so.1"
+    path.write_bytes(b"not really a library")
+    return path
+
+
+@pytest.fixture
+def pmgr():
+    bg = BackgroundPmgr(GROUP, {GROUP: 12345})
+    yield bg
+    bg.close()
+
+
+@pytest.fixture
+def dump_script(tmp_path) -> Path:
+    path = tmp_path / "dump.py"
+    path.write_text(DUMP)
+    return path
+
+
+def launch(args: list[str], env: dict, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, LAUNCH_COMMAND, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+# --- launch-command ------------------------------------------------------------------------------
+
+def test_arguments_arrive_intact_and_the_environment_is_set(pmgr, fake_hook, dump_script, tmp_path):
+    out = tmp_path / "dump.json"
+    env = clean_env(GEMINI_HOOK_LIB=str(fake_hook), DUMP_TO=str(out), LD_PRELOAD="/opt/other.so")
+    res = launch(["--name", GROUP, "--port", str(pmgr.port), "--", sys.executable, str(dump_script),
+                  *NASTY_ARGS], env)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(out.read_text())
+    assert got["argv"] == NASTY_ARGS
+    child_env = got["env"]
+    assert child_env["LD_PRELOAD"] == f"{fake_hook}:/opt/other.so"
+    for var in ("POD_NAME", "GEMINI_POD_NAME"):
+        assert child_env[var] == GROUP
+    for var in ("POD_MANAGER_IP", "GEMINI_POD_MANAGER_IP"):
+        assert child_env[var] == "127.0.0.1"
+    for var in ("POD_MANAGER_PORT", "GEMINI_POD_MANAGER_PORT"):
+        assert child_env[var] == str(pmgr.port)
+    # its own process group, started by launch-command itself
+    assert got["pgid"] == got["pid"]
+
+
+def test_ld_preload_is_just_the_hook_when_there_was_none(pmgr, fake_hook, dump_script, tmp_path):
+    out = tmp_path / "dump.json"
+    res = launch(["--name", GROUP, "--port", str(pmgr.port), "--", sys.executable, str(dump_script)],
+                 clean_env(GEMINI_HOOK_LIB=str(fake_hook), DUMP_TO=str(out)))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.read_text())["env"]["LD_PRELOAD"] == str(fake_hook)
+
+
+def test_env_vars_give_name_and_port(pmgr, fake_hook, dump_script, tmp_path):
+    out = tmp_path / "dump.json"
+    env = clean_env(GEMINI_HOOK_LIB=str(fake_hook), DUMP_TO=str(out), POD_NAME=GROUP,
+                    POD_MANAGER_PORT=str(pmgr.port))
+    res = launch(["--", sys.executable, str(dump_script), "x"], env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.read_text())["argv"] == ["x"]
+
+
+def test_shell_mode_runs_through_sh(pmgr, fake_hook, dump_script, tmp_path):
+    out = tmp_path / "dump.json"
+    env = clean_env(GEMINI_HOOK_LIB=str(fake_hook), DUMP_TO=str(out))
+    res = launch(["--name", GROUP, "--port", str(pmgr.port), "--shell", "--",
+                  f"'{sys.executable}' '{dump_script}'", '"$POD_NAME"', "a|b", "|| true"], env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.read_text())["argv"] == [GROUP, "a"]
+
+
+@pytest.mark.parametrize("code", [0, 3, 255])
+def test_exit_code_is_propagated(pmgr, fake_hook, dump_script, tmp_path, code):
+    env = clean_env(GEMINI_HOOK_LIB=str(fake_hook), DUMP_TO=str(tmp_path / "d.json"), EXIT_WITH=str(code))
+    res = launch(["--name", GROUP, "--port", str(pmgr.port), "--", sys.executable, str(dump_script)], env)
+    assert res.returncode == code
+
+
+def test_death_by_signal_is_128_plus_the_signal(pmgr, fake_hook):
+    env = clean_env(GEMINI_HOOK_LIB=str(fake_hook))
+    res = launch(["--name", GROUP, "--port", str(pmgr.port), "--", sys.executable, "-c",
+                  "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], env)
+    assert res.returncode == 128 + signal.SIGKILL
+
+
+def test_missing_program_is_127(pmgr, fake_hook):
+    res = launch(["--name", GROUP, "--port", str(pmgr.port), "--", "/no/such/program"],
+                 clean_env(GEMINI_HOOK_LIB=str(fake_hook)))
+    assert res.returncode == 127 and "/no/such/program" in res.stderr
+
+
+def test_no_pod_manager_is_a_clear_error(fake_hook):
+    port = free_port()
+    res = launch(["--name", GROUP, "--port", str(port), "--", "true"], clean_env(GEMINI_HOOK_LIB=str(fake_hook)))
+    assert res.returncode == 2
+    assert f"no pod manager listening on 127.0.0.1:{port} (is launch-backend running?)" in res.stderr
+
+
+def test_wrong_group_names_the_group_the_port_serves(pmgr, fake_hook, tmp_path):
+    marker = tmp_path / "ran"
+    res = launch(["--name", "other", "--port", str(pmgr.port), "--", "touch", str(marker)],
+                 clean_env(GEMINI_HOOK_LIB=str(fake_hook)))
+    assert res.returncode == 2
+    assert "serves group 'g'" in res.stderr and "'other'" in res.stderr
+    assert not marker.exists()
+
+
+def test_group_unknown_to_the_scheduler_is_a_clear_error(fake_hook, tmp_path):
+    bg = BackgroundPmgr("ghost", {"real": 1})
+    try:
+        marker = tmp_path / "ran"
+        res = launch(["--name", "ghost", "--port", str(bg.port), "--", "touch", str(marker)],
+                     clean_env(GEMINI_HOOK_LIB=str(fake_hook)))
+        assert res.returncode == 2
+        assert "gem-schd does not know group 'ghost'" in res.stderr and "resource-config.txt" in res.stderr
+        assert not marker.exists()
+    finally:
+        bg.close()
+
+
+def test_silent_listener_times_out(fake_hook):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        start = time.monotonic()
+        res = launch(["--name", GROUP, "--port", str(port), "--handshake-timeout", "1", "--", "true"],
+                     clean_env(GEMINI_HOOK_LIB=str(fake_hook)))
+    assert res.returncode == 2 and "no answer from" in res.stderr
+    assert time.monotonic() - start < 10
+
+
+def test_missing_hook_is_a_clear_error(pmgr, tmp_path):
+    res = launch(["--name", GROUP, "--port", str(pmgr.port), "--", "true"],
+                 clean_env(GEMINI_HOOK_LIB=str(tmp_path / "nope.so")))
+    assert res.returncode == 2 and "GEMINI_HOOK_LIB" in res.stderr
+
+
+def test_usage_errors():
+    res = launch(["--name", GROUP, "--port", "1"], clean_env())
+    assert res.returncode == 2 and "no command" in res.stderr
+    res = launch(["--port", "1", "--", "true"], clean_env())
+    assert res.returncode == 2 and "--name" in res.stderr
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie that nobody reaped yet is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+FAMILY = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    if len(sys.argv) > 2 and sys.argv[2] == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    kid = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if "stubborn" in sys.argv else "")
+                            + "time.sleep(120)"])
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {kid.pid}")
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(120)
+""")
+
+
+@pytest.mark.parametrize("stubborn", [False, True], ids=["polite", "ignores-sigterm"])
+def test_timeout_ends_the_whole_process_group(pmgr, fake_hook, tmp_path, stubborn):
+    pids_file = tmp_path / "pids"
+    script = tmp_path / "family.py"
+    script.write_text(FAMILY)
+    start = time.monotonic()
+    res = launch(["--name", GROUP, "--port", str(pmgr.port), "--timeout", "1.5", "--kill-grace", "1", "--",
+                  sys.executable, str(script), str(pids_file)] + (["stubborn"] if stubborn else []),
+                 clean_env(GEMINI_HOOK_LIB=str(fake_hook)))
+    elapsed = time.monotonic() - start
+    assert res.returncode == 124, res.stderr
+    assert elapsed < 15
+    pids = [int(p) for p in pids_file.read_text().split()]
+    deadline = time.monotonic() + 5
+    while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_pid_alive(p) for p in pids)
+
+
+def test_signals_are_forwarded(pmgr, fake_hook, tmp_path):
+    ready = tmp_path / "ready"
+    script = tmp_path / "trap.py"
+    script.write_text(textwrap.dedent(f"""
+        import signal, sys, time, pathlib
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))
+        pathlib.Path({str(ready)!r}).write_text("x")
+        time.sleep(60)
+    """))
+    proc = subprocess.Popen([sys.executable, LAUNCH_COMMAND, "--name", GROUP, "--port", str(pmgr.port), "--",
+                             sys.executable, str(script)], env=clean_env(GEMINI_HOOK_LIB=str(fake_hook)),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 42
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_child_env_and_exit_code_units():
+    env = command.child_env("grp", "10.0.0.1", 7, "/h.so", base={"LD_PRELOAD": "/a.so /b.so", "X": "1"})
+    assert env["LD_PRELOAD"] == "/h.so:/a.so /b.so" and env["X"] == "1"
+    assert env["GEMINI_POD_MANAGER_PORT"] == env["POD_MANAGER_PORT"] == "7"
+    assert command.exit_code(-signal.SIGTERM) == 143 and command.exit_code(5) == 5
+    ns = command.parse_args(["--name", "g", "--port", "9", "--", "prog", "--", "--port"])
+    assert ns.command == ["prog", "--", "--port"] and ns.port == 9
+
+
+# --- launch-backend ------------------------------------------------------------------------------
+
+def _scheduler_available() -> bool:
+    return bool(os.environ.get("GEMINI_TEST_SCHD_PATH")) or importlib.util.find_spec("gemini.scheduler.cli") \
+        is not None
+
+
+needs_scheduler = pytest.mark.skipif(not _scheduler_available(),
+                                     reason="gem-schd (gemini.scheduler.cli) is not available in this tree")
+
+
+def _schd_args() -> list[str]:
+    path = os.environ.get("GEMINI_TEST_SCHD_PATH")     # another gem-schd build to test against
+    return ["--schd-path", path] if path else []
+
+
+CONFIG = textwrap.dedent("""
+    [alpha]
+    MinUtil = 0.2
+    MaxUtil = 0.5
+    MemoryLimit = 1MiB
+
+    [beta]
+    MaxUtil = 1
+    MemoryLimit = 2MiB
+""")
+
+
+def _base_port(span: int = 8) -> int:
+    """A port P with P..P+span free (best effort: checked, not reserved)."""
+    for _ in range(50):
+        p = free_port()
+        if p + span > 65535:
+            continue
+        ok = True
+        for q in range(p, p + span):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", q))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return p
+    raise RuntimeError("no run of free ports")
+
+
+class Backend:
+    """launch-backend as a subprocess, with its stdout read line by line."""
+
+    def __init__(self, tmp_path: Path, config: str = CONFIG, extra: list[str] | None = None):
+        self.dir = tmp_path
+        self.config = tmp_path / "resource-config.txt"
+        self.config.write_text(config)
+        self.ports_file = tmp_path / "ports.json"
+        self.port = _base_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, LAUNCH_BACKEND, "--port", str(self.port), "--config", str(self.config),
+             "--ports-file", str(self.ports_file), "--log-dir", str(tmp_path / "logs"), "--kill-grace", "2",
+             *_schd_args(), *(extra or [])],
+            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def read_until(self, predicate, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.lines.append(line)
+            if predicate(line):
+                return line
+        raise AssertionError(f"launch-backend printed {self.lines}; stderr: {self.stderr_now()}")
+
+    def stderr_now(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        return self.proc.stderr.read()
+
+    def children(self) -> list[int]:
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True)
+        return [int(x) for x in out.stdout.split()]
+
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _hello(port: int, group: str) -> hp.Message:
+    h = BlockingHook(port)
+    try:
+        return h.call(hp.Hello(pid=os.getpid(), pod_name=group))
+    finally:
+        h.close()
+
+
+def test_backend_busy_port_is_refused_before_starting_anything(tmp_path):
+    (tmp_path / "c.txt").write_text(CONFIG)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        # the busy port is the second group's
+        res = subprocess.run([sys.executable, LAUNCH_BACKEND, "--port", str(busy - 2), "--config",
+                              str(tmp_path / "c.txt")], env=clean_env(), capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2
+    assert str(busy) in res.stderr and "'beta'" in res.stderr and "in use" in res.stderr
+    assert res.stdout == ""
+
+
+@pytest.mark.parametrize("content", [None, "[alpha]\nMaxUtil = 2\n"], ids=["missing", "bad"])
+def test_backend_missing_or_bad_config_is_a_clear_error(tmp_path, content):
+    path = tmp_path / "resource-config.txt"
+    if content is not None:
+        path.write_text(content)
+    res = subprocess.run([sys.executable, LAUNCH_BACKEND, "--port", str(_base_port()), "--config", str(path)],
+                         env=clean_env(), capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2
+    assert str(path) in res.stderr
+    if content is not None:
+        assert f"{path}:2:" in res.stderr
+
+
+@needs_scheduler
+def test_backend_starts_everything_prints_the_table_and_stops_without_orphans(tmp_path):
+    b = Backend(tmp_path)
+    try:
+        b.read_until(lambda line: line == "ready")
+        rows = [line.split() for line in b.lines if line.split()[:1] in (["alpha"], ["beta"])]
+        assert rows == [["alpha", str(b.port + 1)], ["beta", str(b.port + 2)]]
+        assert json.loads(b.ports_file.read_text()) == {"alpha": b.port + 1, "beta": b.port + 2}
+        ack = _hello(b.port + 1, "alpha")
+        assert isinstance(ack, hp.HelloAck) and ack.mem_limit == 1 << 20
+        ack = _hello(b.port + 2, "beta")
+        assert isinstance(ack, hp.HelloAck) and ack.mem_limit == 2 << 20
+        kids = b.children()
+        assert len(kids) == 3
+    finally:
+        code = b.stop(signal.SIGINT)
+    assert code == 0
+    time.sleep(0.2)
+    assert not any(_pid_alive(p) for p in kids)
+    for port in (b.port, b.port + 1, b.port + 2):
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+@needs_scheduler
+def test_backend_follows_config_edits(tmp_path):
+    b = Backend(tmp_path)
+    try:
+        b.read_until(lambda line: line == "ready")
+        # add a group (write to a temp file, then rename over: an editor's save)
+        tmp = tmp_path / "new.txt"
+        tmp.write_text(CONFIG + "\n[gamma]\nMemoryLimit = 3MiB\n")
+        os.replace(tmp, b.config)
+        line = b.read_until(lambda l: l.startswith("added "))
+        assert line == f"added gamma {b.port + 3}"
+        deadline = time.monotonic() + 10
+        while True:     # gem-schd reloads the file by itself; the pod manager registers once it has
+            ack = _hello(b.port + 3, "gamma")
+            if isinstance(ack, hp.HelloAck) and ack.mem_limit:
+                break
+            assert time.monotonic() < deadline, ack
+            time.sleep(0.2)
+        assert ack.mem_limit == 3 << 20
+        assert json.loads(b.ports_file.read_text())["gamma"] == b.port + 3
+        # a bad edit changes nothing
+        b.config.write_text(CONFIG + "\n[gamma]\nMaxUtil = 7\n")
+        time.sleep(0.6)
+        assert isinstance(_hello(b.port + 3, "gamma"), hp.HelloAck)
+        # remove a group: its pod manager stops
+        b.config.write_text("[beta]\nMemoryLimit = 2MiB\n[gamma]\n")
+        assert b.read_until(lambda l: l.startswith("removed ")) == f"removed alpha {b.port + 1}"
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", b.port + 1), timeout=1).close()
+        assert json.loads(b.ports_file.read_text()) == {"beta": b.port + 2, "gamma": b.port + 3}
+    finally:
+        assert b.stop(signal.SIGTERM) == 0
+
+
+@needs_scheduler
+def test_backend_restarts_a_pod_manager_that_dies(tmp_path):
+    b = Backend(tmp_path)
+    try:
+        b.read_until(lambda line: line == "ready")
+        before = set(b.children())
+        victim = next(p for p in before
+                      if "alpha" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace"))
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if isinstance(_hello(b.port + 1, "alpha"), hp.HelloAck) and victim not in b.children():
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "alpha's pod manager did not come back"
+            time.sleep(0.1)
+        assert len(b.children()) == 3
+    finally:
+        assert b.stop(signal.SIGINT) == 0

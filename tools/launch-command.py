@@ -1,0 +1,14 @@
+#!/usr/bin/env python3
+"""launch-command: see gemini/launch/command.py (this file only finds the gemini package and calls it)."""
+import os
+import sys
+
+try:
+    import gemini.launch.command  # noqa: F401  (installed, or already on the path)
+except ImportError:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gemini.launch.command import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
