@@ -80,6 +80,14 @@ class AsyncHook:
     async def hello(self, group: str, pid: int = 4242, **kw) -> hp.Message:
         return await self.call(hp.Hello(pid=pid, pod_name=group, **kw))
 
+    @classmethod
+    async def greeted(cls, port: int, group: str, pid: int = 4242) -> "AsyncHook":
+        """Connected and past the handshake."""
+        hook = await cls.connect(port)
+        ack = await hook.hello(group, pid)
+        assert isinstance(ack, hp.HelloAck), ack
+        return hook
+
     async def wait_closed(self, timeout: float = TIMEOUT) -> None:
         await asyncio.wait_for(self.closed.wait(), timeout)
 
@@ -227,14 +235,18 @@ class FakeScheduler:
 @asynccontextmanager
 async def running_pmgr(group: str = "g", mem_limit: int = 1000, *, groups: dict[str, int] | None = None,
                        device_uuid: str | None = None, start_scheduler: bool = True, scheduler_port: int = 0):
-    """A FakeScheduler (knowing `groups`, default {group: mem_limit}) and a PodManagerServer on ephemeral ports.
-    Yields (server, scheduler); scheduler is None when start_scheduler is False."""
+    """A FakeScheduler (knowing `groups`, default {group: mem_limit}) and a PodManagerServer on ephemeral ports,
+    registered with it if it knows the group. Yields (server, scheduler); scheduler is None when
+    start_scheduler is False."""
     sched = FakeScheduler(groups if groups is not None else {group: mem_limit},
                           port=scheduler_port or None) if start_scheduler else None
     port = sched.port if sched else (scheduler_port or free_port())
     server = PodManagerServer(group, "127.0.0.1", 0, scheduler_port=port, device_uuid=device_uuid)
     await server.start()
     try:
+        if sched is not None and group in sched.groups:
+            await sched.wait_registered(group)
+            await eventually(lambda: server.manager.registered, what="Welcome handled")
         yield server, sched
     finally:
         await server.stop()
@@ -301,3 +313,18 @@ class BackgroundPmgr:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
         self._loop.close()
+
+
+def wait_port(port: int, proc=None, timeout: float = 15.0) -> None:
+    """Until something accepts connections on 127.0.0.1:port (and `proc`, if given, is still running)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"process exited with {proc.returncode} before listening on {port}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nothing listens on {port} after {timeout} s")
+            time.sleep(0.05)

@@ -18,7 +18,7 @@ from gemini import messages as sm
 from gemini import protocol as hp
 from gemini.podmgr.manager import (HEARTBEAT_S, WELCOME_WAIT_S, CloseHook, PodManager, ToHook, ToScheduler)
 from pmgr_helpers import (REPO_ROOT, AsyncHook, FakeClock, FakeScheduler, eventually, free_port,
-                          running_pmgr)
+                          running_pmgr, wait_port)
 
 GROUP = "g"
 MS = 1_000_000  # ns
@@ -408,7 +408,6 @@ def run(coro):
 def test_two_connections_share_one_token_and_one_upstream_request_per_expiry():
     async def body():
         async with running_pmgr(GROUP, 1000) as (srv, sched):
-            await sched.wait_registered(GROUP)
             a, b = await AsyncHook.connect(srv.port), await AsyncHook.connect(srv.port)
             await a.hello(GROUP, pid=1)
             await b.hello(GROUP, pid=2)
@@ -440,9 +439,7 @@ def test_two_connections_share_one_token_and_one_upstream_request_per_expiry():
 def test_waiting_token_request_does_not_hold_up_memory_requests_on_the_same_connection():
     async def body():
         async with running_pmgr(GROUP, 1000) as (srv, sched):
-            await sched.wait_registered(GROUP)
-            h = await AsyncHook.connect(srv.port)
-            await h.hello(GROUP)
+            h = await AsyncHook.greeted(srv.port, GROUP)
             token = h.request(hp.TokenRequest())
             await sched.expect(sm.TokenRequest)
             assert (await h.call(hp.MemAlloc(bytes=100), timeout=1.0)).verdict == hp.MemVerdict.OK
@@ -457,9 +454,7 @@ def test_waiting_token_request_does_not_hold_up_memory_requests_on_the_same_conn
 def test_closed_connection_holding_the_token_releases_it_and_its_memory_within_a_second():
     async def body():
         async with running_pmgr(GROUP, 1000) as (srv, sched):
-            await sched.wait_registered(GROUP)
-            h = await AsyncHook.connect(srv.port)
-            await h.hello(GROUP)
+            h = await AsyncHook.greeted(srv.port, GROUP)
             assert (await h.call(hp.MemAlloc(bytes=700))).verdict == hp.MemVerdict.OK
             t = h.request(hp.TokenRequest())
             await sched.expect(sm.TokenRequest)
@@ -470,8 +465,7 @@ def test_closed_connection_holding_the_token_releases_it_and_its_memory_within_a
             rel = await sched.expect(sm.TokenRelease, timeout=1.0)
             assert rel.token_seq == seq and time.monotonic() - start < 1.0
             await eventually(lambda: srv.manager.mem_used == 0, 1.0, "memory released")
-            other = await AsyncHook.connect(srv.port)
-            await other.hello(GROUP)
+            other = await AsyncHook.greeted(srv.port, GROUP)
             assert (await other.call(hp.MemAlloc(bytes=1000))).verdict == hp.MemVerdict.OK
             await other.close()
     run(body())
@@ -494,7 +488,6 @@ KILLED_HOOK = textwrap.dedent("""
 def test_sigkilled_process_holding_the_token_releases_it_and_its_memory_within_a_second():
     async def body():
         async with running_pmgr(GROUP, 1000) as (srv, sched):
-            await sched.wait_registered(GROUP)
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", KILLED_HOOK, str(srv.port), str(REPO_ROOT), str(REPO_ROOT / "tests"),
                 stdout=asyncio.subprocess.PIPE)
@@ -520,7 +513,6 @@ def test_exact_memory_limit_under_concurrent_requests_from_many_connections():
     limit, each, conns, per = 10_000, 7, 8, 300     # 8*300*7 = 16800 bytes asked for 10000 available
     async def body():
         async with running_pmgr(GROUP, limit) as (srv, sched):
-            await sched.wait_registered(GROUP)
             hooks = [await AsyncHook.connect(srv.port) for _ in range(conns)]
             await asyncio.gather(*(h.hello(GROUP, pid=i) for i, h in enumerate(hooks)))
             futs = [[h.request(hp.MemAlloc(bytes=each)) for _ in range(per)] for h in hooks]
@@ -566,9 +558,7 @@ def test_bad_frames_close_only_that_connection(name):
     data, code = BAD_FRAMES[name]
     async def body():
         async with running_pmgr(GROUP, 1000) as (srv, sched):
-            await sched.wait_registered(GROUP)
-            good = await AsyncHook.connect(srv.port)
-            await good.hello(GROUP)
+            good = await AsyncHook.greeted(srv.port, GROUP)
             await good.call(hp.MemAlloc(bytes=10))
             reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
             writer.write(data)
@@ -591,9 +581,7 @@ def test_bad_frames_close_only_that_connection(name):
 def test_bad_frame_after_hello_releases_that_connections_memory():
     async def body():
         async with running_pmgr(GROUP, 1000) as (srv, sched):
-            await sched.wait_registered(GROUP)
-            h = await AsyncHook.connect(srv.port)
-            await h.hello(GROUP)
+            h = await AsyncHook.greeted(srv.port, GROUP)
             await h.call(hp.MemAlloc(bytes=400))
             h.send_raw(_header(magic=0xDEADBEEF) + b"\0" * 240)
             await h.wait_closed()
@@ -604,12 +592,10 @@ def test_bad_frame_after_hello_releases_that_connections_memory():
 def test_garbage_from_the_scheduler_is_logged_and_survived(caplog):
     async def body():
         async with running_pmgr(GROUP, 1000) as (srv, sched):
-            await sched.wait_registered(GROUP)
             ident = sched.registered[GROUP]
             for junk in (b"not json", b"[]", b'{"type":"grant"}', b'{"type":"hello","group":"g","pid":1}', b""):
                 await sched.sock.send_multipart([ident, junk])
-            h = await AsyncHook.connect(srv.port)
-            await h.hello(GROUP)
+            h = await AsyncHook.greeted(srv.port, GROUP)
             t = h.request(hp.TokenRequest())
             await sched.expect(sm.TokenRequest)
             await sched.grant(GROUP, 10)
@@ -623,9 +609,7 @@ def test_garbage_from_the_scheduler_is_logged_and_survived(caplog):
 def test_scheduler_restart_re_hello_and_re_sent_request():
     async def body():
         async with running_pmgr(GROUP, 1000) as (srv, sched):
-            await sched.wait_registered(GROUP)
-            h = await AsyncHook.connect(srv.port)
-            await h.hello(GROUP)
+            h = await AsyncHook.greeted(srv.port, GROUP)
             await h.call(hp.MemAlloc(bytes=321))
             t = h.request(hp.TokenRequest(burst_ns=4 * MS))
             await sched.expect(sm.TokenRequest)
@@ -710,46 +694,26 @@ def test_cli_busy_port_is_a_clear_error():
     assert f"127.0.0.1:{port}" in res.stderr and "already in use" in res.stderr
 
 
-def test_cli_env_vars_are_defaults_and_sigterm_stops_cleanly():
+@pytest.mark.parametrize("how", ["env-sigterm", "flags-sigint-wildcard"])
+def test_cli_runs_until_signalled(how):
     port = free_port()
     env = _env()
-    env.update(POD_NAME=GROUP, POD_MANAGER_PORT=str(port), SCHEDULER_PORT=str(free_port()))
-    proc = subprocess.Popen(_pmgr_cmd("-v"), env=env, stderr=subprocess.PIPE, text=True)
+    if how == "env-sigterm":    # Gemini's variables are the defaults of the flags
+        env.update(POD_NAME=GROUP, POD_MANAGER_PORT=str(port), SCHEDULER_PORT=str(free_port()))
+        args, sig = ["-v"], signal.SIGTERM
+    else:
+        args = ["--name", GROUP, "--ip", "0.0.0.0", "--port", str(port), "--scheduler-port", str(free_port())]
+        sig = signal.SIGINT
+    proc = subprocess.Popen(_pmgr_cmd(*args), env=env, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        wait_port(port, proc)
+        proc.send_signal(sig)
         assert proc.wait(10) == 0
-        assert f"hooks on 127.0.0.1:{port}" in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def test_cli_warns_when_binding_beyond_loopback():
-    port = free_port()
-    proc = subprocess.Popen(_pmgr_cmd("--name", GROUP, "--ip", "0.0.0.0", "--port", str(port),
-                                      "--scheduler-port", str(free_port())),
-                            env=_env(), stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(10) == 0
-        assert "not a loopback address" in proc.stderr.read()
+        err = proc.stderr.read()
+        if how == "env-sigterm":
+            assert f"hooks on 127.0.0.1:{port}" in err
+        else:
+            assert "not a loopback address" in err
     finally:
         if proc.poll() is None:
             proc.kill()
