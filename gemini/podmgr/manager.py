@@ -147,12 +147,10 @@ class PodManager:
     def _greeted(self) -> list[Client]:
         return [c for c in self.clients.values() if c.greeted]
 
-    def _hello_msg(self) -> sm.Hello:
-        return sm.Hello(group=self.group, pid=self.pid, mem_used=self.mem_used, clients=len(self._greeted()))
-
     def _send_hello(self, now: float) -> list[Action]:
         self._last_hello = now
-        return [ToScheduler(self._hello_msg())]
+        return [ToScheduler(sm.Hello(group=self.group, pid=self.pid, mem_used=self.mem_used,
+                                     clients=len(self._greeted())))]
 
     def _mem_reply(self, client_id: int, seq: int, verdict: hp.MemVerdict) -> ToHook:
         return ToHook(client_id, seq, hp.MemReply(verdict=int(verdict), used=self.mem_used,
