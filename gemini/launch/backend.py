@@ -36,6 +36,7 @@ PROG = "launch-backend"
 LISTEN_TIMEOUT_S = 15.0
 KILL_GRACE_S = 3.0
 DEBOUNCE_S = 0.1
+POLL_S = 0.05
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 STABLE_S = 10.0         # a daemon that ran this long restarts with the initial backoff again
@@ -71,10 +72,6 @@ def listening(ip: str, port: int) -> bool:
         return False
 
 
-def _python_module(module: str) -> list[str]:
-    return [sys.executable, "-m", module]
-
-
 def daemon_command(explicit: str | None, script: str, module: str) -> list[str]:
     """argv prefix of a daemon: --*-path if given, else the console script installed beside this Python
     (or on PATH), else `python -m module` with this interpreter."""
@@ -87,7 +84,7 @@ def daemon_command(explicit: str | None, script: str, module: str) -> list[str]:
     if beside.is_file() and os.access(beside, os.X_OK):
         return [str(beside)]
     found = shutil.which(script)
-    return [found] if found else _python_module(module)
+    return [found] if found else [sys.executable, "-m", module]
 
 
 def _child_env() -> dict:
@@ -244,10 +241,6 @@ class ConfigWatcher:
                 return True
         return False
 
-    def pending(self) -> bool:
-        with self._lock:
-            return self.changed_at is not None
-
     def stop(self) -> None:
         self._observer.stop()
         self._observer.join(timeout=2)
@@ -382,21 +375,14 @@ class Backend:
 
     def run(self) -> None:
         while not self.stopping:
-            self.wake.wait(0.1)
+            self.wake.wait(POLL_S)     # also the debounce check's resolution
             self.wake.clear()
             if self.stopping:
                 break
             now = time.monotonic()
             if self.watcher is not None and self.watcher.due(now):
                 self.reload()
-            elif self.watcher is not None and self.watcher.pending():
-                self._rewake_after(DEBOUNCE_S)
             self._supervise(now)
-
-    def _rewake_after(self, seconds: float) -> None:
-        timer = threading.Timer(seconds, self.wake.set)
-        timer.daemon = True
-        timer.start()
 
     def _supervise(self, now: float) -> None:
         for child in self.children():
