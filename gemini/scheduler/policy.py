@@ -1,0 +1,591 @@
+"""The token scheduling policy of gem-schd: pure logic, no I/O, time passed in.
+
+All times are milliseconds (floats) on one monotonic clock chosen by the caller; the policy never reads a clock,
+so it can be driven on simulated time in tests and by the daemon on real time.
+
+It is a port of Gemini's scheduler (NTHU-LSALAB/Gemini, src/scheduler.cpp and src/schd-priority.cpp):
+
+* one token; a grant appends the entry [now, now + quota] to the group's history;
+* usage of a group = the time its entries cover inside the sliding window [now - window_eff, now], where
+  window_eff = min(window, now - scheduler start); time where entries of different groups overlap (a holder that
+  overran its slot while the next group already ran) is split evenly between those groups;
+* a waiting group is eligible while it is below its MaxUtil; among eligible groups, those below their MinUtil
+  come first (largest missing / (missing + usage) first, missing = MinUtil x window_eff - usage), then the least
+  usage; ties go to the one that has waited longest;
+* the quota adapts to the burst size the group's clients report;
+* the slot ends at its deadline (the next group is granted then) or earlier when the holder releases the token
+  (its clients are idle: work-conserving) or comes back with a new request (as in Gemini).
+
+Defects of the original that are fixed here:
+
+* MaxUtil accuracy. Gemini grants a full quota whenever usage < MaxUtil x window, so an always-busy capped group
+  overshoots its cap by about quota x (1 - share) / window (2.5 pp with the defaults). Here a grant is decided on
+  the group's *projected* usage instead: the headroom h is the longest slot q such that the group's usage over the
+  window ending at now + q (its past entries still inside that window, plus q) stays within MaxUtil x
+  window_eff(now + q). The quota is trimmed to h, and a group only becomes eligible once h reaches a minimum
+  useful slot (theta = min(min quota, its quota)), so no tiny slots are handed out. An always-busy capped group
+  therefore sits exactly at its cap at the end of each of its slots and never above it, which keeps the long-run
+  share within a fraction of a point of the cap. (Trimming alone with the old eligibility test would also work,
+  but waiting for theta of headroom avoids a stream of sliver-sized slots and their handoff costs.)
+  The exception, as in Gemini: a group with no usage in the window is always eligible (for MaxUtil > 0), so that
+  right after the scheduler starts (window_eff ~ 0) groups get going; the effective window corrects the share
+  within a few slots.
+* The time at which a waiting, capped group next becomes eligible is computed exactly (`next_wakeup`), instead of
+  Gemini's "when the oldest history entry leaves the window", which can wake too early (busy loop) or too late.
+* Quota: no hard-coded constants; base/min quota and window are parameters; the adaptive rule is
+  clamp(0.5 x burst + 0.5 x previous quota, min quota, MaxUtil x window).
+* Configuration reloads keep history, refuse requests of removed groups explicitly and never silently ignore an
+  unknown group.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Union
+
+from gemini.config import Config, GroupConfig
+from gemini.messages import ERR_UNKNOWN_GROUP
+
+EPS = 1e-6  # ms; tolerance of eligibility tests against float rounding
+
+
+# --- decisions --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GrantDecision:
+    """Give the token to `group` for `quota_ms`, starting now."""
+    group: str
+    quota_ms: float
+    token_seq: int
+
+
+@dataclass(frozen=True)
+class RefuseDecision:
+    """Answer the group's request (or message) with an error."""
+    group: str
+    code: str
+    message: str
+
+
+Decision = Union[GrantDecision, RefuseDecision]
+
+
+@dataclass(frozen=True)
+class ConfigDiff:
+    """What a reload changed: groups added, groups whose settings changed, groups removed."""
+    added: tuple[str, ...]
+    changed: tuple[str, ...]
+    removed: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.changed or self.removed)
+
+
+def diff_configs(old: Config, new: Config) -> ConfigDiff:
+    old_groups = {g.name: g for g in old.groups}
+    new_groups = {g.name: g for g in new.groups}
+    added = tuple(n for n in new_groups if n not in old_groups)
+    removed = tuple(n for n in old_groups if n not in new_groups)
+    changed = tuple(n for n, g in new_groups.items() if n in old_groups and
+                    (g.min_util, g.max_util, g.mem_limit) != (old_groups[n].min_util, old_groups[n].max_util,
+                                                               old_groups[n].mem_limit))
+    return ConfigDiff(added, changed, removed)
+
+
+# --- internal state ---------------------------------------------------------------------------------------------
+
+@dataclass
+class _Entry:
+    group: str
+    start: float
+    end: float
+    token_seq: int
+
+
+@dataclass
+class _Waiting:
+    arrival: float
+    burst: float
+
+
+@dataclass
+class _Holder:
+    group: str
+    token_seq: int
+    start: float
+    deadline: float
+
+
+@dataclass
+class _Group:
+    cfg: GroupConfig
+    prev_quota: float
+    waiting: Optional[_Waiting] = None
+    grants: int = 0
+    last_quota: float = 0.0
+
+
+@dataclass
+class _Usage:
+    """Disjoint usage segments of one group, sorted, with prefix sums: segment i is [starts[i], ends[i]) used at
+    `rates[i]` (1 alone, 1/k when k groups overlap); cum[i] = usage of segments 0..i-1."""
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    cum: list[float] = field(default_factory=lambda: [0.0])
+
+    def add(self, start: float, end: float, rate: float) -> None:
+        if self.ends and self.ends[-1] == start and self.rates[-1] == rate:
+            self.ends[-1] = end
+            self.cum[-1] += (end - start) * rate
+            return
+        self.starts.append(start)
+        self.ends.append(end)
+        self.rates.append(rate)
+        self.cum.append(self.cum[-1] + (end - start) * rate)
+
+    def between(self, a: float, b: float) -> float:
+        """Usage inside [a, b]."""
+        if b <= a or not self.starts:
+            return 0.0
+        i = bisect.bisect_right(self.ends, a)       # first segment ending after a
+        j = bisect.bisect_left(self.starts, b)      # segments i..j-1 start before b
+        if i >= j:
+            return 0.0
+        total = self.cum[j] - self.cum[i]
+        if self.starts[i] < a:
+            total -= (a - self.starts[i]) * self.rates[i]
+        if self.ends[j - 1] > b:
+            total -= (self.ends[j - 1] - max(b, self.starts[j - 1])) * self.rates[j - 1]
+        return max(total, 0.0)
+
+
+class Policy:
+    """Gemini's token policy. See the module docstring.
+
+    Parameters: the Config (groups), base quota (used when a request carries no burst estimate), min quota,
+    window (all ms) and the scheduler's start time on the caller's clock.
+    """
+
+    def __init__(self, config: Config, base_quota_ms: float = 250.0, min_quota_ms: float = 100.0,
+                 window_ms: float = 10000.0, start_ms: float = 0.0):
+        for name, value in (("base_quota_ms", base_quota_ms), ("min_quota_ms", min_quota_ms),
+                            ("window_ms", window_ms)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        self.base_quota_ms = float(base_quota_ms)
+        self.min_quota_ms = float(min_quota_ms)
+        self.window_ms = float(window_ms)
+        self.start_ms = float(start_ms)
+        self.config = config
+        self._groups: dict[str, _Group] = {g.name: _Group(g, self._clamp(self.base_quota_ms, g)) for g in
+                                           config.groups}
+        self._entries: list[_Entry] = []             # sorted by start (grants happen in time order)
+        self._by_seq: dict[int, _Entry] = {}
+        self._last_entry: dict[str, _Entry] = {}
+        self._holder: Optional[_Holder] = None
+        self._seq = 0
+        self._version = 0                            # bumped on every history change
+        self._usage_cache: tuple[int, dict[str, _Usage]] = (-1, {})
+        self._last_now = self.start_ms
+
+    # --- public API ---------------------------------------------------------------------------------------------
+
+    @property
+    def holder(self) -> Optional[str]:
+        return self._holder.group if self._holder else None
+
+    @property
+    def holder_deadline(self) -> Optional[float]:
+        return self._holder.deadline if self._holder else None
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self._groups)
+
+    def waiting(self) -> list[str]:
+        return [n for n, g in self._groups.items() if g.waiting is not None]
+
+    def request(self, group: str, overuse_ms: float = 0.0, burst_ms: float = 0.0,
+                now: float = 0.0) -> list[Decision]:
+        """A group asks for the token. Returns the decisions to carry out now (possibly a grant)."""
+        now = self._now(now)
+        g = self._groups.get(group)
+        if g is None:
+            return [self._unknown(group)]
+        self._apply_overuse(self._last_entry.get(group), overuse_ms, now)
+        if self._holder is not None and self._holder.group == group:
+            # As in Gemini: the holder coming back means its clients stopped using the token.
+            self._end_slot(now)
+        burst = burst_ms if (math.isfinite(burst_ms) and burst_ms > 0) else 0.0
+        if g.waiting is None:
+            g.waiting = _Waiting(now, burst)
+        else:  # a re-sent request (e.g. after a pod manager re-registered): keep its place in the queue
+            g.waiting.burst = burst
+        return self._schedule(now)
+
+    def release(self, group: str, token_seq: int, overuse_ms: float = 0.0, now: float = 0.0) -> list[Decision]:
+        """The group's clients are idle. Ends the slot at once if it is the current one; for an older token only
+        its overuse is applied."""
+        now = self._now(now)
+        h = self._holder
+        if h is not None and h.group == group and h.token_seq == token_seq:
+            self._end_slot(now)
+            return self._schedule(now)
+        if group not in self._groups and group not in self._last_entry:
+            return [self._unknown(group)]
+        entry = self._by_seq.get(token_seq)
+        if entry is not None and entry.group == group:
+            # (An entry already out of the window, or a token of another scheduler run, is ignored.)
+            self._apply_overuse(entry, overuse_ms, now)
+        return self._schedule(now)
+
+    def cancel(self, group: str, now: float) -> None:
+        """Drop the group's waiting request (its pod manager went away)."""
+        self._now(now)
+        g = self._groups.get(group)
+        if g is not None:
+            g.waiting = None
+
+    def tick(self, now: float) -> list[Decision]:
+        """Time passed: end an expired slot and grant if someone is eligible."""
+        return self._schedule(self._now(now))
+
+    def next_wakeup(self, now: float) -> Optional[float]:
+        """When `tick` should be called next: the holder's deadline, else the earliest time a waiting group becomes
+        eligible (None: nothing will happen until a new message)."""
+        now = self._now(now)
+        if self._holder is not None:
+            return max(now, self._holder.deadline)
+        best: Optional[float] = None
+        for name, g in self._groups.items():
+            if g.waiting is None:
+                continue
+            t = self._eligible_at(name, g, now)
+            if t is not None:
+                t = self._confirm(name, g, t)
+            if t is not None and (best is None or t < best):
+                best = t
+        return best
+
+    def apply_config(self, config: Config, now: float) -> list[Decision]:
+        """Switch to a new config. History is kept; new MinUtil/MaxUtil apply from the next grant; a removed
+        group's holder finishes its slot and its waiting request is refused."""
+        now = self._now(now)
+        out: list[Decision] = []
+        new_names = set(config.names)
+        for name in list(self._groups):
+            if name not in new_names:
+                g = self._groups.pop(name)
+                if g.waiting is not None:
+                    out.append(RefuseDecision(name, ERR_UNKNOWN_GROUP,
+                                              f"group {name!r} was removed from {config.path}"))
+        for gc in config.groups:
+            g = self._groups.get(gc.name)
+            if g is None:
+                self._groups[gc.name] = _Group(gc, self._clamp(self.base_quota_ms, gc))
+            else:
+                g.cfg = gc
+        self.config = config
+        out.extend(self._schedule(now))
+        return out
+
+    def window_eff(self, now: float) -> float:
+        return max(0.0, min(self.window_ms, now - self.start_ms))
+
+    def usage(self, group: str, now: float) -> float:
+        """ms of GPU time the group used inside [now - window_eff, now]."""
+        u = self._usage().get(group)
+        return u.between(now - self.window_eff(now), now) if u else 0.0
+
+    def share(self, group: str, now: float) -> float:
+        w = self.window_eff(now)
+        return self.usage(group, now) / w if w > 0 else 0.0
+
+    def status(self, now: float) -> dict[str, dict]:
+        """Per group: name, min_util, max_util, share, holding, waiting, wait_ms, quota_ms, grants."""
+        out = {}
+        for name, g in self._groups.items():
+            out[name] = {
+                "name": name, "min_util": g.cfg.min_util, "max_util": g.cfg.max_util,
+                "share": self.share(name, now),
+                "holding": self._holder is not None and self._holder.group == name and self._holder.deadline > now,
+                "waiting": g.waiting is not None,
+                "wait_ms": (now - g.waiting.arrival) if g.waiting else 0.0,
+                "quota_ms": g.last_quota, "grants": g.grants,
+            }
+        return out
+
+    def history(self) -> list[tuple[str, float, float, int]]:
+        """(group, start, end, token_seq) of the entries still kept (for tests and debugging)."""
+        return [(e.group, e.start, e.end, e.token_seq) for e in self._entries]
+
+    def desired_quota(self, group: str) -> float:
+        """The quota the group would get if granted now (before trimming to its headroom)."""
+        g = self._groups[group]
+        return self._desired(g)
+
+    # --- internals ----------------------------------------------------------------------------------------------
+
+    def _now(self, now: float) -> float:
+        # Never let time run backwards, whatever the caller passes.
+        if not math.isfinite(now):
+            raise ValueError(f"bad time {now!r}")
+        if now < self._last_now:
+            now = self._last_now
+        self._last_now = now
+        return now
+
+    def _unknown(self, group: str) -> RefuseDecision:
+        return RefuseDecision(group, ERR_UNKNOWN_GROUP, f"group {group!r} is not in {self.config.path}")
+
+    def _clamp(self, quota: float, cfg: GroupConfig) -> float:
+        hi = cfg.max_util * self.window_ms
+        q = max(quota, self.min_quota_ms)
+        return min(q, hi) if hi > 0 else q
+
+    def _desired(self, g: _Group) -> float:
+        burst = g.waiting.burst if g.waiting else 0.0
+        if burst > 0:
+            return self._clamp(0.5 * burst + 0.5 * g.prev_quota, g.cfg)
+        return self._clamp(self.base_quota_ms, g.cfg)
+
+    def _apply_overuse(self, entry: Optional[_Entry], overuse_ms: float, now: float) -> None:
+        if entry is None or not (math.isfinite(overuse_ms) and overuse_ms > 0):
+            return
+        new_end = min(now, entry.end + overuse_ms)
+        if new_end > entry.end:
+            entry.end = new_end
+            self._version += 1
+
+    def _end_slot(self, now: float) -> None:
+        h = self._holder
+        assert h is not None
+        entry = self._by_seq.get(h.token_seq)
+        if entry is not None and entry.end > now:
+            entry.end = max(now, entry.start)
+            self._version += 1
+        self._holder = None
+
+    def _prune(self, now: float) -> None:
+        cutoff = now - self.window_ms
+        i = 0
+        hold = self._holder.token_seq if self._holder else -1
+        while i < len(self._entries) and self._entries[i].end < cutoff and self._entries[i].token_seq != hold:
+            i += 1
+        if i:
+            for e in self._entries[:i]:
+                self._by_seq.pop(e.token_seq, None)
+                if self._last_entry.get(e.group) is e:
+                    del self._last_entry[e.group]
+            del self._entries[:i]
+            self._version += 1
+
+    def _usage(self) -> dict[str, _Usage]:
+        """Usage segments per group, from a sweep over the history (cached until the history changes)."""
+        version, cached = self._usage_cache
+        if version == self._version:
+            return cached
+        events: list[tuple[float, int, str]] = []
+        for e in self._entries:
+            if e.end > e.start:
+                events.append((e.start, 1, e.group))
+                events.append((e.end, -1, e.group))
+        events.sort(key=lambda ev: (ev[0], ev[1]))
+        result: dict[str, _Usage] = {}
+        active: Counter[str] = Counter()
+        prev = 0.0
+        for t, kind, grp in events:
+            if active and t > prev:
+                rate = 1.0 / len(active)
+                for name in active:
+                    u = result.get(name)
+                    if u is None:
+                        u = result[name] = _Usage()
+                    u.add(prev, t, rate)
+            if kind > 0:
+                active[grp] += 1
+            else:
+                active[grp] -= 1
+                if active[grp] <= 0:
+                    del active[grp]
+            prev = t
+        self._usage_cache = (self._version, result)
+        return result
+
+    def _theta(self, g: _Group) -> float:
+        """Smallest slot worth granting to a capped group: the min quota, or less if the group's quota or its
+        reported burst is smaller (a group that needs 30 ms should not wait for 100 ms of headroom)."""
+        theta = min(self.min_quota_ms, self._desired(g))
+        if g.waiting is not None and g.waiting.burst > 0:
+            theta = min(theta, g.waiting.burst)
+        return theta
+
+    def _headroom(self, name: str, g: _Group, now: float, limit: float) -> float:
+        """Longest slot q <= limit starting now such that the group's usage over the window ending at now + q
+        stays within MaxUtil x window_eff(now + q) (all entries end by now when this is called)."""
+        cap = g.cfg.max_util
+        if cap >= 1.0:
+            return limit
+        if cap <= 0.0:
+            return 0.0
+        u = self._usage().get(name)
+        W = self.window_ms
+        C = cap * W
+        # Late phase: window_eff(now + q) = W. phi(q) = usage in [now + q - W, now] + q is non-decreasing in q
+        # (the window start slides over the group's old segments at rate 1, shedding at most rate 1 of usage).
+        # Walk the group's segments from the window start, solving phi(q) = C piece by piece.
+        a = now - W
+        phi = u.between(a, now) if u else 0.0
+        q_late: float
+        if phi > C + EPS:
+            q_late = -1.0
+        else:
+            q = 0.0
+            q_late = math.inf
+            pieces = self._pieces(u, a, now) if u else iter(())
+            # phi may touch C and stay flat there while the window slides over the group's own full-rate
+            # segments, so only a strict rise above C ends the walk.
+            for p_start, p_end, rate in pieces:
+                if p_start > a + q:  # a gap of no usage: phi grows at rate 1
+                    gap = p_start - (a + q)
+                    if phi + gap > C + EPS:
+                        q_late = q + max(C - phi, 0.0)
+                        break
+                    phi += gap
+                    q += gap
+                length = p_end - max(p_start, a + q)
+                grow = (1.0 - rate) * length
+                if rate < 1.0 and phi + grow > C + EPS:
+                    q_late = q + max(C - phi, 0.0) / (1.0 - rate)
+                    break
+                phi += grow
+                q += length
+                if q >= limit:
+                    break
+            if q_late == math.inf:
+                q_late = q + max(C - phi, 0.0) if q < limit else limit
+        boundary = self.start_ms + W - now  # q at which window_eff reaches W
+        if boundary <= 0 or (q_late >= boundary):
+            return min(max(q_late, 0.0), limit)
+        # Early phase: window_eff(now + q) = now + q - start, the window covers the whole history.
+        total = u.between(self.start_ms, now) if u else 0.0
+        q_early = (cap * (now - self.start_ms) - total) / (1.0 - cap)
+        return min(max(q_early, 0.0), limit)
+
+    @staticmethod
+    def _pieces(u: _Usage, a: float, b: float):
+        i = bisect.bisect_right(u.ends, a)
+        while i < len(u.starts) and u.starts[i] < b:
+            yield max(u.starts[i], a), min(u.ends[i], b), u.rates[i]
+            i += 1
+
+    def _eligibility(self, name: str, g: _Group, now: float) -> Optional[float]:
+        """The quota the group may be granted now, or None if it is not eligible."""
+        if g.cfg.max_util <= 0.0:
+            return None
+        desired = self._desired(g)
+        if self.usage(name, now) <= 0.0:
+            return desired
+        h = self._headroom(name, g, now, desired)
+        if h >= self._theta(g) - EPS:
+            return min(desired, max(h, self._theta(g)))
+        return None
+
+    def _eligible_at(self, name: str, g: _Group, now: float) -> Optional[float]:
+        """Earliest time >= now at which the waiting group becomes eligible, if nobody uses the GPU meanwhile on
+        its behalf (its history is fixed while it waits)."""
+        cap = g.cfg.max_util
+        if cap <= 0.0:
+            return None
+        if self._eligibility(name, g, now) is not None:
+            return now
+        u = self._usage().get(name)
+        if u is None:
+            return now
+        theta = self._theta(g)
+        W = self.window_ms
+        # Early phase: eligible once total + theta <= cap x (t + theta - start), while t + theta <= start + W.
+        # (Only while still in the early phase: later the history has been pruned.)
+        if now + theta < self.start_ms + W:
+            total = u.between(self.start_ms, math.inf)
+            t_early = self.start_ms + (total + theta) / cap - theta
+            if t_early + theta <= self.start_ms + W:
+                return max(now, t_early)
+        # Late phase: eligible once usage in [t + theta - W, inf) <= cap x W - theta. Find the smallest window start
+        # `a` with that much usage left to its right, walking the segments from the right.
+        budget = cap * W - theta
+        tail = 0.0
+        a = -math.inf
+        for i in range(len(u.starts) - 1, -1, -1):
+            seg = (u.ends[i] - u.starts[i]) * u.rates[i]
+            if tail + seg > budget:
+                a = u.ends[i] - (budget - tail) / u.rates[i]
+                break
+            tail += seg
+        t = max(now, self.start_ms + W - theta, a + W - theta)
+        return t
+
+    def _confirm(self, name: str, g: _Group, t: float) -> float:
+        """Guard against float rounding making the computed time a hair early (the daemon would wake, find no
+        one eligible and spin): check the eligibility test itself at t, nudging t forward a little if needed."""
+        for step in (0.0, 1e-3, 1e-2, 0.1):
+            if self._eligibility(name, g, t + step) is not None:
+                return t + step
+        return t + 1.0
+
+    def _schedule(self, now: float) -> list[Decision]:
+        h = self._holder
+        if h is not None:
+            if h.deadline > now:
+                return []
+            self._holder = None
+        self._prune(now)
+        eligible: list[tuple[str, _Group, float]] = []
+        for name, g in self._groups.items():
+            if g.waiting is None:
+                continue
+            quota = self._eligibility(name, g, now)
+            if quota is not None:
+                eligible.append((name, g, quota))
+        if not eligible:
+            return []
+        # MinUtil is judged at the next decision point, now + the longest slot that may be granted instead: a group
+        # that only got priority once already below its minimum would sit below it on average (by about a slot's
+        # worth of decay; 1-2 pp with the defaults). Looking ahead keeps an always-busy group at or above it.
+        horizon = now + max(q for _, _, q in eligible)
+        weff_h = self.window_eff(horizon)
+        usages = self._usage()
+        best_key = None
+        best = eligible[0]
+        for name, g, quota in eligible:
+            assert g.waiting is not None
+            u = usages.get(name)
+            usage_h = u.between(horizon - weff_h, now) if u else 0.0
+            missing = g.cfg.min_util * weff_h - usage_h
+            if missing > EPS:
+                key = (0, -missing / (missing + usage_h), g.waiting.arrival, name)
+            else:
+                key = (1, self.usage(name, now), g.waiting.arrival, name)
+            if best_key is None or key < best_key:
+                best_key, best = key, (name, g, quota)
+        name, g, quota = best
+        g.prev_quota = self._desired(g)
+        g.waiting = None
+        g.grants += 1
+        g.last_quota = quota
+        self._seq += 1
+        entry = _Entry(name, now, now + quota, self._seq)
+        self._entries.append(entry)
+        self._by_seq[self._seq] = entry
+        self._last_entry[name] = entry
+        self._version += 1
+        self._holder = _Holder(name, self._seq, now, now + quota)
+        return [GrantDecision(name, quota, self._seq)]
+
+
+def group_names(decisions: Iterable[Decision]) -> list[str]:
+    return [d.group for d in decisions]
