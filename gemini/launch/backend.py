@@ -13,22 +13,22 @@ SIGKILL after a grace period. Children never see a shell: every argument is pass
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
-import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from gemini.config import Config, ConfigError, load_config
+from gemini.scheduler.reload import ConfigReloader
 
 log = logging.getLogger("gemini.launch")
 
@@ -181,14 +181,13 @@ def stop_children(children: list[Child], grace: float = KILL_GRACE_S) -> None:
 
 
 class Interrupted(Exception):
-    """SIGINT/SIGTERM while starting."""
+    """SIGINT/SIGTERM while waiting for a daemon."""
 
 
-def wait_listening(child: Child, ip: str, timeout: float = LISTEN_TIMEOUT_S,
-                   interrupted=lambda: False) -> None:
+async def wait_listening(child: Child, ip: str, stop: asyncio.Event, timeout: float = LISTEN_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while not listening(ip, child.port):
-        if interrupted():
+        if stop.is_set():
             raise Interrupted
         if not child.alive():
             code = child.proc.returncode if child.proc else None
@@ -196,75 +195,30 @@ def wait_listening(child: Child, ip: str, timeout: float = LISTEN_TIMEOUT_S,
             raise BackendError(f"{child.what} exited with code {code} before listening on port {child.port}{where}")
         if time.monotonic() > deadline:
             raise BackendError(f"{child.what} is not listening on port {child.port} after {timeout:g} s")
-        time.sleep(0.02)
-
-
-# --- config watching ------------------------------------------------------------------------
-
-_CHANGE_EVENTS = frozenset({"created", "modified", "deleted", "moved", "closed"})
-
-
-class ConfigWatcher:
-    """Watches the config's directory (so rename-over, temp-file saves and delete+create all count) and
-    sets `changed` on any event that names the config file."""
-
-    def __init__(self, path: Path, wake: threading.Event):
-        from watchdog.events import FileSystemEventHandler
-        from watchdog.observers import Observer
-
-        self.path = path
-        self.changed_at: float | None = None
-        self._lock = threading.Lock()
-        target = os.path.normcase(str(path))
-        watcher = self
-
-        class Handler(FileSystemEventHandler):
-            def on_any_event(self, event):
-                if event.event_type not in _CHANGE_EVENTS:
-                    return      # opened / closed-without-writing: our own reads would wake us forever
-                paths = [getattr(event, "src_path", ""), getattr(event, "dest_path", "")]
-                if any(p and os.path.normcase(os.path.abspath(os.fsdecode(p))) == target for p in paths):
-                    with watcher._lock:
-                        watcher.changed_at = time.monotonic()
-                    wake.set()
-
-        self._observer = Observer()
-        self._observer.schedule(Handler(), str(path.parent), recursive=False)
-        self._observer.daemon = True
-        self._observer.start()
-
-    def due(self, now: float) -> bool:
-        """True once, DEBOUNCE_S after the last event of a burst."""
-        with self._lock:
-            if self.changed_at is not None and now - self.changed_at >= DEBOUNCE_S:
-                self.changed_at = None
-                return True
-        return False
-
-    def stop(self) -> None:
-        self._observer.stop()
-        self._observer.join(timeout=2)
+        await asyncio.sleep(0.02)
 
 
 # --- the backend --------------------------------------------------------------------------------
 
 class Backend:
+    """Runs on an asyncio loop: `await start()`, `await run()` until stop is set, then `shutdown()`."""
+
     def __init__(self, opts: argparse.Namespace, out: IO = sys.stdout):
         self.opts = opts
         self.out = out
         self.ip: str = opts.ip
         self.port: int = opts.port
-        self.config_path = Path(opts.config).resolve()
+        self.config_path = Path(os.path.abspath(opts.config))   # not resolved: a symlinked config stays one
         self.log_dir = Path(opts.log_dir).resolve() if opts.log_dir else None
         self.schd_cmd = daemon_command(opts.schd_path, "gem-schd", "gemini.scheduler.cli")
         self.pmgr_cmd = daemon_command(opts.pmgr_path, "gem-pmgr", "gemini.podmgr.cli")
         self.env = _child_env()
         self.scheduler: Child | None = None
         self.groups: dict[str, Child] = {}      # in config order
-        self.config: Config | None = None
-        self.wake = threading.Event()
-        self.stopping = False
-        self.watcher: ConfigWatcher | None = None
+        self.stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._new_config: Config | None = None  # handed over by the reloader, applied by run()
+        self._reloader: ConfigReloader | None = None
 
     # -- building the children --
 
@@ -300,17 +254,16 @@ class Backend:
 
     # -- start / stop --
 
-    def start(self) -> None:
+    async def start(self) -> None:
         try:
-            self.config = load_config(self.config_path)
+            config = load_config(self.config_path)
         except ConfigError as exc:
             raise BackendError(f"bad config: {exc}") from None
-        for warning in self.config.warnings:
+        for warning in config.warnings:
             log.warning("%s", warning)
-        names = self.config.names
-        wanted = [("gem-schd", self.port)] + [(g, self.port + i) for i, g in enumerate(names, 1)]
+        wanted = [("gem-schd", self.port)] + [(g, self.port + i) for i, g in enumerate(config.names, 1)]
         if wanted[-1][1] > 65535:
-            raise BackendError(f"{len(names)} groups do not fit above port {self.port}")
+            raise BackendError(f"{len(config.names)} groups do not fit above port {self.port}")
         busy = [(label, port) for label, port in wanted if not port_free(self.ip, port)]
         if busy:
             what = ", ".join(f"{port} (for {'gem-schd' if label == 'gem-schd' else 'group ' + repr(label)})"
@@ -321,27 +274,23 @@ class Backend:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         self.scheduler = self._scheduler_child()
         self.scheduler.spawn(self.env)
-        wait_listening(self.scheduler, self.ip, interrupted=self._interrupted)
+        await wait_listening(self.scheduler, self.ip, self.stop)
         for label, port in wanted[1:]:
-            child = self._pmgr_child(label, port)
-            self.groups[label] = child
-            child.spawn(self.env)
+            self.groups[label] = self._pmgr_child(label, port)
+            self.groups[label].spawn(self.env)
         for child in self.groups.values():
-            wait_listening(child, self.ip, interrupted=self._interrupted)
-        self.watcher = ConfigWatcher(self.config_path, self.wake)
+            await wait_listening(child, self.ip, self.stop)
+        self._reloader = ConfigReloader(self.config_path, self._config_saved, debounce_s=DEBOUNCE_S, current=config)
+        self._reloader.start()
         self._write_ports_file()
         self._print_table()
-
-    def _interrupted(self) -> bool:
-        return self.stopping
 
     def children(self) -> list[Child]:
         return ([self.scheduler] if self.scheduler else []) + list(self.groups.values())
 
     def shutdown(self) -> None:
-        self.stopping = True
-        if self.watcher is not None:
-            self.watcher.stop()
+        if self._reloader is not None:
+            self._reloader.stop()
         stop_children(self.children(), self.opts.kill_grace)
 
     # -- output --
@@ -373,16 +322,27 @@ class Backend:
 
     # -- the loop --
 
-    def run(self) -> None:
-        while not self.stopping:
-            self.wake.wait(POLL_S)     # also the debounce check's resolution
-            self.wake.clear()
-            if self.stopping:
+    def _config_saved(self, config: Config) -> None:
+        """The reloader's callback (on the loop): a new, valid config. Applied by run(), one at a time."""
+        self._new_config = config
+        self._wake.set()
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), POLL_S)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            if self.stop.is_set():
                 break
-            now = time.monotonic()
-            if self.watcher is not None and self.watcher.due(now):
-                self.reload()
-            self._supervise(now)
+            if self._new_config is not None:
+                config, self._new_config = self._new_config, None
+                try:
+                    await self.apply(config)
+                except Interrupted:
+                    break
+            self._supervise(time.monotonic())
 
     def _supervise(self, now: float) -> None:
         for child in self.children():
@@ -405,20 +365,10 @@ class Backend:
                     child.restart_at = now + child.backoff
                     log.error("cannot restart %s: %s", child.what, exc)
 
-    def reload(self) -> None:
-        try:
-            config = load_config(self.config_path)
-        except ConfigError as exc:
-            if not self.config_path.exists():
-                log.error("%s is gone: keeping the pod managers of the last good config", self.config_path)
-            else:
-                log.error("config edit ignored, nothing changes: %s", exc)
-            return
-        self.config = config
+    async def apply(self, config: Config) -> None:
+        """Start pod managers for new groups, stop those of removed groups (gem-schd reloads by itself)."""
         removed = [g for g in self.groups if g not in config.names]
         added = [g for g in config.names if g not in self.groups]
-        if not removed and not added:
-            return
         events = []
         stop_children([self.groups[g] for g in removed], self.opts.kill_grace)
         for g in removed:
@@ -435,16 +385,15 @@ class Backend:
             started.append(g)
         for g in started:
             try:
-                wait_listening(self.groups[g], self.ip, interrupted=self._interrupted)
-            except Interrupted:
-                return
+                await wait_listening(self.groups[g], self.ip, self.stop)
             except BackendError as exc:
                 log.error("%s", exc)    # supervision restarts it
             events.append(f"added {g} {self.groups[g].port}")
         self.groups = {g: self.groups[g] for g in config.names if g in self.groups}   # the config's order
-        self._write_ports_file()    # before the lines, so that a reader of both never sees them disagree
-        for line in events:
-            self._emit(line)
+        if events:
+            self._write_ports_file()    # before the lines, so that a reader of both never sees them disagree
+            for line in events:
+                self._emit(line)
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -471,23 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if not 1 <= opts.port <= 65534:
-        print(f"{PROG}: --port {opts.port} is not usable (gem-schd's port, pod managers above it)", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.DEBUG if opts.verbose >= 2 else logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {PROG} %(levelname)s: %(message)s")
-    backend = Backend(opts)
-
-    def on_signal(signum, _frame):
-        backend.stopping = True
-        backend.wake.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+async def _main(backend: Backend) -> int:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, backend.stop.set)
     try:
-        backend.start()
-        backend.run()
+        await backend.start()
+        await backend.run()
         log.info("stopping")
         return 0
     except BackendError as exc:
@@ -498,5 +437,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         backend.shutdown()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if not 1 <= opts.port <= 65534:
+        print(f"{PROG}: --port {opts.port} is not usable (gem-schd's port, pod managers above it)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.DEBUG if opts.verbose >= 2 else logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s {PROG} %(levelname)s: %(message)s")
+    return asyncio.run(_main(Backend(opts)))
