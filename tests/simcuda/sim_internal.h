@@ -1,0 +1,234 @@
+/*
+ * sim_internal.h -- what the simulator's source files share (all hidden).
+ *
+ *   sim_state.c    configuration, the shared file (device locks, memory
+ *                  accounting), handle registry, devices, errors, cuInit
+ *   sim_ctx.c      contexts (current stack, primary), streams, events
+ *   sim_exec.c     per-context worker queue, kernel execution, modules,
+ *                  launches
+ *   sim_mem.c      allocations, pools, copies and sets
+ *   sim_vmm.c      virtual memory management, arrays
+ *   sim_graph.c    stream capture and graphs
+ *   sim_procaddr.c cuGetProcAddress
+ *
+ * Internal code never calls an exported cu* function (a preloaded hook would
+ * see it); each file calls the helpers declared here.
+ */
+#ifndef SIMCUDA_INTERNAL_H
+#define SIMCUDA_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "sim_api.h"
+
+#define SIM_MAX_DEVICES 16
+#define SIM_QUEUE_LEN 1024 /* work items per context before a launch blocks */
+#define SIM_NAME_LEN 64
+
+/* ---------------------------------------------------------------- sim_state.c */
+
+struct sim_config {
+    int ndev;              /* from the shared file (its creator's SIMCUDA_DEVICES) */
+    uint64_t mem_bytes;    /* capacity per device, from the shared file */
+    uint64_t kernel_ns;    /* SIMCUDA_KERNEL_US of this process */
+    int driver_version;    /* SIMCUDA_DRIVER_VERSION of this process */
+    int trace_fd;          /* SIMCUDA_TRACE, or -1 */
+};
+extern struct sim_config sim_cfg;
+
+#define SIM_CHECK_INIT()                                             \
+    do {                                                             \
+        if (!sim_initialized()) return CUDA_ERROR_NOT_INITIALIZED;  \
+    } while (0)
+
+uint64_t sim_now_ns(void);
+pid_t sim_gettid(void);
+void sim_sleep_until(uint64_t t_ns);
+CUresult sim_check_device(CUdevice dev);
+
+/* Cross-process FIFO execution lock of a device. */
+void sim_dev_acquire(int dev);
+void sim_dev_release(int dev);
+
+/* Cross-process memory accounting of a device (this pid's entry). */
+CUresult sim_mem_charge(int dev, uint64_t bytes);
+void sim_mem_uncharge(int dev, uint64_t bytes);
+void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
+
+void sim_trace_kernel(int dev, uint64_t t0, uint64_t t1, const char *name);
+
+/* Handle registry: every handle given out is registered with its type, so a
+ * stale or foreign handle is refused instead of dereferenced. */
+enum sim_htype {
+    H_NONE = 0,
+    H_CTX,
+    H_STREAM,
+    H_EVENT,
+    H_MODULE,
+    H_LIBRARY,
+    H_FUNC,
+    H_KERNEL,
+    H_GRAPH,
+    H_GRAPHEXEC,
+    H_POOL,
+    H_ARRAY,
+    H_MIPMAP,
+    H_MEMHANDLE,
+};
+void sim_handle_add(const void *p, int type);
+void sim_handle_del(const void *p);
+int sim_handle_is(const void *p, int type);
+
+/* ---------------------------------------------------------------- work items */
+
+enum sim_op_kind { OP_NOP, OP_KERNEL, OP_MEMCPY, OP_MEMSET, OP_HOSTFN, OP_EVENT, OP_WAIT, OP_FREE };
+
+struct sim_ctx;
+struct sim_event;
+
+struct sim_op {
+    int kind;
+    union {
+        struct {
+            char name[SIM_NAME_LEN];
+            int spin;          /* gem_spin: dur_ns from the params, results to out */
+            uint64_t dur_ns;
+            uint64_t *out;
+        } k;
+        struct {
+            void *dst;
+            const void *src;
+            size_t n;
+            void *staged;      /* owned copy of src (freed after the copy), or NULL */
+        } cp;
+        struct {
+            void *dst;
+            uint32_t val;
+            int width;         /* 1 or 4 bytes */
+            size_t n;          /* elements */
+        } ms;
+        struct {
+            CUhostFn fn;
+            void *data;
+        } host;
+        struct {
+            struct sim_event *ev; /* holds a reference */
+        } ev;
+        struct {
+            struct sim_ctx *ctx;
+            uint64_t seq;
+        } wait;
+        struct {
+            CUdeviceptr ptr;
+        } fr;
+    } u;
+};
+
+/* ---------------------------------------------------------------- sim_ctx.c */
+
+enum sim_stream_kind { SK_CREATED, SK_LEGACY, SK_PER_THREAD };
+
+struct sim_capture;
+
+struct sim_stream {
+    struct sim_ctx *ctx;
+    int kind;
+    unsigned flags;
+    int priority;
+    uint64_t last_seq;         /* last item enqueued (ctx->qlock) */
+    struct sim_capture *cap;   /* capture this stream belongs to (sim_graph's lock) */
+};
+
+struct sim_item {
+    struct sim_op op;
+    uint64_t seq;
+};
+
+struct sim_ctx {
+    int dev;
+    unsigned flags;
+    int primary;
+    int active;                /* created and not destroyed / primary retained */
+    int refcount;              /* primary contexts: retains */
+    int api_version;
+    /* work queue: items seq done_seq+1 .. enq_seq are pending */
+    pthread_mutex_t qlock;
+    pthread_cond_t nonempty, nonfull, done;
+    struct sim_item *ring;
+    uint64_t enq_seq, done_seq;
+    int stop;
+    int worker_started;
+    pthread_t worker;
+    struct sim_stream legacy;
+    struct sim_ctx *next_all;  /* list of every context ever made (never freed) */
+};
+
+struct sim_event {
+    unsigned flags;
+    atomic_int refs;
+    struct sim_ctx *ctx;       /* where last recorded; NULL if never */
+    uint64_t seq;              /* that record's item */
+    uint64_t time_ns;          /* completion time of the latest executed record */
+    uint64_t cap_id;           /* recorded into this capture (0: none) */
+};
+
+struct sim_ctx *sim_ctx_current(void);
+/* The current context if there is an active one, else INVALID_CONTEXT. */
+CUresult sim_ctx_get(struct sim_ctx **out);
+/* Resolve a stream handle; ptsz: NULL means the per-thread stream. */
+CUresult sim_stream_resolve(CUstream h, int ptsz, struct sim_stream **out);
+void sim_event_unref(struct sim_event *ev);
+/* The worker ran a record of ev at time t. */
+void sim_event_fired(struct sim_event *ev, uint64_t t);
+/* Drain every context of this process (before freeing memory). Takes the
+ * context list lock: never call it from a context's teardown. */
+void sim_drain_all(void);
+
+/* ---------------------------------------------------------------- sim_exec.c */
+
+int sim_ctx_start(struct sim_ctx *ctx);
+void sim_ctx_stop(struct sim_ctx *ctx);
+/* Append to the context's FIFO (blocks while full); returns the item's seq. */
+uint64_t sim_enqueue(struct sim_stream *s, const struct sim_op *op);
+/* Submit to a stream: recorded into its capture if it captures, else queued. */
+CUresult sim_submit(struct sim_stream *s, const struct sim_op *op, uint64_t *seq_out);
+void sim_wait_seq(struct sim_ctx *ctx, uint64_t seq);
+int sim_seq_done(struct sim_ctx *ctx, uint64_t seq);
+void sim_ctx_drain(struct sim_ctx *ctx);
+/* Release resources held by an op that will never run. */
+void sim_op_discard(struct sim_op *op);
+
+/* ---------------------------------------------------------------- sim_mem.c */
+
+/* Free an allocation now (the worker runs this for cuMemFreeAsync). */
+void sim_mem_free_now(CUdeviceptr ptr);
+/* Is [p, p+n) inside memory the device may touch (device, managed, pinned host)? */
+int sim_mem_valid(const void *p, size_t n);
+/* Free everything a context allocated (context destroy / primary reset). */
+void sim_mem_ctx_gone(struct sim_ctx *ctx);
+
+/* ---------------------------------------------------------------- sim_graph.c */
+
+/* If s is in a capture: record op (or refuse: INVALIDATED) and return 1. */
+int sim_capture_record(struct sim_stream *s, const struct sim_op *op, CUresult *rc);
+/* A potentially unsafe call is about to run: apply the capture mode rules. */
+CUresult sim_capture_unsafe(void);
+/* Sync/query of stream s: refused if s captures; legacy stream is unsafe. */
+CUresult sim_capture_stream_check(struct sim_stream *s);
+/* cuCtxSynchronize: refused while a stream of ctx captures, then unsafe. */
+CUresult sim_capture_ctx_check(struct sim_ctx *ctx);
+/* A stream goes away: leave its capture. */
+void sim_capture_stream_gone(struct sim_stream *s);
+/* Event recorded into / waited on from a capture. */
+void sim_capture_event_record(struct sim_stream *s, struct sim_event *ev);
+int sim_capture_event_wait(struct sim_stream *s, struct sim_event *ev);
+/* Is stream s capturing (status, id)? */
+CUstreamCaptureStatus sim_capture_status(struct sim_stream *s, uint64_t *id);
+
+#endif /* SIMCUDA_INTERNAL_H */
