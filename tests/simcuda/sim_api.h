@@ -12,6 +12,14 @@
 
 #define SIM_API __attribute__((visibility("default")))
 
+/* Result codes from cuda.h that cuda_types.h does not declare. */
+#define CUDA_ERROR_ILLEGAL_STATE 401
+#define CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE 720
+#define CUDA_ERROR_STREAM_CAPTURE_UNMATCHED 903
+#define CUDA_ERROR_STREAM_CAPTURE_UNJOINED 904
+#define CUDA_ERROR_CAPTURED_EVENT 907
+#define CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD 908
+
 /* Types from cuda.h that cuda_types.h does not declare. */
 typedef struct CUmemAccessDesc_st {
     CUmemLocation location;
@@ -121,6 +129,8 @@ SIM_DECL(cuArrayGetMemoryRequirements, (CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRe
 SIM_DECL(cuMipmappedArrayCreate, (CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
                                   unsigned int numMipmapLevels))
 SIM_DECL(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray))
+SIM_DECL(cuMipmappedArrayGetMemoryRequirements, (CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements,
+                                                 CUmipmappedArray mipmap, CUdevice device))
 SIM_DECL(cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr ptr))
 
 /* copies and sets */

@@ -213,6 +213,13 @@ int sim_mem_valid(const void *p, size_t n);
 /* Free everything a context allocated (context destroy / primary reset). */
 void sim_mem_ctx_gone(struct sim_ctx *ctx);
 
+/* ---------------------------------------------------------------- sim_vmm.c */
+
+/* Is [p, p+n) inside a mapped, accessible VMM range? */
+int sim_vmm_valid(const void *p, size_t n);
+/* cuPointerGetAttribute for addresses that are not plain allocations. */
+CUresult sim_vmm_pointer_attribute(void *data, int attribute, CUdeviceptr ptr);
+
 /* ---------------------------------------------------------------- sim_graph.c */
 
 /* If s is in a capture: record op (or refuse: INVALIDATED) and return 1. */

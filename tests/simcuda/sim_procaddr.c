@@ -100,6 +100,7 @@ static const struct pa_row rows[] = {
     R("cuArrayGetMemoryRequirements", 11060, cuArrayGetMemoryRequirements)
     R("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate)
     R("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy)
+    R("cuMipmappedArrayGetMemoryRequirements", 11060, cuMipmappedArrayGetMemoryRequirements)
     R("cuPointerGetAttribute", 4000, cuPointerGetAttribute)
     T("cuMemcpy", 4000, cuMemcpy, 7000, cuMemcpy_ptds)
     T("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, 7000, cuMemcpyHtoD_v2_ptds)
