@@ -492,3 +492,54 @@ def test_backend_restarts_a_pod_manager_that_dies(tmp_path):
         assert len(b.children()) == 3
     finally:
         assert b.stop(signal.SIGINT) == 0
+
+
+@needs_scheduler
+def test_backend_end_to_end_token_and_memory_through_the_real_scheduler(tmp_path):
+    b = Backend(tmp_path)
+    try:
+        b.read_until(lambda line: line == "ready")
+        one, two = BlockingHook(b.port + 1), BlockingHook(b.port + 1)
+        try:
+            assert isinstance(one.call(hp.Hello(pid=1, pod_name="alpha")), hp.HelloAck)
+            assert isinstance(two.call(hp.Hello(pid=2, pod_name="alpha")), hp.HelloAck)
+            g1 = one.call(hp.TokenRequest())
+            assert isinstance(g1, hp.TokenGrant) and g1.quota_ns > 0, g1
+            g2 = two.call(hp.TokenRequest())        # the group's token is shared: same seq, less time
+            assert isinstance(g2, hp.TokenGrant) and g2.token_seq == g1.token_seq and g2.quota_ns <= g1.quota_ns
+            assert isinstance(one.call(hp.TokenRelease(token_seq=g1.token_seq)), hp.Ack)
+            assert isinstance(two.call(hp.TokenRelease(token_seq=g1.token_seq)), hp.Ack)
+            g3 = one.call(hp.TokenRequest())        # released early: a new slot comes at once
+            assert isinstance(g3, hp.TokenGrant) and g3.token_seq != g1.token_seq
+            assert one.call(hp.MemAlloc(bytes=1 << 20)).verdict == hp.MemVerdict.OK
+            assert two.call(hp.MemAlloc(bytes=1)).verdict == hp.MemVerdict.DENIED
+        finally:
+            one.close()
+            two.close()
+    finally:
+        assert b.stop(signal.SIGTERM) == 0
+
+
+@needs_scheduler
+def test_backend_restarts_the_scheduler_and_pod_managers_carry_on(tmp_path):
+    b = Backend(tmp_path)
+    try:
+        b.read_until(lambda line: line == "ready")
+        hook = BlockingHook(b.port + 2, timeout=20)
+        try:
+            assert isinstance(hook.call(hp.Hello(pid=1, pod_name="beta")), hp.HelloAck)
+            assert hook.call(hp.MemAlloc(bytes=1000)).verdict == hp.MemVerdict.OK
+            schd = next(p for p in b.children()
+                        if b"gemini.scheduler" in Path(f"/proc/{p}/cmdline").read_bytes()
+                        or b"gem-schd" in Path(f"/proc/{p}/cmdline").read_bytes())
+            os.kill(schd, signal.SIGKILL)
+            time.sleep(0.2)
+            start = time.monotonic()
+            grant = hook.call(hp.TokenRequest())     # waits for the restarted scheduler, then goes through
+            assert isinstance(grant, hp.TokenGrant), grant
+            assert time.monotonic() - start < 15
+            assert hook.call(hp.MemInfo()).used == 1000  # the group's accounting survived
+        finally:
+            hook.close()
+    finally:
+        assert b.stop(signal.SIGTERM) == 0
