@@ -386,6 +386,17 @@ def _hello(port: int, group: str) -> hp.Message:
         h.close()
 
 
+@pytest.fixture
+def backend(tmp_path):
+    """launch-backend started with CONFIG and ready; stopped (and checked to stop cleanly) afterwards."""
+    b = Backend(tmp_path)
+    try:
+        b.read_until(lambda line: line == "ready")
+        yield b
+    finally:
+        assert b.stop(signal.SIGTERM) == 0
+
+
 def test_backend_busy_port_is_refused_before_starting_anything(tmp_path):
     (tmp_path / "c.txt").write_text(CONFIG)
     with socket.socket() as s:
@@ -438,108 +449,92 @@ def test_backend_starts_everything_prints_the_table_and_stops_without_orphans(tm
 
 
 @needs_scheduler
-def test_backend_follows_config_edits(tmp_path):
-    b = Backend(tmp_path)
-    try:
-        b.read_until(lambda line: line == "ready")
-        # add a group (write to a temp file, then rename over: an editor's save)
-        tmp = tmp_path / "new.txt"
-        tmp.write_text(CONFIG + "\n[gamma]\nMemoryLimit = 3MiB\n")
-        os.replace(tmp, b.config)
-        line = b.read_until(lambda l: l.startswith("added "))
-        assert line == f"added gamma {b.port + 3}"
-        deadline = time.monotonic() + 10
-        while True:     # gem-schd reloads the file by itself; the pod manager registers once it has
-            ack = _hello(b.port + 3, "gamma")
-            if isinstance(ack, hp.HelloAck) and ack.mem_limit:
+def test_backend_follows_config_edits(backend):
+    b = backend
+    # add a group (write to a temp file, then rename over: an editor's save)
+    tmp = b.dir / "new.txt"
+    tmp.write_text(CONFIG + "\n[gamma]\nMemoryLimit = 3MiB\n")
+    os.replace(tmp, b.config)
+    line = b.read_until(lambda l: l.startswith("added "))
+    assert line == f"added gamma {b.port + 3}"
+    deadline = time.monotonic() + 10
+    while True:     # gem-schd reloads the file by itself; the pod manager registers once it has
+        ack = _hello(b.port + 3, "gamma")
+        if isinstance(ack, hp.HelloAck) and ack.mem_limit:
+            break
+        assert time.monotonic() < deadline, ack
+        time.sleep(0.2)
+    assert ack.mem_limit == 3 << 20
+    assert json.loads(b.ports_file.read_text())["gamma"] == b.port + 3
+    # a bad edit changes nothing
+    b.config.write_text(CONFIG + "\n[gamma]\nMaxUtil = 7\n")
+    time.sleep(0.6)
+    assert isinstance(_hello(b.port + 3, "gamma"), hp.HelloAck)
+    # remove a group: its pod manager stops
+    b.config.write_text("[beta]\nMemoryLimit = 2MiB\n[gamma]\n")
+    assert b.read_until(lambda l: l.startswith("removed ")) == f"removed alpha {b.port + 1}"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", b.port + 1), timeout=1).close()
+    assert json.loads(b.ports_file.read_text()) == {"beta": b.port + 2, "gamma": b.port + 3}
+
+
+@needs_scheduler
+def test_backend_restarts_a_pod_manager_that_dies(backend):
+    b = backend
+    before = set(b.children())
+    victim = next(p for p in before
+                  if "alpha" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace"))
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            if isinstance(_hello(b.port + 1, "alpha"), hp.HelloAck) and victim not in b.children():
                 break
-            assert time.monotonic() < deadline, ack
-            time.sleep(0.2)
-        assert ack.mem_limit == 3 << 20
-        assert json.loads(b.ports_file.read_text())["gamma"] == b.port + 3
-        # a bad edit changes nothing
-        b.config.write_text(CONFIG + "\n[gamma]\nMaxUtil = 7\n")
-        time.sleep(0.6)
-        assert isinstance(_hello(b.port + 3, "gamma"), hp.HelloAck)
-        # remove a group: its pod manager stops
-        b.config.write_text("[beta]\nMemoryLimit = 2MiB\n[gamma]\n")
-        assert b.read_until(lambda l: l.startswith("removed ")) == f"removed alpha {b.port + 1}"
-        with pytest.raises(OSError):
-            socket.create_connection(("127.0.0.1", b.port + 1), timeout=1).close()
-        assert json.loads(b.ports_file.read_text()) == {"beta": b.port + 2, "gamma": b.port + 3}
-    finally:
-        assert b.stop(signal.SIGTERM) == 0
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "alpha's pod manager did not come back"
+        time.sleep(0.1)
+    assert len(b.children()) == 3
 
 
 @needs_scheduler
-def test_backend_restarts_a_pod_manager_that_dies(tmp_path):
-    b = Backend(tmp_path)
+def test_backend_end_to_end_token_and_memory_through_the_real_scheduler(backend):
+    b = backend
+    one, two = BlockingHook(b.port + 1), BlockingHook(b.port + 1)
     try:
-        b.read_until(lambda line: line == "ready")
-        before = set(b.children())
-        victim = next(p for p in before
-                      if "alpha" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace"))
-        os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if isinstance(_hello(b.port + 1, "alpha"), hp.HelloAck) and victim not in b.children():
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "alpha's pod manager did not come back"
-            time.sleep(0.1)
-        assert len(b.children()) == 3
+        assert isinstance(one.call(hp.Hello(pid=1, pod_name="alpha")), hp.HelloAck)
+        assert isinstance(two.call(hp.Hello(pid=2, pod_name="alpha")), hp.HelloAck)
+        g1 = one.call(hp.TokenRequest())
+        assert isinstance(g1, hp.TokenGrant) and g1.quota_ns > 0, g1
+        g2 = two.call(hp.TokenRequest())        # the group's token is shared: same seq, less time
+        assert isinstance(g2, hp.TokenGrant) and g2.token_seq == g1.token_seq and g2.quota_ns <= g1.quota_ns
+        assert isinstance(one.call(hp.TokenRelease(token_seq=g1.token_seq)), hp.Ack)
+        assert isinstance(two.call(hp.TokenRelease(token_seq=g1.token_seq)), hp.Ack)
+        g3 = one.call(hp.TokenRequest())        # released early: a new slot comes at once
+        assert isinstance(g3, hp.TokenGrant) and g3.token_seq != g1.token_seq
+        assert one.call(hp.MemAlloc(bytes=1 << 20)).verdict == hp.MemVerdict.OK
+        assert two.call(hp.MemAlloc(bytes=1)).verdict == hp.MemVerdict.DENIED
     finally:
-        assert b.stop(signal.SIGINT) == 0
+        one.close()
+        two.close()
 
 
 @needs_scheduler
-def test_backend_end_to_end_token_and_memory_through_the_real_scheduler(tmp_path):
-    b = Backend(tmp_path)
+def test_backend_restarts_the_scheduler_and_pod_managers_carry_on(backend):
+    b = backend
+    hook = BlockingHook(b.port + 2, timeout=20)
     try:
-        b.read_until(lambda line: line == "ready")
-        one, two = BlockingHook(b.port + 1), BlockingHook(b.port + 1)
-        try:
-            assert isinstance(one.call(hp.Hello(pid=1, pod_name="alpha")), hp.HelloAck)
-            assert isinstance(two.call(hp.Hello(pid=2, pod_name="alpha")), hp.HelloAck)
-            g1 = one.call(hp.TokenRequest())
-            assert isinstance(g1, hp.TokenGrant) and g1.quota_ns > 0, g1
-            g2 = two.call(hp.TokenRequest())        # the group's token is shared: same seq, less time
-            assert isinstance(g2, hp.TokenGrant) and g2.token_seq == g1.token_seq and g2.quota_ns <= g1.quota_ns
-            assert isinstance(one.call(hp.TokenRelease(token_seq=g1.token_seq)), hp.Ack)
-            assert isinstance(two.call(hp.TokenRelease(token_seq=g1.token_seq)), hp.Ack)
-            g3 = one.call(hp.TokenRequest())        # released early: a new slot comes at once
-            assert isinstance(g3, hp.TokenGrant) and g3.token_seq != g1.token_seq
-            assert one.call(hp.MemAlloc(bytes=1 << 20)).verdict == hp.MemVerdict.OK
-            assert two.call(hp.MemAlloc(bytes=1)).verdict == hp.MemVerdict.DENIED
-        finally:
-            one.close()
-            two.close()
+        assert isinstance(hook.call(hp.Hello(pid=1, pod_name="beta")), hp.HelloAck)
+        assert hook.call(hp.MemAlloc(bytes=1000)).verdict == hp.MemVerdict.OK
+        schd = next(p for p in b.children()
+                    if b"gemini.scheduler" in Path(f"/proc/{p}/cmdline").read_bytes()
+                    or b"gem-schd" in Path(f"/proc/{p}/cmdline").read_bytes())
+        os.kill(schd, signal.SIGKILL)
+        time.sleep(0.2)
+        start = time.monotonic()
+        grant = hook.call(hp.TokenRequest())     # waits for the restarted scheduler, then goes through
+        assert isinstance(grant, hp.TokenGrant), grant
+        assert time.monotonic() - start < 15
+        assert hook.call(hp.MemInfo()).used == 1000  # the group's accounting survived
     finally:
-        assert b.stop(signal.SIGTERM) == 0
-
-
-@needs_scheduler
-def test_backend_restarts_the_scheduler_and_pod_managers_carry_on(tmp_path):
-    b = Backend(tmp_path)
-    try:
-        b.read_until(lambda line: line == "ready")
-        hook = BlockingHook(b.port + 2, timeout=20)
-        try:
-            assert isinstance(hook.call(hp.Hello(pid=1, pod_name="beta")), hp.HelloAck)
-            assert hook.call(hp.MemAlloc(bytes=1000)).verdict == hp.MemVerdict.OK
-            schd = next(p for p in b.children()
-                        if b"gemini.scheduler" in Path(f"/proc/{p}/cmdline").read_bytes()
-                        or b"gem-schd" in Path(f"/proc/{p}/cmdline").read_bytes())
-            os.kill(schd, signal.SIGKILL)
-            time.sleep(0.2)
-            start = time.monotonic()
-            grant = hook.call(hp.TokenRequest())     # waits for the restarted scheduler, then goes through
-            assert isinstance(grant, hp.TokenGrant), grant
-            assert time.monotonic() - start < 15
-            assert hook.call(hp.MemInfo()).used == 1000  # the group's accounting survived
-        finally:
-            hook.close()
-    finally:
-        assert b.stop(signal.SIGTERM) == 0
+        hook.close()
