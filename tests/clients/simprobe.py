@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""Probes of driver semantics through ctypes, printing one JSON object.
+
+Run in a child process with libcuda.so.1 on the library path (the simulator,
+or a real driver where that makes sense), so the test process never loads a
+driver itself:
+
+    simprobe.py info                 version, devices, attributes, errors before cuInit
+    simprobe.py procaddr QUERIES     cuGetProcAddress(_v2) answers, and dlsym of names
+    simprobe.py table                every row of the simulator's table, checked
+    simprobe.py capture              capture-mode scenarios across threads, graphs
+    simprobe.py handles              bad handles and NULL out-pointers
+
+QUERIES is a JSON list of [symbol, cudaVersion, flags, exact name or null].
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+import threading
+
+c_void_p, c_int, c_uint, c_size_t, c_u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_size_t, ctypes.c_uint64
+CUdeviceptr = ctypes.c_ulonglong
+byref = ctypes.byref
+
+GLOBAL, THREAD_LOCAL, RELAXED = 0, 1, 2
+PER_THREAD_DEFAULT_STREAM = 2
+
+lib = ctypes.CDLL("libcuda.so.1")
+
+
+def addr(name: str) -> int | None:
+    try:
+        return ctypes.cast(getattr(lib, name), c_void_p).value
+    except AttributeError:
+        return None
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise SystemExit(f"simprobe: {what} failed: {rc}")
+
+
+def setup() -> tuple[c_int, c_void_p]:
+    check(lib.cuInit(0), "cuInit")
+    dev = c_int()
+    check(lib.cuDeviceGet(byref(dev), 0), "cuDeviceGet")
+    ctx = c_void_p()
+    check(lib.cuDevicePrimaryCtxRetain(byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return dev, ctx
+
+
+# ---------------------------------------------------------------------------- info
+
+
+def cmd_info(_args: list[str]) -> dict:
+    out: dict = {}
+    n, v = c_int(), c_int()
+    out["before_init"] = {
+        "cuDeviceGetCount": lib.cuDeviceGetCount(byref(n)),
+        "cuMemAlloc_v2": lib.cuMemAlloc_v2(byref(CUdeviceptr()), c_size_t(1)),
+        "cuCtxSynchronize": lib.cuCtxSynchronize(),
+        "cuDriverGetVersion": lib.cuDriverGetVersion(byref(v)),
+    }
+    out["simulated"] = bool(getattr(lib, "simcuda_is_simulated", None) and lib.simcuda_is_simulated())
+    out["driver_version"] = v.value
+    out["cuInit_bad_flags"] = lib.cuInit(1)
+    check(lib.cuInit(0), "cuInit")
+    check(lib.cuDeviceGetCount(byref(n)), "cuDeviceGetCount")
+    out["devices"] = n.value
+    devs = []
+    for i in range(n.value):
+        d = c_int()
+        check(lib.cuDeviceGet(byref(d), i), "cuDeviceGet")
+        name = ctypes.create_string_buffer(128)
+        check(lib.cuDeviceGetName(name, 128, d), "cuDeviceGetName")
+        u1, u2 = ctypes.create_string_buffer(16), ctypes.create_string_buffer(16)
+        check(lib.cuDeviceGetUuid(u1, d), "cuDeviceGetUuid")
+        check(lib.cuDeviceGetUuid_v2(u2, d), "cuDeviceGetUuid_v2")
+        total = c_size_t()
+        check(lib.cuDeviceTotalMem_v2(byref(total), d), "cuDeviceTotalMem_v2")
+        attrs = {}
+        for a in (16, 75, 76, 115, 102, 1, 10):
+            x = c_int()
+            check(lib.cuDeviceGetAttribute(byref(x), a, d), "cuDeviceGetAttribute")
+            attrs[a] = x.value
+        devs.append({"name": name.value.decode(), "uuid": u1.raw.hex(), "uuid_v2": u2.raw.hex(),
+                     "total": total.value, "attrs": attrs})
+    out["device_list"] = devs
+    bad = c_int()
+    out["cuDeviceGet_out_of_range"] = lib.cuDeviceGet(byref(bad), n.value)
+    out["cuDeviceGetAttribute_bad"] = lib.cuDeviceGetAttribute(byref(bad), 100000, 0)
+    s = ctypes.c_char_p()
+    out["error_names"] = {}
+    for code in (0, 1, 2, 3, 201, 400, 900, 901):
+        check(lib.cuGetErrorName(code, byref(s)), "cuGetErrorName")
+        out["error_names"][code] = s.value.decode()
+    out["cuGetErrorName_unknown"] = lib.cuGetErrorName(123456, byref(s))
+    return out
+
+
+# ---------------------------------------------------------------------------- cuGetProcAddress
+
+
+def cmd_procaddr(args: list[str]) -> dict:
+    queries = json.loads(args[0])
+    gpa2 = lib.cuGetProcAddress_v2
+    gpa2.argtypes = [ctypes.c_char_p, ctypes.POINTER(c_void_p), c_int, ctypes.c_uint64, ctypes.POINTER(c_int)]
+    gpa1 = lib.cuGetProcAddress
+    gpa1.argtypes = [ctypes.c_char_p, ctypes.POINTER(c_void_p), c_int, ctypes.c_uint64]
+    results = []
+    for sym, ver, flags, exact in queries:
+        p2, st, p1 = c_void_p(), c_int(-1), c_void_p()
+        rc2 = gpa2(sym.encode(), byref(p2), ver, flags, byref(st))
+        rc1 = gpa1(sym.encode(), byref(p1), ver, flags)
+        results.append({"symbol": sym, "version": ver, "flags": flags, "rc_v2": rc2, "status": st.value,
+                        "ptr_v2": p2.value, "rc_v1": rc1, "ptr_v1": p1.value,
+                        "exact": exact, "dlsym": addr(exact) if exact else None})
+    return {"results": results}
+
+
+def cmd_table(_args: list[str]) -> dict:
+    """Every row of the simulator's own table: the pointer equals dlsym of its name."""
+    entry = lib.simcuda_procaddr_entry
+    cp = ctypes.c_char_p
+    entry.argtypes = [c_int, ctypes.POINTER(cp), ctypes.POINTER(c_int), ctypes.POINTER(cp),
+                      ctypes.POINTER(c_int), ctypes.POINTER(cp)]
+    gpa2 = lib.cuGetProcAddress_v2
+    gpa2.argtypes = [ctypes.c_char_p, ctypes.POINTER(c_void_p), c_int, ctypes.c_uint64, ctypes.POINTER(c_int)]
+    rows, bad = 0, []
+    i = 0
+    while True:
+        base, sym, ptsym = cp(), cp(), cp()
+        ver, ptver = c_int(), c_int()
+        if not entry(i, byref(base), byref(ver), byref(sym), byref(ptver), byref(ptsym)):
+            break
+        i += 1
+        rows += 1
+        checks = [(sym.value.decode(), ver.value, 0)]
+        if ptsym.value:
+            checks.append((ptsym.value.decode(), max(ver.value, ptver.value), PER_THREAD_DEFAULT_STREAM))
+        for name, v, flags in checks:
+            # Asked at its own version, a row answers with its own function.
+            p, st = c_void_p(), c_int(-1)
+            rc = gpa2(base.value, byref(p), v, flags, byref(st))
+            if rc != 0 or st.value != 0 or p.value is None:
+                bad.append([base.value.decode(), v, flags, "lookup", rc, st.value])
+                continue
+            if p.value != addr(name):
+                bad.append([base.value.decode(), v, flags, name, "pointer differs from dlsym"])
+    return {"rows": rows, "bad": bad}
+
+
+# ---------------------------------------------------------------------------- capture
+
+
+class Spin:
+    """gem_spin launches and their result slots."""
+
+    def __init__(self, nslots: int = 16):
+        self.mod, self.fn = c_void_p(), c_void_p()
+        check(lib.cuModuleLoadData(byref(self.mod), b"// simulated\0"), "cuModuleLoadData")
+        check(lib.cuModuleGetFunction(byref(self.fn), self.mod, b"gem_spin"), "cuModuleGetFunction")
+        self.buf = CUdeviceptr()
+        self.n = nslots
+        check(lib.cuMemAlloc_v2(byref(self.buf), c_size_t(nslots * 24)), "cuMemAlloc_v2")
+        check(lib.cuMemsetD8_v2(self.buf, 0, c_size_t(nslots * 24)), "cuMemsetD8_v2")
+
+    def launch(self, stream, slot: int, dur_ns: int) -> int:
+        out = CUdeviceptr(self.buf.value + 24 * slot)
+        dur = c_u64(dur_ns)
+        params = (c_void_p * 2)(ctypes.cast(byref(out), c_void_p), ctypes.cast(byref(dur), c_void_p))
+        return lib.cuLaunchKernel(self.fn, 1, 1, 1, 32, 1, 1, 0, stream, params, None)
+
+    def read(self) -> list[list[int]]:
+        host = (c_u64 * (3 * self.n))()
+        check(lib.cuMemcpyDtoH_v2(host, self.buf, c_size_t(24 * self.n)), "cuMemcpyDtoH_v2")
+        return [[host[3 * i], host[3 * i + 1], host[3 * i + 2]] for i in range(self.n)]
+
+
+def in_thread(ctx: c_void_p, fn):
+    """Run fn in a new thread with ctx current; return its result."""
+    box: dict = {}
+
+    def body():
+        check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        box["r"] = fn()
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    return box["r"]
+
+
+def exchange_mode(mode: int) -> int:
+    m = c_int(mode)
+    check(lib.cuThreadExchangeStreamCaptureMode(byref(m)), "cuThreadExchangeStreamCaptureMode")
+    return m.value
+
+
+def capture_with(ctx, spin: Spin, capture_mode: int, interloper, slot0: int = 0) -> dict:
+    """Begin a capture, record two launches, let `interloper` run, end the capture."""
+    s = c_void_p()
+    check(lib.cuStreamCreate(byref(s), 1), "cuStreamCreate")
+    r: dict = {"begin": lib.cuStreamBeginCapture_v2(s, capture_mode)}
+    st = c_int(-1)
+    lib.cuStreamIsCapturing(s, byref(st))
+    r["status_during"] = st.value
+    r["launch1"] = spin.launch(s, slot0, 1000)
+    r["interloper"] = interloper(s)
+    r["launch2"] = spin.launch(s, slot0 + 1, 1000)
+    g = c_void_p()
+    r["end"] = lib.cuStreamEndCapture(s, byref(g))
+    r["graph_null"] = g.value is None
+    lib.cuStreamIsCapturing(s, byref(st))
+    r["status_after"] = st.value
+    if r["end"] == 0:
+        ex = c_void_p()
+        r["instantiate"] = lib.cuGraphInstantiateWithFlags(byref(ex), g, ctypes.c_ulonglong(0))
+        r["graph_launch"] = lib.cuGraphLaunch(ex, s)
+        r["sync"] = lib.cuStreamSynchronize(s)
+        lib.cuGraphExecDestroy(ex)
+        lib.cuGraphDestroy(g)
+    check(lib.cuStreamDestroy_v2(s), "cuStreamDestroy_v2")
+    return r
+
+
+def alloc_free() -> list[int]:
+    p = CUdeviceptr()
+    rc = lib.cuMemAlloc_v2(byref(p), c_size_t(4096))
+    rf = lib.cuMemFree_v2(p) if rc == 0 else None
+    return [rc, rf]
+
+
+def cmd_capture(_args: list[str]) -> dict:
+    _dev, ctx = setup()
+    spin = Spin(32)
+    out: dict = {}
+
+    # Another GLOBAL-mode thread allocates during a GLOBAL capture: refused, capture invalidated.
+    out["global_other_global"] = capture_with(ctx, spin, GLOBAL, lambda s: in_thread(ctx, alloc_free))
+
+    # The same from a thread that switched itself to RELAXED: allowed, capture intact.
+    def relaxed_alloc():
+        old = exchange_mode(RELAXED)
+        r = alloc_free()
+        exchange_mode(old)
+        return r + [old]
+    out["global_other_relaxed"] = capture_with(ctx, spin, GLOBAL, lambda s: in_thread(ctx, relaxed_alloc), 2)
+
+    # A THREAD_LOCAL capture does not restrict other threads.
+    out["thread_local_other_global"] = capture_with(ctx, spin, THREAD_LOCAL, lambda s: in_thread(ctx, alloc_free), 4)
+
+    # A THREAD_LOCAL-mode thread ignores another thread's GLOBAL capture.
+    def thread_local_alloc():
+        old = exchange_mode(THREAD_LOCAL)
+        r = alloc_free()
+        exchange_mode(old)
+        return r
+    out["global_other_thread_local"] = capture_with(ctx, spin, GLOBAL, lambda s: in_thread(ctx, thread_local_alloc), 6)
+
+    # The capturing thread itself may not allocate (GLOBAL capture).
+    out["global_same_thread"] = capture_with(ctx, spin, GLOBAL, lambda s: alloc_free(), 8)
+
+    # A RELAXED capture restricts nobody.
+    out["relaxed_capture_same_thread"] = capture_with(ctx, spin, RELAXED, lambda s: alloc_free(), 10)
+
+    # cuCtxSynchronize while a stream of the context captures fails even from a RELAXED thread.
+    def relaxed_ctx_sync():
+        old = exchange_mode(RELAXED)
+        r = lib.cuCtxSynchronize()
+        exchange_mode(old)
+        return r
+    out["ctx_sync_relaxed"] = capture_with(ctx, spin, GLOBAL, lambda s: in_thread(ctx, relaxed_ctx_sync), 12)
+
+    # Synchronising / querying the capturing stream itself.
+    out["sync_capturing_stream"] = capture_with(ctx, spin, GLOBAL, lambda s: lib.cuStreamSynchronize(s), 14)
+    out["query_capturing_stream"] = capture_with(ctx, spin, RELAXED, lambda s: lib.cuStreamQuery(s), 16)
+
+    # Legacy stream: capture refused; synchronous memcpy from another GLOBAL thread refused.
+    out["begin_on_legacy"] = lib.cuStreamBeginCapture_v2(None, GLOBAL)
+
+    def sync_copy():
+        host = (c_u64 * 3)()
+        return lib.cuMemcpyDtoH_v2(host, spin.buf, c_size_t(24))
+    out["global_other_memcpy"] = capture_with(ctx, spin, GLOBAL, lambda s: in_thread(ctx, sync_copy), 18)
+
+    # The thread's mode: default GLOBAL, exchange returns the previous one.
+    out["mode_default"] = in_thread(ctx, lambda: exchange_mode(GLOBAL))
+    out["mode_bad"] = lib.cuThreadExchangeStreamCaptureMode(byref(c_int(7)))
+
+    # Graph replay: three kernels captured once, the graph launched twice.
+    s = c_void_p()
+    check(lib.cuStreamCreate(byref(s), 0), "cuStreamCreate")
+    check(spin.launch(s, 20, 2_000_000), "pre-launch")  # runs now (not captured)
+    check(lib.cuStreamSynchronize(s), "sync")
+    check(lib.cuStreamBeginCapture(s), "cuStreamBeginCapture")  # v1: GLOBAL
+    for k in range(3):
+        check(spin.launch(s, 21 + k, 1_000_000 * (k + 1)), "captured launch")
+    cid, info_st, gout = c_u64(), c_int(-1), c_void_p()
+    deps, ndeps = c_void_p(), c_size_t(99)
+    out["capture_info_v2"] = lib.cuStreamGetCaptureInfo_v2(s, byref(info_st), byref(cid), byref(gout), byref(deps),
+                                                           byref(ndeps))
+    out["capture_info_status"] = info_st.value
+    out["capture_info_id_nonzero"] = cid.value != 0
+    g = c_void_p()
+    check(lib.cuStreamEndCapture(s, byref(g)), "cuStreamEndCapture")
+    before = spin.read()
+    out["captured_ran_before_launch"] = any(before[21 + k][2] for k in range(3))
+    ex = c_void_p()
+    check(lib.cuGraphInstantiate(byref(ex), g, None, None, c_size_t(0)), "cuGraphInstantiate")
+    check(lib.cuGraphLaunch(ex, s), "cuGraphLaunch")
+    check(lib.cuStreamSynchronize(s), "sync")
+    first = spin.read()
+    check(lib.cuGraphLaunch(ex, s), "cuGraphLaunch")
+    check(lib.cuStreamSynchronize(s), "sync")
+    second = spin.read()
+    out["graph_results"] = [first[21 + k] for k in range(3)]
+    out["graph_second_later"] = all(second[21 + k][1] > first[21 + k][2] for k in range(3))
+    out["pre_launch"] = first[20]
+    check(lib.cuGraphExecDestroy(ex), "cuGraphExecDestroy")
+    check(lib.cuGraphDestroy(g), "cuGraphDestroy")
+    check(lib.cuStreamDestroy_v2(s), "cuStreamDestroy_v2")
+    return out
+
+
+# ---------------------------------------------------------------------------- handles
+
+
+def cmd_handles(_args: list[str]) -> dict:
+    _dev, ctx = setup()
+    bogus = c_void_p(0xdead0000)
+    out = {
+        "stream_sync_bogus": lib.cuStreamSynchronize(bogus),
+        "event_query_bogus": lib.cuEventQuery(bogus),
+        "ctx_destroy_bogus": lib.cuCtxDestroy_v2(bogus),
+        "launch_bogus_fn": lib.cuLaunchKernel(bogus, 1, 1, 1, 1, 1, 1, 0, None, None, None),
+        "free_bogus": lib.cuMemFree_v2(CUdeviceptr(0xdead0000)),
+        "alloc_null_out": lib.cuMemAlloc_v2(None, c_size_t(16)),
+        "meminfo_null_out": lib.cuMemGetInfo_v2(None, None),
+        "memcpy_bad_dst": lib.cuMemcpyHtoD_v2(CUdeviceptr(0xdead0000), ctypes.create_string_buffer(8),
+                                              c_size_t(8)),
+        "graph_launch_bogus": lib.cuGraphLaunch(bogus, None),
+        "module_get_bogus": lib.cuModuleGetFunction(byref(c_void_p()), bogus, b"x"),
+    }
+    # Stale handles: destroyed stream and event.
+    s, e = c_void_p(), c_void_p()
+    check(lib.cuStreamCreate(byref(s), 0), "cuStreamCreate")
+    check(lib.cuStreamDestroy_v2(s), "cuStreamDestroy_v2")
+    out["stream_sync_destroyed"] = lib.cuStreamSynchronize(s)
+    check(lib.cuEventCreate(byref(e), 0), "cuEventCreate")
+    check(lib.cuEventDestroy_v2(e), "cuEventDestroy_v2")
+    out["event_sync_destroyed"] = lib.cuEventSynchronize(e)
+    # Events time a kernel.
+    spin = Spin(1)
+    a, b = c_void_p(), c_void_p()
+    check(lib.cuEventCreate(byref(a), 0), "cuEventCreate")
+    check(lib.cuEventCreate(byref(b), 0), "cuEventCreate")
+    check(lib.cuEventRecord(a, None), "cuEventRecord")
+    check(spin.launch(None, 0, 20_000_000), "launch")
+    check(lib.cuEventRecord(b, None), "cuEventRecord")
+    out["event_query_pending"] = lib.cuEventQuery(b)
+    check(lib.cuEventSynchronize(b), "cuEventSynchronize")
+    ms = ctypes.c_float()
+    check(lib.cuEventElapsedTime(byref(ms), a, b), "cuEventElapsedTime")
+    out["elapsed_ms"] = ms.value
+    # No current context.
+    def no_ctx():
+        p = CUdeviceptr()
+        return [lib.cuMemAlloc_v2(byref(p), c_size_t(16)), lib.cuCtxSynchronize()]
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", no_ctx()))
+    t.start()
+    t.join()
+    out["no_context"] = box["r"]
+    # Context stack.
+    c2, popped, cur = c_void_p(), c_void_p(), c_void_p()
+    check(lib.cuCtxCreate_v2(byref(c2), 0, 0), "cuCtxCreate_v2")
+    check(lib.cuCtxGetCurrent(byref(cur)), "cuCtxGetCurrent")
+    out["created_is_current"] = cur.value == c2.value
+    check(lib.cuCtxPopCurrent_v2(byref(popped)), "cuCtxPopCurrent_v2")
+    check(lib.cuCtxGetCurrent(byref(cur)), "cuCtxGetCurrent")
+    out["pop_returns_created"] = popped.value == c2.value
+    out["after_pop_is_primary"] = cur.value == ctx.value
+    check(lib.cuCtxPushCurrent_v2(c2), "cuCtxPushCurrent_v2")
+    check(lib.cuCtxDestroy_v2(c2), "cuCtxDestroy_v2")
+    check(lib.cuCtxGetCurrent(byref(cur)), "cuCtxGetCurrent")
+    out["after_destroy_is_primary"] = cur.value == ctx.value
+    flags, active = c_uint(), c_int()
+    check(lib.cuDevicePrimaryCtxGetState(0, byref(flags), byref(active)), "cuDevicePrimaryCtxGetState")
+    out["primary_active"] = active.value
+    return out
+
+
+def main() -> int:
+    cmds = {"info": cmd_info, "procaddr": cmd_procaddr, "table": cmd_table, "capture": cmd_capture,
+            "handles": cmd_handles}
+    if len(sys.argv) < 2 or sys.argv[1] not in cmds:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print(json.dumps(cmds[sys.argv[1]](sys.argv[2:])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
