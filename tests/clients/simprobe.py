@@ -10,6 +10,7 @@ driver itself:
     simprobe.py table                every row of the simulator's table, checked
     simprobe.py capture              capture-mode scenarios across threads, graphs
     simprobe.py handles              bad handles and NULL out-pointers
+    simprobe.py memory               every allocation kind: charge, release, attributes
 
 QUERIES is a JSON list of [symbol, cudaVersion, flags, exact name or null].
 """
@@ -394,9 +395,190 @@ def cmd_handles(_args: list[str]) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------- memory
+
+
+class PoolProps(ctypes.Structure):
+    _fields_ = [("allocType", c_int), ("handleTypes", c_int), ("locType", c_int), ("locId", c_int),
+                ("win32", c_void_p), ("maxSize", c_size_t), ("usage", ctypes.c_ushort),
+                ("reserved", ctypes.c_ubyte * 54)]
+
+
+class AllocProp(ctypes.Structure):
+    _fields_ = [("type", c_int), ("requestedHandleTypes", c_int), ("locType", c_int), ("locId", c_int),
+                ("win32", c_void_p), ("flags", ctypes.c_ubyte * 8)]
+
+
+class AccessDesc(ctypes.Structure):
+    _fields_ = [("locType", c_int), ("locId", c_int), ("flags", c_int)]
+
+
+class ArrayDesc(ctypes.Structure):
+    _fields_ = [("Width", c_size_t), ("Height", c_size_t), ("Format", c_int), ("NumChannels", c_uint)]
+
+
+class Array3DDesc(ctypes.Structure):
+    _fields_ = [("Width", c_size_t), ("Height", c_size_t), ("Depth", c_size_t), ("Format", c_int),
+                ("NumChannels", c_uint), ("Flags", c_uint)]
+
+
+class ArrayReq(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("alignment", c_size_t), ("reserved", c_uint * 4)]
+
+
+MiB = 1 << 20
+
+
+def cmd_memory(_args: list[str]) -> dict:
+    dev, _ctx = setup()
+
+    def free() -> int:
+        f, t = c_size_t(), c_size_t()
+        check(lib.cuMemGetInfo_v2(byref(f), byref(t)), "cuMemGetInfo_v2")
+        return f.value
+
+    def attr(a: int, ptr: int, ctype=c_u64):
+        v = ctype()
+        rc = lib.cuPointerGetAttribute(byref(v), a, CUdeviceptr(ptr))
+        return v.value if rc == 0 else f"rc={rc}"
+
+    out: dict = {"base": free()}
+    t = c_size_t()
+    check(lib.cuDeviceTotalMem_v2(byref(t), dev), "cuDeviceTotalMem_v2")
+    out["total"] = t.value
+    p = CUdeviceptr()
+
+    # plain, managed, pitch, host
+    b = free()
+    check(lib.cuMemAlloc_v2(byref(p), c_size_t(64 * MiB)), "cuMemAlloc_v2")
+    out["device"] = {"charged": b - free(), "type": attr(2, p.value, c_uint),
+                     "range_start_ok": attr(11, p.value + 4096) == p.value, "range_size": attr(12, p.value + 1),
+                     "ordinal": attr(9, p.value, c_int), "is_managed": attr(8, p.value, ctypes.c_ubyte)}
+    check(lib.cuMemsetD32_v2(p, 0x01020304, c_size_t(16)), "cuMemsetD32_v2")
+    host = (ctypes.c_uint32 * 4)()
+    check(lib.cuMemcpyDtoH_v2(host, p, c_size_t(16)), "cuMemcpyDtoH_v2")
+    out["device"]["memset32"] = list(host)
+    out["device"]["memsetd32_unaligned"] = lib.cuMemsetD32_v2(CUdeviceptr(p.value + 1), 0, c_size_t(1))
+    check(lib.cuMemFree_v2(p), "cuMemFree_v2")
+    out["device"]["released"] = free() == b
+    out["device"]["double_free"] = lib.cuMemFree_v2(p)
+    check(lib.cuMemAllocManaged(byref(p), c_size_t(32 * MiB), 1), "cuMemAllocManaged")
+    out["managed"] = {"charged": b - free(), "is_managed": attr(8, p.value, ctypes.c_ubyte)}
+    check(lib.cuMemFree_v2(p), "cuMemFree_v2")
+    out["managed"]["released"] = free() == b
+    pitch = c_size_t()
+    check(lib.cuMemAllocPitch_v2(byref(p), byref(pitch), c_size_t(1000), c_size_t(4096), 4), "cuMemAllocPitch_v2")
+    out["pitch"] = {"pitch": pitch.value, "charged": b - free(),
+                    "bad_elem": lib.cuMemAllocPitch_v2(byref(p), byref(pitch), c_size_t(1000), c_size_t(4), 3)}
+    check(lib.cuMemFree_v2(p), "cuMemFree_v2")
+    out["pitch"]["released"] = free() == b
+    hp = c_void_p()
+    check(lib.cuMemAllocHost_v2(byref(hp), c_size_t(8 * MiB)), "cuMemAllocHost_v2")
+    out["host"] = {"charged": b - free(), "type": attr(2, hp.value, c_uint)}
+    check(lib.cuMemFreeHost(hp), "cuMemFreeHost")
+    out["oversize"] = lib.cuMemAlloc_v2(byref(p), c_size_t(out["total"] + 1))
+    out["zero"] = lib.cuMemAlloc_v2(byref(p), c_size_t(0))
+
+    # stream-ordered: default pool (release threshold 0), then a threshold, trim, a created pool
+    s = c_void_p()
+    check(lib.cuStreamCreate(byref(s), 1), "cuStreamCreate")
+    pool = c_void_p()
+    check(lib.cuDeviceGetDefaultMemPool(byref(pool), dev), "cuDeviceGetDefaultMemPool")
+
+    def pool_attr(pl, a):
+        v = c_u64()
+        check(lib.cuMemPoolGetAttribute(pl, a, byref(v)), "cuMemPoolGetAttribute")
+        return v.value
+
+    check(lib.cuMemAllocAsync(byref(p), c_size_t(16 * MiB), s), "cuMemAllocAsync")
+    a = {"charged": b - free(), "used": pool_attr(pool, 7), "reserved": pool_attr(pool, 5),
+         "pool_attr": attr(17, p.value, c_void_p) == pool.value}
+    check(lib.cuMemFreeAsync(p, s), "cuMemFreeAsync")
+    check(lib.cuStreamSynchronize(s), "cuStreamSynchronize")
+    a.update(used_after=pool_attr(pool, 7), reserved_after=pool_attr(pool, 5), released=free() == b)
+    thr = c_u64(1 << 30)
+    check(lib.cuMemPoolSetAttribute(pool, 4, byref(thr)), "cuMemPoolSetAttribute")
+    check(lib.cuMemAllocAsync_ptsz(byref(p), c_size_t(16 * MiB), s), "cuMemAllocAsync_ptsz")
+    check(lib.cuMemFreeAsync_ptsz(p, s), "cuMemFreeAsync_ptsz")
+    check(lib.cuStreamSynchronize(s), "cuStreamSynchronize")
+    a.update(kept_reserved=pool_attr(pool, 5), kept_charged=b - free(), used_high=pool_attr(pool, 8))
+    check(lib.cuMemPoolTrimTo(pool, c_size_t(0)), "cuMemPoolTrimTo")
+    a.update(trimmed_reserved=pool_attr(pool, 5), trimmed_released=free() == b)
+    thr = c_u64(0)
+    check(lib.cuMemPoolSetAttribute(pool, 4, byref(thr)), "cuMemPoolSetAttribute")
+    out["async"] = a
+    props = PoolProps(allocType=1, locType=1, locId=dev.value)
+    mine = c_void_p()
+    check(lib.cuMemPoolCreate(byref(mine), byref(props)), "cuMemPoolCreate")
+    check(lib.cuMemAllocFromPoolAsync(byref(p), c_size_t(8 * MiB), mine, s), "cuMemAllocFromPoolAsync")
+    out["pool"] = {"charged": b - free(), "used": pool_attr(mine, 7)}
+    check(lib.cuMemFreeAsync(p, s), "cuMemFreeAsync")
+    check(lib.cuStreamSynchronize(s), "cuStreamSynchronize")
+    check(lib.cuMemPoolDestroy(mine), "cuMemPoolDestroy")
+    out["pool"]["released"] = free() == b
+    out["pool"]["destroy_default"] = lib.cuMemPoolDestroy(pool)
+    check(lib.cuStreamDestroy_v2(s), "cuStreamDestroy_v2")
+
+    # VMM
+    prop = AllocProp(type=1, locType=1, locId=dev.value)
+    gran = c_size_t()
+    check(lib.cuMemGetAllocationGranularity(byref(gran), byref(prop), 0), "cuMemGetAllocationGranularity")
+    h = ctypes.c_ulonglong()
+    v = {"granularity": gran.value,
+         "create_unaligned": lib.cuMemCreate(byref(h), c_size_t(gran.value + 1), byref(prop), ctypes.c_ulonglong(0))}
+    size = 16 * gran.value
+    check(lib.cuMemCreate(byref(h), c_size_t(size), byref(prop), ctypes.c_ulonglong(0)), "cuMemCreate")
+    v["charged"] = b - free()
+    va = CUdeviceptr()
+    check(lib.cuMemAddressReserve(byref(va), c_size_t(size), c_size_t(0), CUdeviceptr(0), ctypes.c_ulonglong(0)),
+          "cuMemAddressReserve")
+    v["reserve_charges"] = b - free() - v["charged"]
+    check(lib.cuMemMap(va, c_size_t(size), c_size_t(0), h, ctypes.c_ulonglong(0)), "cuMemMap")
+    v["memset_before_access"] = lib.cuMemsetD8_v2(va, 7, c_size_t(16))
+    acc = AccessDesc(locType=1, locId=dev.value, flags=3)
+    check(lib.cuMemSetAccess(va, c_size_t(size), byref(acc), c_size_t(1)), "cuMemSetAccess")
+    check(lib.cuMemsetD8_v2(va, 7, c_size_t(16)), "cuMemsetD8_v2")
+    hb = (ctypes.c_ubyte * 16)()
+    check(lib.cuMemcpyDtoH_v2(hb, va, c_size_t(16)), "cuMemcpyDtoH_v2")
+    v["readback"] = list(hb)[:4]
+    v["attr_type"] = attr(2, va.value + 100, c_uint)
+    check(lib.cuMemRelease(h), "cuMemRelease")
+    v["charged_while_mapped"] = b - free()
+    check(lib.cuMemUnmap(va, c_size_t(size)), "cuMemUnmap")
+    check(lib.cuMemAddressFree(va, c_size_t(size)), "cuMemAddressFree")
+    v["released"] = free() == b
+    out["vmm"] = v
+
+    # arrays
+    arr = c_void_p()
+    d2 = ArrayDesc(Width=1024, Height=1024, Format=0x20, NumChannels=4)  # float4: 16 MiB
+    check(lib.cuArrayCreate_v2(byref(arr), byref(d2)), "cuArrayCreate_v2")
+    req = ArrayReq()
+    check(lib.cuArrayGetMemoryRequirements(byref(req), arr, dev), "cuArrayGetMemoryRequirements")
+    ar = {"charged": b - free(), "req_size": req.size, "req_align": req.alignment}
+    check(lib.cuArrayDestroy(arr), "cuArrayDestroy")
+    ar["released"] = free() == b
+    d3 = Array3DDesc(Width=256, Height=256, Depth=64, Format=0x01, NumChannels=1)  # 4 MiB
+    check(lib.cuArray3DCreate_v2(byref(arr), byref(d3)), "cuArray3DCreate_v2")
+    ar["charged_3d"] = b - free()
+    check(lib.cuArrayDestroy(arr), "cuArrayDestroy")
+    mm = c_void_p()
+    dm = Array3DDesc(Width=1024, Height=1024, Depth=0, Format=0x20, NumChannels=1)  # 4 MiB + 1 MiB + ...
+    check(lib.cuMipmappedArrayCreate(byref(mm), byref(dm), 3), "cuMipmappedArrayCreate")
+    check(lib.cuMipmappedArrayGetMemoryRequirements(byref(req), mm, dev), "cuMipmappedArrayGetMemoryRequirements")
+    ar["mipmap_charged"] = b - free()
+    ar["mipmap_req"] = req.size
+    check(lib.cuMipmappedArrayDestroy(mm), "cuMipmappedArrayDestroy")
+    ar["bad_format"] = lib.cuArrayCreate_v2(byref(arr), byref(ArrayDesc(Width=4, Height=4, Format=0x77,
+                                                                              NumChannels=1)))
+    ar["released_all"] = free() == b
+    out["array"] = ar
+    return out
+
+
 def main() -> int:
     cmds = {"info": cmd_info, "procaddr": cmd_procaddr, "table": cmd_table, "capture": cmd_capture,
-            "handles": cmd_handles}
+            "handles": cmd_handles, "memory": cmd_memory}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__, file=sys.stderr)
         return 2
