@@ -247,6 +247,10 @@ def test_base_quota_without_burst():
     policy = Policy(make_config(("a", 0, 1)), 180.0, 100, W, 0)
     (g,) = grants(policy.request("a", now=0))
     assert g.quota_ms == 180.0
+    # used as given even below the min quota (the min quota bounds burst-adapted quotas)
+    policy = Policy(make_config(("a", 0, 1)), 50.0, 100, W, 0)
+    (g,) = grants(policy.request("a", now=0))
+    assert g.quota_ms == 50.0
 
 
 @pytest.mark.parametrize("burst,expected", [(40.0, 100.0), (180.0, 180.0), (700.0, 700.0), (9000.0, 3000.0)])

@@ -181,8 +181,7 @@ class Policy:
         self.window_ms = float(window_ms)
         self.start_ms = float(start_ms)
         self.config = config
-        self._groups: dict[str, _Group] = {g.name: _Group(g, self._clamp(self.base_quota_ms, g)) for g in
-                                           config.groups}
+        self._groups: dict[str, _Group] = {g.name: _Group(g, self.base_quota_ms) for g in config.groups}
         self._entries: list[_Entry] = []             # sorted by start (grants happen in time order)
         self._by_seq: dict[int, _Entry] = {}
         self._last_entry: dict[str, _Entry] = {}
@@ -286,7 +285,7 @@ class Policy:
         for gc in config.groups:
             g = self._groups.get(gc.name)
             if g is None:
-                self._groups[gc.name] = _Group(gc, self._clamp(self.base_quota_ms, gc))
+                self._groups[gc.name] = _Group(gc, self.base_quota_ms)
             else:
                 g.cfg = gc
         self.config = config
@@ -351,7 +350,9 @@ class Policy:
         burst = g.waiting.burst if g.waiting else 0.0
         if burst > 0:
             return self._clamp(0.5 * burst + 0.5 * g.prev_quota, g.cfg)
-        return self._clamp(self.base_quota_ms, g.cfg)
+        # The base quota is used as given (even below the min quota), bounded only by MaxUtil x window.
+        hi = g.cfg.max_util * self.window_ms
+        return min(self.base_quota_ms, hi) if hi > 0 else self.base_quota_ms
 
     def _apply_overuse(self, entry: Optional[_Entry], overuse_ms: float, now: float) -> None:
         if entry is None or not (math.isfinite(overuse_ms) and overuse_ms > 0):

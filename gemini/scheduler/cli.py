@@ -1,0 +1,99 @@
+"""gem-schd: the GPU token scheduler daemon (console script `gem-schd`, or `python -m gemini.scheduler.cli`).
+
+Flags follow the original Gemini scheduler (-P, -q, -m, -w, -f, -p, -v; its underscore spellings work too).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from gemini.config import ConfigError, load_config
+from gemini.scheduler.daemon import DEFAULT_PORT, BindError, SchedulerDaemon
+
+EXIT_USAGE = 2
+
+_LEVELS = ["debug", "info", "warning", "error"]
+
+
+def _positive(ctx, param, value):
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"must be a positive number of milliseconds, got {value}")
+    return value
+
+
+def setup_logging(verbose: int, level_name: str | None) -> None:
+    if level_name:
+        level = getattr(logging, level_name.upper())
+    else:
+        level = logging.DEBUG if verbose > 0 else logging.INFO
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s.%(msecs)03d gem-schd %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    if level > logging.DEBUG or verbose < 2:
+        logging.getLogger("watchdog").setLevel(logging.WARNING)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-P", "--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
+              help="TCP port to listen on (0: any free port).")
+@click.option("--ip", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but loopback lets anyone who reaches it take GPU time.")
+@click.option("-q", "--quota", "--base-quota", "quota", type=float, default=250.0, show_default=True,
+              callback=_positive, help="Base quota (ms): a slot's length when clients report no burst size.")
+@click.option("-m", "--min-quota", "--min_quota", "min_quota", type=float, default=100.0, show_default=True,
+              callback=_positive, help="Minimum quota (ms).")
+@click.option("-w", "--window", type=float, default=10000.0, show_default=True, callback=_positive,
+              help="Sliding window (ms) over which MinUtil/MaxUtil shares are measured.")
+@click.option("-f", "--limit-file", "--limit_file", "limit_file", default="resource-config.txt", show_default=True,
+              help="Config file name (or path).")
+@click.option("-p", "--limit-file-dir", "--limit_file_dir", "limit_file_dir", default=".", show_default=True,
+              help="Directory of the config file.")
+@click.option("-v", "--verbose", count=True, help="More logging (-v: one line per grant; -vv: also file events).")
+@click.option("--log-level", type=click.Choice(_LEVELS, case_sensitive=False), default=None,
+              help="Log level (overrides -v).")
+def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose, log_level):
+    """Schedule GPU time between groups of processes (pod managers connect here)."""
+    setup_logging(verbose, log_level)
+    log = logging.getLogger("gemini.scheduler")
+    path = Path(limit_file_dir) / limit_file
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        click.echo(f"gem-schd: bad config: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    daemon = SchedulerDaemon(config, ip=ip, port=port, base_quota_ms=quota, min_quota_ms=min_quota,
+                             window_ms=window, config_path=str(path))
+
+    async def run() -> int:
+        try:
+            await daemon.start()
+        except BindError as exc:
+            click.echo(f"gem-schd: {exc}", err=True)
+            return EXIT_USAGE
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, daemon.stop)
+        if daemon.reloader is not None:
+            loop.add_signal_handler(signal.SIGHUP, daemon.reloader.reload_now)
+        await daemon.wait_closed()
+        stats = daemon.timer_stats()
+        if stats.get("count"):
+            log.info("grants at deadlines: %d, lateness p50 %.3f ms, p99 %.3f ms", stats["count"],
+                     stats["p50_ms"], stats["p99_ms"])
+        return 0
+
+    try:
+        code = asyncio.run(run())
+    except KeyboardInterrupt:
+        code = 0
+    sys.exit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name=os.path.basename(sys.argv[0]) if sys.argv[0].endswith("gem-schd") else "gem-schd")

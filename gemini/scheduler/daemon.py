@@ -1,0 +1,470 @@
+"""gem-schd's I/O: a zmq ROUTER that moves messages between the pod managers and the Policy.
+
+Every decision comes from gemini.scheduler.policy.Policy; this module only keeps the table of pod managers
+(who speaks for which group, when it was last heard from, what memory and clients it reports), turns messages
+into policy calls and decisions into messages, keeps the timer for the policy's next wakeup, and pushes config
+changes made by a live reload.
+
+Frames: one JSON frame per message (gemini.messages) after the ROUTER's identity frame; a REQ peer's empty
+delimiter frame is accepted too (gem-ctl may use REQ), and replies keep it.
+
+Timer precision: asyncio's epoll timeouts are rounded UP to whole milliseconds, so a grant due at a slot's
+deadline would go out 0-1 ms (plus wakeup latency) late, and every handoff would leave the GPU idle for that
+long. The timer is therefore armed `timer_early_s` (1.5 ms) early and the last stretch is waited precisely
+(a short sleep, then a spin of at most ~0.2 ms). `timer_stats()` reports the measured lateness.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import ipaddress
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import zmq
+import zmq.asyncio
+
+from gemini.config import Config
+from gemini.messages import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, MAX_MESSAGE_BYTES,
+                             TO_SCHEDULER, ConfigUpdate, Error, Grant, GroupRemoved, GroupStatus, Heartbeat,
+                             HeartbeatAck, Hello, Message, MessageError, StatusReply, StatusRequest, TokenRelease,
+                             TokenRequest, Welcome, decode, encode)
+from gemini.scheduler.policy import Decision, GrantDecision, Policy, RefuseDecision, diff_configs
+
+log = logging.getLogger("gemini.scheduler")
+
+DEFAULT_PORT = 50051
+HEARTBEAT_TIMEOUT_S = 5.0
+
+
+class BindError(RuntimeError):
+    """The ROUTER could not listen (port busy, bad address)."""
+
+
+@dataclass
+class _Peer:
+    identity: bytes
+    group: str
+    pid: int
+    address: str
+    last_seen: float            # time.monotonic()
+
+
+@dataclass
+class _GroupInfo:
+    mem_used: int = 0
+    clients: int = 0
+    connected: bool = False
+
+
+class _RateLimitedLog:
+    """At most `per_second` lines a second for one kind of problem; the rest are counted and summarised."""
+
+    def __init__(self, per_second: int = 20):
+        self.per_second = per_second
+        self.window_start = 0.0
+        self.count = 0
+        self.suppressed = 0
+
+    def __call__(self, level: int, fmt: str, *args) -> None:
+        now = time.monotonic()
+        if now - self.window_start >= 1.0:
+            if self.suppressed:
+                log.warning("... %d more bad frames in the last second were not logged", self.suppressed)
+            self.window_start, self.count, self.suppressed = now, 0, 0
+        if self.count < self.per_second:
+            self.count += 1
+            log.log(level, fmt, *args)
+        else:
+            self.suppressed += 1
+
+
+class SchedulerDaemon:
+    """The gem-schd daemon. `await start()`, then `await wait_closed()`; `stop()` ends it.
+
+    `config_path`: if given, the file is watched and reloaded live (see reload.py).
+    """
+
+    def __init__(self, config: Config, *, ip: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 base_quota_ms: float = 250.0, min_quota_ms: float = 100.0, window_ms: float = 10000.0,
+                 config_path: Optional[str] = None, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+                 debounce_s: float = 0.05, timer_early_s: float = 0.0015):
+        self.config = config
+        self.ip = ip
+        self.port = port
+        self.config_path = config_path
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.debounce_s = debounce_s
+        self.timer_early_s = timer_early_s
+        self.scheduler_id = f"{uuid.uuid4().hex[:12]}"
+        self._t0 = time.monotonic()
+        self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0)
+        self._peers: dict[bytes, _Peer] = {}
+        self._owners: dict[str, bytes] = {}
+        self._info: dict[str, _GroupInfo] = {g.name: _GroupInfo() for g in config.groups}
+        self._ctx: Optional[zmq.asyncio.Context] = None
+        self._sock: Optional[zmq.asyncio.Socket] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._recv_task: Optional[asyncio.Task] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._wake_target: Optional[float] = None
+        self._sweep_handle: Optional[asyncio.TimerHandle] = None
+        self._closed: Optional[asyncio.Event] = None  # created in start(), on the loop
+        self._bad_log = _RateLimitedLog()
+        self._lateness: collections.deque[float] = collections.deque(maxlen=4096)
+        self.reloader = None
+        self.endpoint = ""
+        self.grants_sent = 0
+
+    # --- time ---------------------------------------------------------------------------------------------------
+
+    def now_ms(self) -> float:
+        return (time.monotonic() - self._t0) * 1000.0
+
+    # --- lifecycle ------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._closed = asyncio.Event()
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, 16 * MAX_MESSAGE_BYTES)   # peers sending huge frames are cut off by zmq
+        host = self.ip
+        try:
+            addr = ipaddress.ip_address(host)
+        except ValueError:
+            addr = None
+        if addr is not None and addr.version == 6:
+            sock.setsockopt(zmq.IPV6, 1)
+            host = f"[{host}]"
+        endpoint = f"tcp://{host}:{self.port if self.port else '*'}"
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            self._ctx.term()
+            self._ctx = None
+            if exc.errno == errno.EADDRINUSE:
+                raise BindError(f"port {self.port} on {self.ip} is already in use (is another gem-schd running?)") \
+                    from None
+            raise BindError(f"cannot listen on {self.ip}:{self.port}: {exc.strerror}") from None
+        self._sock = sock
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.port = int(self.endpoint.rsplit(":", 1)[1])
+        if addr is None or not addr.is_loopback:
+            log.warning("listening on %s, which is not a loopback address: anyone who can reach it can take GPU "
+                        "time (there is no authentication)", self.endpoint)
+        log.info("gem-schd %s listening on %s (quota %g ms, min quota %g ms, window %g ms), groups: %s",
+                 self.scheduler_id, self.endpoint, self.policy.base_quota_ms, self.policy.min_quota_ms,
+                 self.policy.window_ms, ", ".join(self.config.names))
+        for warning in self.config.warnings:
+            log.warning("%s", warning)
+        self._recv_task = asyncio.create_task(self._recv_loop(), name="gem-schd-recv")
+        self._sweep_handle = self._loop.call_later(1.0, self._sweep)
+        if self.config_path:
+            from gemini.scheduler.reload import ConfigReloader
+            self.reloader = ConfigReloader(self.config_path, self.apply_config, loop=self._loop,
+                                           debounce_s=self.debounce_s, current=self.config)
+            self.reloader.start()
+
+    async def wait_closed(self) -> None:
+        assert self._closed is not None
+        await self._closed.wait()
+
+    def stop(self) -> None:
+        """Stop serving (idempotent; call on the loop)."""
+        if self._closed is None or self._closed.is_set():
+            return
+        log.info("gem-schd stopping")
+        if self.reloader is not None:
+            self.reloader.stop()
+        for handle in (self._timer, self._sweep_handle):
+            if handle is not None:
+                handle.cancel()
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+        if self._sock is not None:
+            self._sock.close(0)
+        if self._ctx is not None:
+            self._ctx.term()
+        self._closed.set()
+
+    # --- receiving ------------------------------------------------------------------------------------------------
+
+    async def _recv_loop(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                frames = await self._sock.recv_multipart(copy=False)
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as exc:
+                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK) or self._sock.closed:
+                    return
+                log.warning("receive failed: %s", exc)
+                continue
+            try:
+                self._on_frames(frames)
+            except Exception:  # a bug must not take the scheduler down
+                log.exception("internal error while handling a message")
+            self._arm_timer()
+
+    @staticmethod
+    def _peer_address(frame) -> str:
+        try:
+            return frame.get("Peer-Address") or "?"
+        except (zmq.ZMQError, AttributeError, UnicodeDecodeError):
+            return "?"
+
+    @staticmethod
+    def _name(identity: bytes) -> str:
+        text = identity.decode("utf-8", "backslashreplace")
+        if not text.isprintable():
+            text = identity.hex()
+        return text[:80]
+
+    def _on_frames(self, frames) -> None:
+        identity = frames[0].bytes
+        if len(frames) == 2:
+            envelope: list[bytes] = []
+            body = frames[1]
+        elif len(frames) == 3 and len(frames[1].bytes) == 0:
+            envelope = [b""]
+            body = frames[2]
+        else:
+            self._bad_log(logging.WARNING, "peer %s (%s): dropped a message of %d frames (expected 1)",
+                          self._name(identity), self._peer_address(frames[-1]), len(frames) - 1)
+            return
+        data = body.bytes
+        try:
+            msg = decode(data, allowed=TO_SCHEDULER)
+        except MessageError as exc:
+            self._bad_log(logging.WARNING, "peer %s (%s): dropped a bad message: %s", self._name(identity),
+                          self._peer_address(body), exc)
+            self._send(identity, Error(ERR_BAD_MESSAGE, str(exc)[:200]), envelope)
+            return
+        peer = self._peers.get(identity)
+        if peer is not None:
+            peer.last_seen = time.monotonic()
+        if isinstance(msg, Hello):
+            self._on_hello(identity, msg, self._peer_address(body), envelope)
+        elif isinstance(msg, Heartbeat):
+            self._on_heartbeat(identity, msg, envelope)
+        elif isinstance(msg, TokenRequest):
+            if self._check_registered(identity, msg.group, envelope):
+                self._dispatch(self.policy.request(msg.group, msg.overuse_ms, msg.burst_ms, self.now_ms()))
+        elif isinstance(msg, TokenRelease):
+            if self._check_registered(identity, msg.group, envelope):
+                self._dispatch(self.policy.release(msg.group, msg.token_seq, msg.overuse_ms, self.now_ms()))
+        elif isinstance(msg, StatusRequest):
+            self._send(identity, self.status_reply(), envelope)
+
+    def _check_registered(self, identity: bytes, group: str, envelope: list[bytes]) -> bool:
+        peer = self._peers.get(identity)
+        if peer is not None and peer.group == group:
+            return True
+        if group not in self._info:
+            self._send(identity, Error(ERR_UNKNOWN_GROUP, self._unknown_text(group), group), envelope)
+        else:
+            self._send(identity, Error(ERR_NOT_REGISTERED, f"pod manager {self._name(identity)} is not "
+                                       f"registered for group {group!r}: say hello first", group), envelope)
+        return False
+
+    def _unknown_text(self, group: str) -> str:
+        return f"group {group!r} is not in {self.config.path}"
+
+    def _on_hello(self, identity: bytes, msg: Hello, address: str, envelope: list[bytes]) -> None:
+        group = msg.group
+        gc = self.config.group(group)
+        if gc is None:
+            log.warning("pod manager %s (%s, pid %d) says hello for group %r, which is not in %s",
+                        self._name(identity), address, msg.pid, group, self.config.path)
+            self._forget_peer(identity)
+            self._send(identity, Error(ERR_UNKNOWN_GROUP, self._unknown_text(group), group), envelope)
+            return
+        old = self._peers.get(identity)
+        if old is not None and old.group != group:
+            self._forget_peer(identity)
+        owner = self._owners.get(group)
+        if owner is not None and owner != identity and owner in self._peers:
+            log.warning("group %s: pod manager %s (%s, pid %d) replaces %s (pid %d), which is still registered",
+                        group, self._name(identity), address, msg.pid, self._name(owner), self._peers[owner].pid)
+            self._forget_peer(owner)
+        self._peers[identity] = _Peer(identity, group, msg.pid, address, time.monotonic())
+        self._owners[group] = identity
+        info = self._info.setdefault(group, _GroupInfo())
+        info.mem_used, info.clients, info.connected = msg.mem_used, msg.clients, True
+        log.info("group %s: pod manager %s (%s, pid %d) registered, %d client(s), %d bytes in use", group,
+                 self._name(identity), address, msg.pid, msg.clients, msg.mem_used)
+        self._send(identity, Welcome(group, gc.min_util, gc.max_util, gc.mem_limit, self.scheduler_id), envelope)
+
+    def _on_heartbeat(self, identity: bytes, msg: Heartbeat, envelope: list[bytes]) -> None:
+        if not self._check_registered(identity, msg.group, envelope):
+            return
+        info = self._info.setdefault(msg.group, _GroupInfo())
+        info.mem_used, info.clients, info.connected = msg.mem_used, msg.clients, True
+        self._send(identity, HeartbeatAck(self.scheduler_id), envelope)
+
+    def _forget_peer(self, identity: bytes) -> None:
+        peer = self._peers.pop(identity, None)
+        if peer is not None and self._owners.get(peer.group) == identity:
+            del self._owners[peer.group]
+            info = self._info.get(peer.group)
+            if info is not None:
+                info.connected = False
+
+    # --- sending ----------------------------------------------------------------------------------------------------
+
+    def _send(self, identity: bytes, msg: Message, envelope: Optional[list[bytes]] = None) -> None:
+        if self._sock is None or self._sock.closed:
+            return
+        try:
+            fut = self._sock.send_multipart([identity, *(envelope or []), encode(msg)])
+        except zmq.ZMQError as exc:
+            log.warning("could not send %s to %s: %s", msg.TYPE, self._name(identity), exc)
+            return
+        if not fut.done():
+            fut.add_done_callback(_ignore_result)
+        elif fut.exception() is not None:
+            log.warning("could not send %s to %s: %s", msg.TYPE, self._name(identity), fut.exception())
+
+    def _dispatch(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            owner = self._owners.get(d.group)
+            if isinstance(d, GrantDecision):
+                if owner is None:
+                    # Nobody to tell (its pod manager went away after asking): hand the token straight back.
+                    log.warning("group %s was granted the token but has no pod manager; releasing it", d.group)
+                    self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, self.now_ms()))
+                    continue
+                self._send(owner, Grant(d.group, d.quota_ms, d.token_seq))
+                self.grants_sent += 1
+                log.debug("grant %s quota %.3f ms seq %d share %.3f", d.group, d.quota_ms, d.token_seq,
+                          self.policy.share(d.group, self.now_ms()))
+            elif isinstance(d, RefuseDecision):
+                log.info("refused group %s: %s", d.group, d.message)
+                if owner is not None:
+                    self._send(owner, Error(d.code, d.message, d.group))
+
+    # --- timers -----------------------------------------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        if self._loop is None or self._closed is None or self._closed.is_set():
+            return
+        wake = self.policy.next_wakeup(self.now_ms())
+        if wake is None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._wake_target = None
+            return
+        if self._timer is not None and self._wake_target == wake:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._wake_target = wake
+        self._timer = self._loop.call_at(self._t0 + wake / 1000.0 - self.timer_early_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        target = self._wake_target
+        if target is not None:
+            remaining = target - self.now_ms()
+            if remaining > 0.3:
+                time.sleep((remaining - 0.2) / 1000.0)
+            while self.now_ms() < target:
+                pass
+        now = self.now_ms()
+        decisions = self.policy.tick(now)
+        if target is not None and any(isinstance(d, GrantDecision) for d in decisions):
+            self._lateness.append(now - target)
+        try:
+            self._dispatch(decisions)
+        except Exception:
+            log.exception("internal error while dispatching decisions")
+        self._arm_timer()
+
+    def timer_stats(self) -> dict:
+        """Lateness (ms) of grants made at a timer (slot deadlines, caps lifting): count, p50, p99, max."""
+        values = sorted(self._lateness)
+        if not values:
+            return {"count": 0}
+        pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+        return {"count": len(values), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": values[-1]}
+
+    def _sweep(self) -> None:
+        """Every second: pod managers silent for too long are marked disconnected and their requests dropped."""
+        assert self._loop is not None
+        now = time.monotonic()
+        for identity, peer in list(self._peers.items()):
+            if now - peer.last_seen > self.heartbeat_timeout_s:
+                log.warning("group %s: pod manager %s (%s, pid %d) silent for %.1f s: marked disconnected, its "
+                            "waiting request dropped", peer.group, self._name(identity), peer.address, peer.pid,
+                            now - peer.last_seen)
+                self._forget_peer(identity)
+                if peer.group not in self._owners:
+                    self.policy.cancel(peer.group, self.now_ms())
+        self._arm_timer()
+        self._sweep_handle = self._loop.call_later(1.0, self._sweep)
+
+    # --- config -----------------------------------------------------------------------------------------------------
+
+    def apply_config(self, config: Config) -> None:
+        """Switch to a new config (from the reloader, on the loop): the policy first, then push the changes."""
+        old = self.config
+        diff = diff_configs(old, config)
+        self.config = config
+        decisions = self.policy.apply_config(config, self.now_ms())
+        # Refusals go to the owners of removed groups: dispatch them before forgetting those owners.
+        self._dispatch(decisions)
+        for name in diff.added:
+            self._info.setdefault(name, _GroupInfo())
+        for name in diff.changed:
+            owner = self._owners.get(name)
+            gc = config.group(name)
+            if owner is not None and gc is not None:
+                self._send(owner, ConfigUpdate(name, gc.min_util, gc.max_util, gc.mem_limit))
+        for name in diff.removed:
+            owner = self._owners.get(name)
+            if owner is not None:
+                self._send(owner, GroupRemoved(name))
+                self._forget_peer(owner)
+            self._info.pop(name, None)
+        if not diff.empty:
+            log.info("config applied: added %s, changed %s, removed %s", list(diff.added) or "none",
+                     list(diff.changed) or "none", list(diff.removed) or "none")
+        self._arm_timer()
+
+    # --- status -----------------------------------------------------------------------------------------------------
+
+    def status_reply(self) -> StatusReply:
+        now = self.now_ms()
+        pstat = self.policy.status(now)
+        groups = []
+        for gc in self.config.groups:
+            p = pstat.get(gc.name)
+            info = self._info.get(gc.name, _GroupInfo())
+            if p is None:
+                continue
+            groups.append(asdict(GroupStatus(
+                name=gc.name, min_util=gc.min_util, max_util=gc.max_util, share=p["share"],
+                mem_used=info.mem_used, mem_limit=gc.mem_limit, clients=info.clients, holding=p["holding"],
+                waiting=p["waiting"], wait_ms=p["wait_ms"], quota_ms=p["quota_ms"], grants=p["grants"],
+                connected=info.connected)))
+        holder = self.policy.holder or ""
+        if holder and not any(g["holding"] for g in groups if g["name"] == holder):
+            deadline = self.policy.holder_deadline
+            if deadline is not None and deadline <= now:
+                holder = ""
+        return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups)
+
+
+def _ignore_result(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()

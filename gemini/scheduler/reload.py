@@ -1,0 +1,162 @@
+"""Live reload of resource-config.txt.
+
+A watchdog observer watches the config's DIRECTORY, not the file, so every way editors and tools save works:
+writing in place, writing a temp file and renaming it over, deleting and re-creating, and Kubernetes ConfigMap
+volumes (where the file is a symlink that is switched by renaming a `..data` link: when the config is a symlink,
+any change in the directory triggers a reload).
+
+Events arrive on watchdog's thread; they are handed to the asyncio loop with call_soon_threadsafe and debounced
+(the reload runs `debounce_s` after the last event, so a save that produces several events is read once, when
+complete). The reload parses the file; a ConfigError is logged once, clearly (file:line), and the last good config
+stays in force; a deleted file is logged and the last good config kept until the file is back. A good config is
+passed to the `apply` callback on the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent,
+                             FileMovedEvent, FileSystemEvent, FileSystemEventHandler)
+from watchdog.observers import Observer
+
+from gemini.config import Config, ConfigError, load_config
+
+log = logging.getLogger("gemini.scheduler.reload")
+
+# Opening or reading the file (as the reload itself does) must not trigger a reload.
+_EVENTS = [FileModifiedEvent, FileClosedEvent, FileCreatedEvent, FileMovedEvent, FileDeletedEvent]
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, reloader: "ConfigReloader"):
+        self._reloader = reloader
+
+    def on_any_event(self, event: FileSystemEvent) -> None:  # watchdog's thread
+        self._reloader._event(event)
+
+
+class ConfigReloader:
+    """Watch `path` and call `apply(config)` on `loop` whenever a new, valid config is saved.
+
+    `current` is the last good config (the one in force). Use `start()`/`stop()`; `reload_now()` forces a read
+    (e.g. on SIGHUP). Thread-safe: only `_event` runs on watchdog's thread, and it only schedules work on the loop.
+    """
+
+    def __init__(self, path: str | os.PathLike, apply: Callable[[Config], None], *,
+                 loop: Optional[asyncio.AbstractEventLoop] = None, debounce_s: float = 0.05,
+                 current: Optional[Config] = None):
+        self.path = Path(os.path.abspath(path))
+        self.apply = apply
+        self.debounce_s = debounce_s
+        self.current = current
+        self._loop = loop
+        self._observer: Optional[Observer] = None  # type: ignore[valid-type]
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._missing_logged = False
+        self._last_error: Optional[str] = None
+        self._watch_all = False
+        self.reloads = 0            # configs applied (for tests and status)
+        self.errors = 0             # bad saves seen
+
+    # --- lifecycle ----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        directory = self.path.parent
+        self._watch_all = self.path.is_symlink()
+        observer = Observer()
+        observer.schedule(_Handler(self), str(directory), recursive=False, event_filter=_EVENTS)
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+        log.info("watching %s for changes%s", self.path,
+                 " (a symlink: any change in its directory triggers a reload)" if self._watch_all else "")
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=2.0)
+            self._observer = None
+
+    # --- events -------------------------------------------------------------------------------------------------
+
+    def _concerns_us(self, event: FileSystemEvent) -> bool:
+        if self._watch_all:
+            return True
+        name = self.path.name
+        paths = [event.src_path, getattr(event, "dest_path", "")]
+        return any(p and os.path.basename(os.fsdecode(p)) == name for p in paths)
+
+    def _event(self, event: FileSystemEvent) -> None:
+        if event.is_directory or not self._concerns_us(event):
+            return
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._poke)
+        except RuntimeError:  # loop closed between the check and the call
+            pass
+
+    def _poke(self) -> None:
+        """On the loop: (re)start the debounce timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+        assert self._loop is not None
+        self._timer = self._loop.call_later(self.debounce_s, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self.reload_now()
+
+    # --- the reload itself ----------------------------------------------------------------------------------------
+
+    def reload_now(self) -> Optional[Config]:
+        """Read the file now. Returns the new config if one was applied."""
+        try:
+            config = load_config(self.path)
+        except ConfigError as exc:
+            if not self.path.exists():
+                if not self._missing_logged:
+                    log.warning("%s was removed; keeping the last good config until it is back", self.path)
+                    self._missing_logged = True
+                return None
+            self.errors += 1
+            text = str(exc)
+            if text != self._last_error:
+                log.error("config not reloaded, keeping the last good one: %s", text)
+                self._last_error = text
+            return None
+        if self._missing_logged:
+            log.info("%s is back", self.path)
+        self._missing_logged = False
+        self._last_error = None
+        if self.current is not None and _same(self.current, config):
+            log.debug("%s saved without changes", self.path)
+            return None
+        for warning in config.warnings:
+            log.warning("%s", warning)
+        self.current = config
+        self.reloads += 1
+        log.info("config reloaded from %s: %s", self.path,
+                 ", ".join(f"{g.name}(min {g.min_util:g}, max {g.max_util:g}, mem {g.mem_limit})"
+                           for g in config.groups))
+        try:
+            self.apply(config)
+        except Exception:  # never let a callback bug kill the watcher
+            log.exception("applying the new config failed")
+        return config
+
+
+def _same(a: Config, b: Config) -> bool:
+    """Same groups with the same settings, in the same order (line numbers and comments do not matter)."""
+    key = lambda c: [(g.name, g.min_util, g.max_util, g.mem_limit) for g in c.groups]  # noqa: E731
+    return key(a) == key(b)

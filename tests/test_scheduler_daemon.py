@@ -1,0 +1,382 @@
+"""gem-schd over real zmq on an ephemeral port, with fake pod managers (DEALER sockets)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from gemini.config import parse_config
+from gemini.messages import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, ConfigUpdate, Error, Grant,
+                             GroupRemoved, GroupStatus, Heartbeat, HeartbeatAck, Hello, StatusReply, StatusRequest,
+                             TokenRelease, TokenRequest, Welcome, decode, encode)
+from gemini.scheduler.testing import DaemonThread, FakePodManager
+
+REPO = Path(__file__).resolve().parent.parent
+
+CONFIG = parse_config("""\
+[a]
+MinUtil = 0.0
+MaxUtil = 1.0
+MemoryLimit = 1GiB
+[b]
+MinUtil = 0.2
+MaxUtil = 0.9
+MemoryLimit = 2GiB
+[c]
+MaxUtil = 0.5
+""", "rc.txt")
+
+QUOTA = 60.0  # ms: short slots keep the tests short
+
+
+@pytest.fixture
+def schd():
+    d = DaemonThread(CONFIG, base_quota_ms=QUOTA, min_quota_ms=20.0, window_ms=10000.0).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def pmgrs(schd):
+    made = []
+
+    def make(group=None, identity=None):
+        p = FakePodManager(schd.endpoint, identity=identity)
+        made.append(p)
+        if group is not None:
+            w = p.request(Hello(group, pid=os.getpid()))
+            assert isinstance(w, Welcome), w
+        return p
+    yield make
+    for p in made:
+        p.close()
+
+
+def test_hello_welcome(schd, pmgrs):
+    p = pmgrs()
+    w = p.request(Hello("b", pid=42, mem_used=5, clients=2))
+    assert isinstance(w, Welcome)
+    assert (w.group, w.min_util, w.max_util, w.mem_limit) == ("b", 0.2, 0.9, 2 << 30)
+    assert w.scheduler_id == schd.daemon.scheduler_id
+    st = p.request(StatusRequest())
+    row = next(g for g in st.groups if g["name"] == "b")
+    assert row["connected"] and row["mem_used"] == 5 and row["clients"] == 2
+
+
+def test_hello_for_unknown_group(pmgrs):
+    p = pmgrs()
+    e = p.request(Hello("nope", pid=1))
+    assert isinstance(e, Error) and e.code == ERR_UNKNOWN_GROUP and e.group == "nope"
+    assert "nope" in e.message and "rc.txt" in e.message
+
+
+def test_heartbeat(schd, pmgrs):
+    p = pmgrs("a")
+    ack = p.request(Heartbeat("a", mem_used=100, clients=3))
+    assert ack == HeartbeatAck(schd.daemon.scheduler_id)
+    q = pmgrs()
+    e = q.request(Heartbeat("a"))
+    assert isinstance(e, Error) and e.code == ERR_NOT_REGISTERED and e.group == "a"
+    e = q.request(Heartbeat("zzz"))
+    assert isinstance(e, Error) and e.code == ERR_UNKNOWN_GROUP
+
+
+def test_token_requests_need_registration(pmgrs):
+    p = pmgrs()
+    e = p.request(TokenRequest("a"))
+    assert isinstance(e, Error) and e.code == ERR_NOT_REGISTERED
+    e = p.request(TokenRelease("a", 1))
+    assert isinstance(e, Error) and e.code == ERR_NOT_REGISTERED
+    e = p.request(TokenRequest("zzz"))
+    assert isinstance(e, Error) and e.code == ERR_UNKNOWN_GROUP
+    # registered for a, asking for b
+    p.request(Hello("a", pid=1))
+    e = p.request(TokenRequest("b"))
+    assert isinstance(e, Error) and e.code == ERR_NOT_REGISTERED and e.group == "b"
+
+
+def test_grant_ordering_and_deadline(pmgrs):
+    pa, pb = pmgrs("a"), pmgrs("b")
+    ga = pa.request(TokenRequest("a"))
+    t_a = time.monotonic()
+    assert isinstance(ga, Grant) and ga.group == "a" and ga.quota_ms == QUOTA
+    pb.send(TokenRequest("b"))
+    gb = pb.recv(2.0)
+    t_b = time.monotonic()
+    assert isinstance(gb, Grant) and gb.group == "b" and gb.token_seq == ga.token_seq + 1
+    # b was granted at a's deadline, not before
+    assert (t_b - t_a) * 1000 >= QUOTA - 5
+    assert (t_b - t_a) * 1000 <= QUOTA + 40
+    # a asks again while b holds it: granted at b's deadline
+    pa.send(TokenRequest("a", overuse_ms=0.5))
+    ga2 = pa.recv(2.0)
+    assert isinstance(ga2, Grant) and ga2.token_seq == gb.token_seq + 1
+    assert pb.drain() == []
+
+
+def test_early_release_hands_over_at_once(pmgrs):
+    pa, pb = pmgrs("a"), pmgrs("b")
+    ga = pa.request(TokenRequest("a"))
+    pb.send(TokenRequest("b"))
+    assert pb.recv(0.01) is None
+    t0 = time.monotonic()
+    pa.send(TokenRelease("a", ga.token_seq))
+    gb = pb.recv(1.0)
+    assert isinstance(gb, Grant) and gb.group == "b"
+    assert (time.monotonic() - t0) * 1000 < 20
+
+
+def test_bad_frames_are_dropped_and_the_daemon_keeps_running(schd, pmgrs):
+    p = pmgrs("a")
+    bad_frames = [b"", b"garbage", b"\xff\xfe", b"[]", b"null", b'{"type": "nope"}', b'{"no": "type"}',
+                  b'{"type": "hello", "group": 5, "pid": 1}', b'{"type": "hello", "group": "a"}',
+                  b'{"type": "hello", "group": "a", "pid": 1, "evil": 1}',
+                  b'{"type": "token_request", "group": "a", "overuse_ms": NaN}',
+                  b'{"type": "token_request", "group": "a", "overuse_ms": true}',
+                  encode(Grant("a", 1.0, 1)),                            # a scheduler-to-pmgr message
+                  b"x" * (70 * 1024)]                                    # over MAX_MESSAGE_BYTES
+    for frame in bad_frames:
+        p.send_raw(frame)
+        e = p.recv(2.0)
+        assert isinstance(e, Error) and e.code == ERR_BAD_MESSAGE, (frame[:40], e)
+    # several frames where one is expected: dropped without a reply
+    p.send_raw(b"one", b"two", b"three")
+    assert p.recv(0.2) is None
+    # a frame far too large for zmq's limit: that connection is cut by zmq, the daemon lives on
+    big = FakePodManager(schd.endpoint)
+    big.send_raw(b"y" * (4 << 20))
+    big.close()
+    # still serving, and the registration survived
+    assert isinstance(p.request(TokenRequest("a")), Grant)
+    assert isinstance(p.request(StatusRequest()), StatusReply)
+
+
+def test_status_reply(schd, pmgrs):
+    pa = pmgrs("a")
+    pa.request(TokenRequest("a"))
+    pb = pmgrs("b")
+    pb.send(TokenRequest("b"))
+    time.sleep(0.02)
+    st = pmgrs().request(StatusRequest())
+    assert isinstance(st, StatusReply)
+    assert st.scheduler_id == schd.daemon.scheduler_id and st.window_ms == 10000.0 and st.holder == "a"
+    rows = {g["name"]: GroupStatus(**g) for g in st.groups}
+    assert list(rows) == ["a", "b", "c"]
+    assert rows["a"].holding and rows["a"].grants == 1 and rows["a"].quota_ms == QUOTA and rows["a"].share > 0
+    assert rows["b"].waiting and rows["b"].wait_ms >= 10 and not rows["b"].holding
+    assert rows["b"].mem_limit == 2 << 30 and rows["b"].min_util == 0.2
+    assert not rows["c"].connected and rows["c"].grants == 0
+
+
+def test_status_from_a_req_socket(schd):
+    ctx = zmq.Context()
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(schd.endpoint)
+    req.send(encode(StatusRequest()))
+    assert req.poll(2000)
+    st = decode(req.recv())
+    assert isinstance(st, StatusReply) and len(st.groups) == 3
+    req.close()
+    ctx.term()
+
+
+def test_latest_hello_wins(schd, pmgrs, caplog):
+    old = pmgrs("a", identity=b"a:1")
+    new = pmgrs("a", identity=b"a:2")
+    g = new.request(TokenRequest("a"))
+    assert isinstance(g, Grant)
+    # the replaced pod manager is told it is no longer registered
+    e = old.request(Heartbeat("a"))
+    assert isinstance(e, Error) and e.code == ERR_NOT_REGISTERED
+
+
+def test_silent_pod_manager_is_disconnected_and_its_request_dropped():
+    d = DaemonThread(CONFIG, base_quota_ms=5000.0, min_quota_ms=20.0, heartbeat_timeout_s=0.3).start()
+    try:
+        pa = FakePodManager(d.endpoint)
+        pb = FakePodManager(d.endpoint)
+        pa.request(Hello("a", pid=1))
+        pb.request(Hello("b", pid=2))
+        ga = pa.request(TokenRequest("a"))           # a holds the token for 5 s
+        assert isinstance(ga, Grant)
+        pb.send(TokenRequest("b"))                    # b waits, then falls silent
+        for _ in range(14):                          # a keeps its heartbeat going
+            time.sleep(0.1)
+            pa.send(Heartbeat("a"))
+        status = {g["name"]: g for g in d.call(d.daemon.status_reply).groups}
+        assert status["a"]["connected"] and not status["b"]["connected"]
+        assert not status["b"]["waiting"]
+        # a releases: nobody is waiting any more, so nobody gets the token
+        pa.send(TokenRelease("a", ga.token_seq))
+        time.sleep(0.05)
+        assert [m for m in pb.drain() if isinstance(m, Grant)] == []
+        assert d.call(lambda: d.daemon.policy.holder) is None
+        # when b speaks again it is asked to register (and, as a pod manager does then, to re-send its request)
+        e = pb.request(Heartbeat("b"))
+        assert isinstance(e, Error) and e.code == ERR_NOT_REGISTERED
+        pa.close()
+        pb.close()
+    finally:
+        d.stop()
+
+
+def test_scheduler_restart_leads_to_re_hello(pmgrs):
+    d1 = DaemonThread(CONFIG, base_quota_ms=QUOTA).start()
+    port = d1.port
+    p = FakePodManager(f"tcp://127.0.0.1:{port}")
+    try:
+        w1 = p.request(Hello("a", pid=1))
+        first_id = w1.scheduler_id
+        assert isinstance(p.request(TokenRequest("a")), Grant)
+        d1.stop()
+        d2 = DaemonThread(CONFIG, base_quota_ms=QUOTA, port=port).start()
+        try:
+            # the DEALER reconnects by itself; the new scheduler does not know it
+            e = None
+            for _ in range(50):
+                p.send(Heartbeat("a"))
+                e = p.recv(0.2)
+                if e is not None:
+                    break
+            assert isinstance(e, Error) and e.code == ERR_NOT_REGISTERED
+            w2 = p.request(Hello("a", pid=1, mem_used=77))
+            assert isinstance(w2, Welcome) and w2.scheduler_id != first_id
+            assert isinstance(p.request(TokenRequest("a")), Grant)
+            st = p.request(StatusRequest())
+            assert next(g for g in st.groups if g["name"] == "a")["mem_used"] == 77
+        finally:
+            d2.stop()
+    finally:
+        p.close()
+
+
+def test_reload_pushes_updates_and_removals(schd, pmgrs):
+    pa, pb, pc = pmgrs("a"), pmgrs("b"), pmgrs("c")
+    pa.request(TokenRequest("a"))                 # a holds the token
+    pc.send(TokenRequest("c"))                    # c waits
+    time.sleep(0.01)
+    new = parse_config("[a]\nMaxUtil = 1.0\nMemoryLimit = 1GiB\n[b]\nMinUtil = 0.1\nMaxUtil = 0.8\n"
+                       "MemoryLimit = 3GiB\n[d]\n", "rc.txt")
+    schd.call(lambda: schd.daemon.apply_config(new))
+    upd = pb.recv(1.0)
+    assert upd == ConfigUpdate("b", 0.1, 0.8, 3 << 30)
+    got = [pc.recv(1.0), pc.recv(1.0)]
+    assert Error(ERR_UNKNOWN_GROUP, "group 'c' was removed from rc.txt", "c") in got
+    assert GroupRemoved("c") in got
+    assert pa.drain() == []                        # a's settings did not change: nothing pushed
+    # c is gone: its heartbeat and its hello are answered with unknown_group
+    e = pc.request(Heartbeat("c"))
+    assert isinstance(e, Error) and e.code == ERR_UNKNOWN_GROUP
+    e = pc.request(Hello("c", pid=3))
+    assert isinstance(e, Error) and e.code == ERR_UNKNOWN_GROUP
+    # the new group d can register
+    assert isinstance(pmgrs().request(Hello("d", pid=4)), Welcome)
+    st = pa.request(StatusRequest())
+    assert [g["name"] for g in st.groups] == ["a", "b", "d"]
+
+
+def test_grant_at_deadline_is_punctual(pmgrs, schd):
+    pa, pb = pmgrs("a"), pmgrs("b")
+    pa.request(TokenRequest("a"))
+    for i in range(6):   # ping-pong: each asks while the other holds; every grant is made at a deadline
+        (pb if i % 2 == 0 else pa).send(TokenRequest("b" if i % 2 == 0 else "a"))
+        g = (pb if i % 2 == 0 else pa).recv(2.0)
+        assert isinstance(g, Grant)
+    stats = schd.call(schd.daemon.timer_stats)
+    assert stats["count"] >= 5
+    assert stats["p50_ms"] < 1.0, stats
+
+
+# --- the command line -------------------------------------------------------------------------------------------------
+
+def _run_cli(*args, timeout=10, cwd=None):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "gemini.scheduler.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+def test_cli_bad_config_exits_2_naming_file_and_line(tmp_path):
+    (tmp_path / "rc.txt").write_text("[a]\nMaxUtil = 7\n")
+    r = _run_cli("-p", str(tmp_path), "-f", "rc.txt", "-P", "0")
+    assert r.returncode == 2
+    assert f"{tmp_path / 'rc.txt'}:2:" in r.stderr
+    r = _run_cli("-p", str(tmp_path), "-f", "missing.txt", "-P", "0")
+    assert r.returncode == 2 and "missing.txt" in r.stderr and "cannot read" in r.stderr
+
+
+def test_cli_bad_flags_exit_2(tmp_path):
+    assert _run_cli("-q", "-5").returncode == 2
+    assert _run_cli("-P", "70000").returncode == 2
+    assert _run_cli("--bogus").returncode == 2
+
+
+def test_cli_port_busy_exits_2(tmp_path):
+    (tmp_path / "resource-config.txt").write_text("[a]\n")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        r = _run_cli("-P", str(port), cwd=tmp_path)
+        assert r.returncode == 2
+        assert "already in use" in r.stderr and str(port) in r.stderr
+    finally:
+        s.close()
+
+
+def test_cli_serves_and_stops_cleanly_on_sigterm(tmp_path):
+    (tmp_path / "resource-config.txt").write_text("[a]\nMaxUtil = 0.5\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "gemini.scheduler.cli", "-P", "0", "-v", "-q", "50",
+                             "--limit_file_dir", str(tmp_path)], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        endpoint = None
+        lines = []
+        deadline = time.monotonic() + 10
+        while endpoint is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            if "listening on tcp://" in line:
+                endpoint = line.split("listening on ")[1].split()[0]
+        assert endpoint, lines
+        with FakePodManager(endpoint) as p:
+            assert isinstance(p.request(Hello("a", pid=1)), Welcome)
+            g = p.request(TokenRequest("a"))
+            assert isinstance(g, Grant) and g.quota_ms == 50.0
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0
+        assert "grant a quota 50.000 ms" in "".join(lines) + err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_non_loopback_bind_warns(tmp_path):
+    (tmp_path / "resource-config.txt").write_text("[a]\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "gemini.scheduler.cli", "-P", "0", "--ip", "0.0.0.0"],
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        seen = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if "listening on tcp://" in line and "gem-schd" in line and "not a loopback" not in line:
+                break
+        assert any("not a loopback address" in s for s in seen), seen
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+        assert proc.returncode == 0
