@@ -1,0 +1,240 @@
+"""Live reload of resource-config.txt (real files, real time, kept short)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gemini.config import load_config
+from gemini.messages import ConfigUpdate, GroupRemoved, Hello, StatusReply, StatusRequest, Welcome
+from gemini.scheduler.reload import ConfigReloader
+from gemini.scheduler.testing import DaemonThread, FakePodManager
+
+
+def cfg_text(max_a: float, extra: str = "") -> str:
+    return f"# test config\n[a]\nMaxUtil = {max_a}\nMemoryLimit = 1GiB\n[b]\nMaxUtil = 0.5\n{extra}"
+
+
+# --- save styles ----------------------------------------------------------------------------------------------------
+
+def save_in_place(path: Path, text: str) -> None:
+    with open(path, "r+") as f:      # truncate + write in the same inode, as many editors do
+        f.seek(0)
+        f.truncate()
+        f.write(text)
+
+
+def save_rename_over(path: Path, text: str) -> None:
+    new = path.with_name(path.name + ".new")
+    new.write_text(text)
+    os.replace(new, path)
+
+
+def save_temp_then_rename(path: Path, text: str) -> None:
+    # vim-like: move the original aside, write a fresh file, drop the backup; plus a swap file appearing
+    swap = path.with_name("." + path.name + ".swp")
+    swap.write_text("swap")
+    backup = path.with_name(path.name + "~")
+    os.replace(path, backup)
+    path.write_text(text)
+    backup.unlink()
+    swap.unlink()
+
+
+def save_delete_then_create(path: Path, text: str) -> None:
+    path.unlink()
+    time.sleep(0.01)
+    path.write_text(text)
+
+
+SAVE_STYLES = [save_in_place, save_rename_over, save_temp_then_rename, save_delete_then_create]
+
+
+@pytest.fixture
+def daemon_on_file(tmp_path):
+    path = tmp_path / "resource-config.txt"
+    path.write_text(cfg_text(0.3))
+    d = DaemonThread(load_config(path), config_path=str(path), debounce_s=0.03).start()
+    yield d, path
+    d.stop()
+
+
+def status_of(p: FakePodManager) -> dict:
+    p.send(StatusRequest())
+    st = p.recv_type(StatusReply)
+    return {g["name"]: g for g in st.groups}
+
+
+def wait_for(pred, timeout=3.0, step=0.005):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(step)
+    return pred()
+
+
+@pytest.mark.parametrize("save", SAVE_STYLES, ids=lambda f: f.__name__)
+def test_each_save_style_is_picked_up(daemon_on_file, save):
+    d, path = daemon_on_file
+    with FakePodManager(d.endpoint) as p:
+        assert isinstance(p.request(Hello("a", pid=1)), Welcome)
+        assert status_of(p)["a"]["max_util"] == 0.3
+        t0 = time.monotonic()
+        save(path, cfg_text(0.7))
+        upd = p.recv_type(ConfigUpdate, timeout=3.0)
+        elapsed = time.monotonic() - t0
+        assert upd == ConfigUpdate("a", 0.0, 0.7, 1 << 30)
+        assert status_of(p)["a"]["max_util"] == 0.7
+        assert d.call(lambda: d.daemon.policy.config.group("a").max_util) == 0.7
+        assert elapsed < 1.0
+        # and a second save of the same style works too
+        save(path, cfg_text(0.4))
+        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.4, 1 << 30)
+
+
+def test_bad_file_keeps_the_last_good_config(daemon_on_file, caplog):
+    d, path = daemon_on_file
+    caplog.set_level(logging.ERROR, logger="gemini.scheduler.reload")
+    with FakePodManager(d.endpoint) as p:
+        p.request(Hello("a", pid=1))
+        save_rename_over(path, "[a]\nMaxUtil = 0.9\n[b]\nMaxUtil = banana\n")
+        assert wait_for(lambda: d.daemon.reloader.errors >= 1)
+        assert status_of(p)["a"]["max_util"] == 0.3
+        assert p.drain() == []
+        msgs = [r.getMessage() for r in caplog.records]
+        assert any(f"{path}:4:" in m and "banana" in m for m in msgs), msgs
+        # the same bad content saved again is not logged again
+        n = len(caplog.records)
+        save_in_place(path, "[a]\nMaxUtil = 0.9\n[b]\nMaxUtil = banana\n")
+        assert wait_for(lambda: d.daemon.reloader.errors >= 2)
+        assert len(caplog.records) == n
+        # fixing it applies
+        save_in_place(path, cfg_text(0.6))
+        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.6, 1 << 30)
+
+
+def test_deleted_file_keeps_config_until_recreated(daemon_on_file, caplog):
+    d, path = daemon_on_file
+    caplog.set_level(logging.WARNING, logger="gemini.scheduler.reload")
+    with FakePodManager(d.endpoint) as p:
+        p.request(Hello("a", pid=1))
+        path.unlink()
+        assert wait_for(lambda: any("removed" in r.getMessage() for r in caplog.records))
+        assert status_of(p)["a"]["max_util"] == 0.3          # still in force
+        time.sleep(0.1)
+        path.write_text(cfg_text(0.8))
+        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.8, 1 << 30)
+
+
+def test_group_added_and_removed_by_a_save(daemon_on_file):
+    d, path = daemon_on_file
+    with FakePodManager(d.endpoint) as p:
+        save_rename_over(path, cfg_text(0.3, "[c]\nMaxUtil = 0.2\n"))
+        assert wait_for(lambda: "c" in status_of(p))
+        assert isinstance(p.request(Hello("c", pid=3)), Welcome)
+        save_rename_over(path, cfg_text(0.3))
+        assert p.recv_type(GroupRemoved, timeout=3.0) == GroupRemoved("c")
+        assert "c" not in status_of(p)
+
+
+def test_unrelated_files_and_reads_do_not_reload(daemon_on_file):
+    d, path = daemon_on_file
+    (path.parent / "other.txt").write_text("x")
+    (path.parent / "other.txt").write_text("y")
+    for _ in range(5):
+        path.read_text()
+    time.sleep(0.2)
+    assert d.daemon.reloader.reloads == 0 and d.daemon.reloader.errors == 0
+
+
+def test_a_save_without_changes_pushes_nothing(daemon_on_file):
+    d, path = daemon_on_file
+    with FakePodManager(d.endpoint) as p:
+        p.request(Hello("a", pid=1))
+        save_in_place(path, "# a new comment\n" + cfg_text(0.3))
+        time.sleep(0.25)
+        assert p.drain() == []
+        assert d.daemon.reloader.reloads == 0
+
+
+# --- the reloader on its own ------------------------------------------------------------------------------------------
+
+def test_reloader_debounces_and_calls_back_on_the_loop(tmp_path):
+    path = tmp_path / "rc.txt"
+    path.write_text(cfg_text(0.1))
+    calls = []
+
+    async def main():
+        loop_thread = threading.get_ident()
+        r = ConfigReloader(path, lambda c: calls.append((c, threading.get_ident() == loop_thread)),
+                           debounce_s=0.05, current=load_config(path))
+        r.start()
+        try:
+            for i in range(10):                      # a burst of saves: one reload after the last
+                save_in_place(path, cfg_text(0.2 + i / 100))
+                await asyncio.sleep(0.005)
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if calls:
+                    break
+            await asyncio.sleep(0.15)
+        finally:
+            r.stop()
+
+    asyncio.run(main())
+    assert len(calls) == 1
+    config, on_loop = calls[0]
+    assert on_loop and config.group("a").max_util == pytest.approx(0.29)
+
+
+def test_reloader_follows_a_symlinked_config(tmp_path):
+    # Kubernetes ConfigMap layout: rc.txt -> ..data/rc.txt, ..data -> ..2024_x; an update swaps ..data by rename.
+    v1 = tmp_path / "..v1"
+    v1.mkdir()
+    (v1 / "rc.txt").write_text(cfg_text(0.1))
+    (tmp_path / "..data").symlink_to("..v1")
+    (tmp_path / "rc.txt").symlink_to("..data/rc.txt")
+    seen = []
+
+    async def main():
+        r = ConfigReloader(tmp_path / "rc.txt", seen.append, debounce_s=0.03,
+                           current=load_config(tmp_path / "rc.txt"))
+        r.start()
+        try:
+            v2 = tmp_path / "..v2"
+            v2.mkdir()
+            (v2 / "rc.txt").write_text(cfg_text(0.9))
+            (tmp_path / "..data_tmp").symlink_to("..v2")
+            os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if seen:
+                    break
+        finally:
+            r.stop()
+
+    asyncio.run(main())
+    assert seen and seen[0].group("a").max_util == 0.9
+
+
+def test_reload_now_and_callback_errors_are_contained(tmp_path, caplog):
+    path = tmp_path / "rc.txt"
+    path.write_text(cfg_text(0.1))
+
+    def boom(config):
+        raise RuntimeError("callback bug")
+
+    r = ConfigReloader(path, boom, loop=asyncio.new_event_loop(), current=load_config(path))
+    assert r.reload_now() is None                    # unchanged
+    path.write_text(cfg_text(0.2))
+    with caplog.at_level(logging.ERROR):
+        assert r.reload_now() is not None            # applied (the callback's failure is logged, not raised)
+    assert any("applying the new config failed" in rec.getMessage() for rec in caplog.records)
+    assert r.current.group("a").max_util == 0.2
