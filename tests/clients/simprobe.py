@@ -162,7 +162,8 @@ class Spin:
 
     def __init__(self, nslots: int = 16):
         self.mod, self.fn = c_void_p(), c_void_p()
-        check(lib.cuModuleLoadData(byref(self.mod), b"// simulated\0"), "cuModuleLoadData")
+        from pyclient import GEM_SPIN_PTX  # same directory
+        check(lib.cuModuleLoadData(byref(self.mod), GEM_SPIN_PTX.encode() + b"\0"), "cuModuleLoadData")
         check(lib.cuModuleGetFunction(byref(self.fn), self.mod, b"gem_spin"), "cuModuleGetFunction")
         self.buf = CUdeviceptr()
         self.n = nslots
