@@ -522,8 +522,20 @@ def test_bursty_capped_group_stays_under_cap():
 
 # --- properties -------------------------------------------------------------------------------------------------------
 
+def reference_usage(history, a, b):
+    """Brute force: per group, the time of [a, b] its entries cover, overlaps split evenly between groups."""
+    points = sorted({a, b} | {t for _, s, e, _ in history for t in (s, e) if a < t < b})
+    out = {}
+    for lo, hi in zip(points, points[1:]):
+        mid = (lo + hi) / 2
+        active = {g for g, s, e, _ in history if s <= mid < e}
+        for g in active:
+            out[g] = out.get(g, 0.0) + (hi - lo) / len(active)
+    return out
+
+
 _ops = st.lists(st.tuples(
-    st.sampled_from(["request", "release", "tick", "cancel", "reload"]),
+    st.sampled_from(["request", "release", "tick", "cancel", "reload", "handoff", "handoff"]),
     st.sampled_from(["a", "b", "c", "x"]),
     st.floats(min_value=0.0, max_value=400.0),         # time step
     st.floats(min_value=0.0, max_value=100.0),         # overuse
@@ -531,7 +543,7 @@ _ops = st.lists(st.tuples(
 ), max_size=80)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_ops, st.floats(min_value=0.0, max_value=1.0), st.floats(min_value=0.0, max_value=1.0))
 def test_random_operations_keep_invariants(ops, cap_a, min_b):
     cfgs = [make_config(("a", 0, cap_a), ("b", min_b, 1), ("c", 0, 0.5)),
@@ -549,6 +561,19 @@ def test_random_operations_keep_invariants(ops, cap_a, min_b):
         elif op == "cancel":
             policy.cancel(group, now)
             out = []
+        elif op == "handoff":
+            # the slot runs out, the next group gets the token, then the old holder reports its overrun
+            # (the overlap of the two entries is what this exercises)
+            prev = policy.holder
+            if prev is not None:
+                now = max(now, policy.holder_deadline)
+            policy.request(group, 0.0, burst, now)
+            out = policy.tick(now)
+            if prev is not None:
+                for d in grants(out):
+                    seqs[d.group] = d.token_seq
+                now += step / 10
+                out = policy.request(prev, overuse, burst, now)
         else:
             cfg_i ^= 1
             out = policy.apply_config(cfgs[cfg_i], now)
@@ -562,9 +587,11 @@ def test_random_operations_keep_invariants(ops, cap_a, min_b):
                 assert d.code == ERR_UNKNOWN_GROUP
         weff = policy.window_eff(now)
         total = 0.0
+        reference = reference_usage(policy.history(), now - weff, now)
         for g in policy.groups:
             u = policy.usage(g, now)
             assert -1e-9 <= u <= weff + 1e-6
+            assert u == pytest.approx(reference.get(g, 0.0), abs=1e-6)
             total += u
         assert total <= weff + 1e-6
         wake = policy.next_wakeup(now)

@@ -57,7 +57,9 @@ def setup_logging(verbose: int, level_name: str | None) -> None:
 @click.option("-v", "--verbose", count=True, help="More logging (-v: one line per grant; -vv: also file events).")
 @click.option("--log-level", type=click.Choice(_LEVELS, case_sensitive=False), default=None,
               help="Log level (overrides -v).")
-def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose, log_level):
+@click.option("--timer-early-ms", type=click.FloatRange(0, 20), default=1.5, hidden=True,
+              help="Arm deadline timers this early and wait the rest precisely (0: plain asyncio timers).")
+def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose, log_level, timer_early_ms):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     setup_logging(verbose, log_level)
     log = logging.getLogger("gemini.scheduler")
@@ -68,7 +70,7 @@ def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose
         click.echo(f"gem-schd: bad config: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     daemon = SchedulerDaemon(config, ip=ip, port=port, base_quota_ms=quota, min_quota_ms=min_quota,
-                             window_ms=window, config_path=str(path))
+                             window_ms=window, config_path=str(path), timer_early_s=timer_early_ms / 1000.0)
 
     async def run() -> int:
         try:

@@ -40,9 +40,10 @@ Defects of the original that are fixed here:
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
 from gemini.config import Config, GroupConfig
@@ -128,17 +129,22 @@ class _Group:
     last_quota: float = 0.0
 
 
-@dataclass
 class _Usage:
     """Disjoint usage segments of one group, sorted, with prefix sums: segment i is [starts[i], ends[i]) used at
-    `rates[i]` (1 alone, 1/k when k groups overlap); cum[i] = usage of segments 0..i-1."""
-    starts: list[float] = field(default_factory=list)
-    ends: list[float] = field(default_factory=list)
-    rates: list[float] = field(default_factory=list)
-    cum: list[float] = field(default_factory=lambda: [0.0])
+    `rates[i]` (1 alone, 1/k when k groups overlap); cum[i] = usage of segments lo..i-1 (plus a constant).
+    Segments before index `lo` have left the window."""
+
+    __slots__ = ("starts", "ends", "rates", "cum", "lo")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.rates: list[float] = []
+        self.cum: list[float] = [0.0]
+        self.lo = 0
 
     def add(self, start: float, end: float, rate: float) -> None:
-        if self.ends and self.ends[-1] == start and self.rates[-1] == rate:
+        if len(self.ends) > self.lo and self.ends[-1] == start and self.rates[-1] == rate:
             self.ends[-1] = end
             self.cum[-1] += (end - start) * rate
             return
@@ -147,12 +153,34 @@ class _Usage:
         self.rates.append(rate)
         self.cum.append(self.cum[-1] + (end - start) * rate)
 
+    def truncate_from(self, t: float) -> None:
+        """Forget all usage after time t."""
+        k = bisect.bisect_left(self.starts, t, self.lo)      # segments k.. start at or after t
+        if k < len(self.starts):
+            del self.starts[k:], self.ends[k:], self.rates[k:], self.cum[k + 1:]
+        if k > self.lo and self.ends[k - 1] > t:
+            self.cum[k] -= (self.ends[k - 1] - t) * self.rates[k - 1]
+            self.ends[k - 1] = t
+
+    def prune_before(self, cutoff: float) -> None:
+        """Drop segments that ended before `cutoff`."""
+        self.lo = bisect.bisect_left(self.ends, cutoff, self.lo)
+        if self.lo > 256 and 2 * self.lo > len(self.starts):
+            lo, base = self.lo, self.cum[self.lo]
+            self.starts, self.ends, self.rates = self.starts[lo:], self.ends[lo:], self.rates[lo:]
+            self.cum = [c - base for c in self.cum[lo:]]
+            self.lo = 0
+
+    @property
+    def empty(self) -> bool:
+        return len(self.starts) <= self.lo
+
     def between(self, a: float, b: float) -> float:
         """Usage inside [a, b]."""
-        if b <= a or not self.starts:
+        if b <= a:
             return 0.0
-        i = bisect.bisect_right(self.ends, a)       # first segment ending after a
-        j = bisect.bisect_left(self.starts, b)      # segments i..j-1 start before b
+        i = bisect.bisect_right(self.ends, a, self.lo)        # first segment ending after a
+        j = bisect.bisect_left(self.starts, b, self.lo)       # segments i..j-1 start before b
         if i >= j:
             return 0.0
         total = self.cum[j] - self.cum[i]
@@ -161,6 +189,22 @@ class _Usage:
         if self.ends[j - 1] > b:
             total -= (self.ends[j - 1] - max(b, self.starts[j - 1])) * self.rates[j - 1]
         return max(total, 0.0)
+
+    def pieces(self, a: float, b: float):
+        """(start, end, rate) of the segments inside [a, b], clipped."""
+        i = bisect.bisect_right(self.ends, a, self.lo)
+        while i < len(self.starts) and self.starts[i] < b:
+            yield max(self.starts[i], a), min(self.ends[i], b), self.rates[i]
+            i += 1
+
+    def tail_point(self, budget: float) -> float:
+        """The smallest time x such that the usage in [x, +inf) is at most `budget` (-inf if all of it is)."""
+        n = len(self.starts)
+        if n <= self.lo or self.cum[n] - self.cum[self.lo] <= budget:
+            return -math.inf
+        target = self.cum[n] - budget
+        i = bisect.bisect_left(self.cum, target, self.lo, n + 1) - 1
+        return self.ends[i] - (budget - (self.cum[n] - self.cum[i + 1])) / self.rates[i]
 
 
 class Policy:
@@ -187,8 +231,10 @@ class Policy:
         self._last_entry: dict[str, _Entry] = {}
         self._holder: Optional[_Holder] = None
         self._seq = 0
-        self._version = 0                            # bumped on every history change
-        self._usage_cache: tuple[int, dict[str, _Usage]] = (-1, {})
+        self._starts: list[float] = []               # entry starts, for bisect
+        self._usages: dict[str, _Usage] = {}
+        self._dirty = math.inf                        # usage after this time must be recomputed
+        self._len_heap: list[tuple[float, int]] = []  # (-length, token_seq): longest entry, lazily cleaned
         self._last_now = self.start_ms
 
     # --- public API ---------------------------------------------------------------------------------------------
@@ -359,17 +405,31 @@ class Policy:
             return
         new_end = min(now, entry.end + overuse_ms)
         if new_end > entry.end:
-            entry.end = new_end
-            self._version += 1
+            self._set_end(entry, new_end)
 
     def _end_slot(self, now: float) -> None:
         h = self._holder
         assert h is not None
         entry = self._by_seq.get(h.token_seq)
         if entry is not None and entry.end > now:
-            entry.end = max(now, entry.start)
-            self._version += 1
+            self._set_end(entry, max(now, entry.start))
         self._holder = None
+
+    def _set_end(self, entry: _Entry, end: float) -> None:
+        self._dirty = min(self._dirty, entry.end, end)
+        entry.end = end
+        heapq.heappush(self._len_heap, (-(entry.end - entry.start), entry.token_seq))
+
+    def _max_len(self) -> float:
+        heap = self._len_heap
+        while heap:
+            neg, seq = heap[0]
+            e = self._by_seq.get(seq)
+            if e is None or e.end - e.start != -neg:
+                heapq.heappop(heap)
+                continue
+            return -neg
+        return 0.0
 
     def _prune(self, now: float) -> None:
         cutoff = now - self.window_ms
@@ -383,39 +443,48 @@ class Policy:
                 if self._last_entry.get(e.group) is e:
                     del self._last_entry[e.group]
             del self._entries[:i]
-            self._version += 1
+            del self._starts[:i]
+            for u in self._usages.values():
+                u.prune_before(cutoff)
+            if len(self._len_heap) > 4 * len(self._entries) + 64:
+                self._len_heap = [(-(e.end - e.start), e.token_seq) for e in self._entries]
+                heapq.heapify(self._len_heap)
 
     def _usage(self) -> dict[str, _Usage]:
-        """Usage segments per group, from a sweep over the history (cached until the history changes)."""
-        version, cached = self._usage_cache
-        if version == self._version:
-            return cached
+        """Usage segments per group. A sweep over the history splits overlapping time evenly between the groups
+        active in it. History only changes near the present (grants start now, overuse extends an entry up to now,
+        a release cuts the current entry), so only the time after the earliest change is swept again."""
+        t = self._dirty
+        if t == math.inf:
+            return self._usages
+        self._dirty = math.inf
+        for u in self._usages.values():
+            u.truncate_from(t)
+        first = bisect.bisect_left(self._starts, t - self._max_len())
         events: list[tuple[float, int, str]] = []
-        for e in self._entries:
-            if e.end > e.start:
-                events.append((e.start, 1, e.group))
+        for e in self._entries[first:]:
+            if e.end > t and e.end > e.start:
+                events.append((max(e.start, t), 1, e.group))
                 events.append((e.end, -1, e.group))
         events.sort(key=lambda ev: (ev[0], ev[1]))
-        result: dict[str, _Usage] = {}
         active: Counter[str] = Counter()
-        prev = 0.0
-        for t, kind, grp in events:
-            if active and t > prev:
+        prev = t
+        for when, kind, grp in events:
+            if active and when > prev:
                 rate = 1.0 / len(active)
                 for name in active:
-                    u = result.get(name)
+                    u = self._usages.get(name)
                     if u is None:
-                        u = result[name] = _Usage()
-                    u.add(prev, t, rate)
+                        u = self._usages[name] = _Usage()
+                    u.add(prev, when, rate)
             if kind > 0:
                 active[grp] += 1
             else:
                 active[grp] -= 1
                 if active[grp] <= 0:
                     del active[grp]
-            prev = t
-        self._usage_cache = (self._version, result)
-        return result
+            prev = when
+        return self._usages
 
     def _theta(self, g: _Group) -> float:
         """Smallest slot worth granting to a capped group: the min quota, or less if the group's quota or its
@@ -447,7 +516,7 @@ class Policy:
         else:
             q = 0.0
             q_late = math.inf
-            pieces = self._pieces(u, a, now) if u else iter(())
+            pieces = u.pieces(a, now) if u else iter(())
             # phi may touch C and stay flat there while the window slides over the group's own full-rate
             # segments, so only a strict rise above C ends the walk.
             for p_start, p_end, rate in pieces:
@@ -476,13 +545,6 @@ class Policy:
         total = u.between(self.start_ms, now) if u else 0.0
         q_early = (cap * (now - self.start_ms) - total) / (1.0 - cap)
         return min(max(q_early, 0.0), limit)
-
-    @staticmethod
-    def _pieces(u: _Usage, a: float, b: float):
-        i = bisect.bisect_right(u.ends, a)
-        while i < len(u.starts) and u.starts[i] < b:
-            yield max(u.starts[i], a), min(u.ends[i], b), u.rates[i]
-            i += 1
 
     def _eligibility(self, name: str, g: _Group, now: float) -> Optional[float]:
         """The quota the group may be granted now, or None if it is not eligible."""
@@ -517,16 +579,8 @@ class Policy:
             if t_early + theta <= self.start_ms + W:
                 return max(now, t_early)
         # Late phase: eligible once usage in [t + theta - W, inf) <= cap x W - theta. Find the smallest window start
-        # `a` with that much usage left to its right, walking the segments from the right.
-        budget = cap * W - theta
-        tail = 0.0
-        a = -math.inf
-        for i in range(len(u.starts) - 1, -1, -1):
-            seg = (u.ends[i] - u.starts[i]) * u.rates[i]
-            if tail + seg > budget:
-                a = u.ends[i] - (budget - tail) / u.rates[i]
-                break
-            tail += seg
+        # `a` with at most that much usage to its right (a bisection on the prefix sums).
+        a = u.tail_point(cap * W - theta)
         t = max(now, self.start_ms + W - theta, a + W - theta)
         return t
 
@@ -581,9 +635,11 @@ class Policy:
         self._seq += 1
         entry = _Entry(name, now, now + quota, self._seq)
         self._entries.append(entry)
+        self._starts.append(now)
         self._by_seq[self._seq] = entry
         self._last_entry[name] = entry
-        self._version += 1
+        self._dirty = min(self._dirty, now)
+        heapq.heappush(self._len_heap, (-quota, self._seq))
         self._holder = _Holder(name, self._seq, now, now + quota)
         return [GrantDecision(name, quota, self._seq)]
 
