@@ -173,8 +173,9 @@ def test_reloader_debounces_and_calls_back_on_the_loop(tmp_path):
 
     async def main():
         loop_thread = threading.get_ident()
+        # settle_s = debounce_s: even "writer done" events wait the full debounce, so the burst is coalesced
         r = ConfigReloader(path, lambda c: calls.append((c, threading.get_ident() == loop_thread)),
-                           debounce_s=0.05, current=load_config(path))
+                           debounce_s=0.05, settle_s=0.05, current=load_config(path))
         r.start()
         try:
             for i in range(10):                      # a burst of saves: one reload after the last
@@ -238,3 +239,34 @@ def test_reload_now_and_callback_errors_are_contained(tmp_path, caplog):
         assert r.reload_now() is not None            # applied (the callback's failure is logged, not raised)
     assert any("applying the new config failed" in rec.getMessage() for rec in caplog.records)
     assert r.current.group("a").max_util == 0.2
+
+
+def test_finished_saves_apply_without_waiting_for_the_debounce(tmp_path):
+    # closing a written file (or renaming one into place) means the save is complete: applied after settle_s
+    path = tmp_path / "rc.txt"
+    path.write_text(cfg_text(0.1))
+    seen = []
+
+    async def main():
+        r = ConfigReloader(path, lambda c: seen.append(time.monotonic()), debounce_s=2.0, settle_s=0.005,
+                           current=load_config(path))
+        r.start()
+        try:
+            t0 = time.monotonic()
+            save_rename_over(path, cfg_text(0.2))
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if seen:
+                    break
+            assert seen and seen[0] - t0 < 1.0
+            t1 = time.monotonic()
+            save_in_place(path, cfg_text(0.3))
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if len(seen) > 1:
+                    break
+            assert len(seen) == 2 and seen[1] - t1 < 1.0
+        finally:
+            r.stop()
+
+    asyncio.run(main())

@@ -92,13 +92,14 @@ class SchedulerDaemon:
     def __init__(self, config: Config, *, ip: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  base_quota_ms: float = 250.0, min_quota_ms: float = 100.0, window_ms: float = 10000.0,
                  config_path: Optional[str] = None, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-                 debounce_s: float = 0.05, timer_early_s: float = 0.0015):
+                 debounce_s: float = 0.05, settle_s: float = 0.005, timer_early_s: float = 0.0015):
         self.config = config
         self.ip = ip
         self.port = port
         self.config_path = config_path
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.debounce_s = debounce_s
+        self.settle_s = settle_s
         self.timer_early_s = timer_early_s
         self.scheduler_id = f"{uuid.uuid4().hex[:12]}"
         self._t0 = time.monotonic()
@@ -170,7 +171,8 @@ class SchedulerDaemon:
         if self.config_path:
             from gemini.scheduler.reload import ConfigReloader
             self.reloader = ConfigReloader(self.config_path, self.apply_config, loop=self._loop,
-                                           debounce_s=self.debounce_s, current=self.config)
+                                           debounce_s=self.debounce_s, settle_s=self.settle_s,
+                                           current=self.config)
             self.reloader.start()
 
     async def wait_closed(self) -> None:

@@ -5,9 +5,10 @@ writing in place, writing a temp file and renaming it over, deleting and re-crea
 volumes (where the file is a symlink that is switched by renaming a `..data` link: when the config is a symlink,
 any change in the directory triggers a reload).
 
-Events arrive on watchdog's thread; they are handed to the asyncio loop with call_soon_threadsafe and debounced
-(the reload runs `debounce_s` after the last event, so a save that produces several events is read once, when
-complete). The reload parses the file; a ConfigError is logged once, clearly (file:line), and the last good config
+Events arrive on watchdog's thread; they are handed to the asyncio loop with call_soon_threadsafe and debounced:
+the reload runs `debounce_s` (50 ms) after the last event, so a save that produces several events is read once,
+when complete -- except that an event which says the writer is done (the file closed after writing, or a file
+renamed into place) shortens the wait to `settle_s` (5 ms), so the usual saves are in force within a few ms. The reload parses the file; a ConfigError is logged once, clearly (file:line), and the last good config
 stays in force; a deleted file is logged and the last good config kept until the file is back. A good config is
 passed to the `apply` callback on the loop.
 """
@@ -48,10 +49,11 @@ class ConfigReloader:
 
     def __init__(self, path: str | os.PathLike, apply: Callable[[Config], None], *,
                  loop: Optional[asyncio.AbstractEventLoop] = None, debounce_s: float = 0.05,
-                 current: Optional[Config] = None):
+                 settle_s: float = 0.005, current: Optional[Config] = None):
         self.path = Path(os.path.abspath(path))
         self.apply = apply
         self.debounce_s = debounce_s
+        self.settle_s = min(settle_s, debounce_s)
         self.current = current
         self._loop = loop
         self._observer: Optional[Observer] = None  # type: ignore[valid-type]
@@ -101,17 +103,20 @@ class ConfigReloader:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
+        done = isinstance(event, FileClosedEvent) or (
+            isinstance(event, FileMovedEvent) and
+            os.path.basename(os.fsdecode(event.dest_path)) == self.path.name)
         try:
-            loop.call_soon_threadsafe(self._poke)
+            loop.call_soon_threadsafe(self._poke, self.settle_s if done else self.debounce_s)
         except RuntimeError:  # loop closed between the check and the call
             pass
 
-    def _poke(self) -> None:
+    def _poke(self, delay: float) -> None:
         """On the loop: (re)start the debounce timer."""
         if self._timer is not None:
             self._timer.cancel()
         assert self._loop is not None
-        self._timer = self._loop.call_later(self.debounce_s, self._fire)
+        self._timer = self._loop.call_later(delay, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
