@@ -202,10 +202,11 @@ def exchange_mode(mode: int) -> int:
     return m.value
 
 
-def capture_with(ctx, spin: Spin, capture_mode: int, interloper, slot0: int = 0) -> dict:
-    """Begin a capture, record two launches, let `interloper` run, end the capture."""
+def capture_with(ctx, spin: Spin, capture_mode: int, interloper, slot0: int = 0, flags: int = 1) -> dict:
+    """Begin a capture on a new stream (flags 1: non-blocking), record two launches,
+    let `interloper` run, end the capture."""
     s = c_void_p()
-    check(lib.cuStreamCreate(byref(s), 1), "cuStreamCreate")
+    check(lib.cuStreamCreate(byref(s), flags), "cuStreamCreate")
     r: dict = {"begin": lib.cuStreamBeginCapture_v2(s, capture_mode)}
     st = c_int(-1)
     lib.cuStreamIsCapturing(s, byref(st))
@@ -238,7 +239,7 @@ def alloc_free() -> list[int]:
 
 def cmd_capture(_args: list[str]) -> dict:
     _dev, ctx = setup()
-    spin = Spin(32)
+    spin = Spin(64)
     out: dict = {}
 
     # Another GLOBAL-mode thread allocates during a GLOBAL capture: refused, capture invalidated.
@@ -281,26 +282,60 @@ def cmd_capture(_args: list[str]) -> dict:
     out["sync_capturing_stream"] = capture_with(ctx, spin, GLOBAL, lambda s: lib.cuStreamSynchronize(s), 14)
     out["query_capturing_stream"] = capture_with(ctx, spin, RELAXED, lambda s: lib.cuStreamQuery(s), 16)
 
-    # Legacy stream: capture refused; synchronous memcpy from another GLOBAL thread refused.
+    # Legacy stream: capture refused.
     out["begin_on_legacy"] = lib.cuStreamBeginCapture_v2(None, GLOBAL)
 
     def sync_copy():
         host = (c_u64 * 3)()
         return lib.cuMemcpyDtoH_v2(host, spin.buf, c_size_t(24))
-    out["global_other_memcpy"] = capture_with(ctx, spin, GLOBAL, lambda s: in_thread(ctx, sync_copy), 18)
 
-    # The thread's mode: default GLOBAL, exchange returns the previous one.
+    def relaxed(fn):
+        def body():
+            old = exchange_mode(RELAXED)
+            r = fn()
+            exchange_mode(old)
+            return r
+        return body
+
+    def record_and_query():
+        e = c_void_p()
+        check(lib.cuEventCreate(byref(e), 0), "cuEventCreate")
+        r = [lib.cuEventRecord(e, None), lib.cuEventQuery(e)]
+        lib.cuEventDestroy_v2(e)
+        return r
+
+    # With only a non-blocking stream capturing: synchronous copies and legacy launches are fine,
+    # sync of the legacy stream and cuEventQuery are unsafe calls.
+    out["nonblocking_other_global_memcpy"] = capture_with(ctx, spin, GLOBAL, lambda s: in_thread(ctx, sync_copy), 18)
+    out["nonblocking_same_launch_legacy"] = capture_with(ctx, spin, GLOBAL, lambda s: spin.launch(None, 40, 1000), 20)
+    out["nonblocking_other_global_sync_legacy"] = capture_with(
+        ctx, spin, GLOBAL, lambda s: in_thread(ctx, lambda: lib.cuStreamSynchronize(None)), 22)
+    out["nonblocking_other_relaxed_sync_legacy"] = capture_with(
+        ctx, spin, GLOBAL, lambda s: in_thread(ctx, relaxed(lambda: lib.cuStreamSynchronize(None))), 24)
+    out["other_global_event_query"] = capture_with(ctx, spin, GLOBAL, lambda s: in_thread(ctx, record_and_query), 26)
+    out["other_relaxed_event_query"] = capture_with(
+        ctx, spin, GLOBAL, lambda s: in_thread(ctx, relaxed(record_and_query)), 28)
+    # A blocking stream capturing: any use of the legacy stream is an implicit dependency, in every mode.
+    out["blocking_other_relaxed_memcpy"] = capture_with(
+        ctx, spin, GLOBAL, lambda s: in_thread(ctx, relaxed(sync_copy)), 18, flags=0)
+    out["blocking_same_launch_legacy"] = capture_with(ctx, spin, GLOBAL, lambda s: spin.launch(None, 40, 1000), 20,
+                                                      flags=0)
+    out["blocking_thread_local_other_sync_legacy"] = capture_with(
+        ctx, spin, THREAD_LOCAL, lambda s: in_thread(ctx, lambda: lib.cuStreamSynchronize(None)), 22, flags=0)
+
+    # The thread's mode: default GLOBAL, exchange returns the previous one; any value is taken.
     out["mode_default"] = in_thread(ctx, lambda: exchange_mode(GLOBAL))
-    out["mode_bad"] = lib.cuThreadExchangeStreamCaptureMode(byref(c_int(7)))
+    out["mode_odd"] = in_thread(ctx, lambda: [lib.cuThreadExchangeStreamCaptureMode(byref(c_int(7))),
+                                              exchange_mode(GLOBAL)])
 
     # Graph replay: three kernels captured once, the graph launched twice.
     s = c_void_p()
     check(lib.cuStreamCreate(byref(s), 0), "cuStreamCreate")
-    check(spin.launch(s, 20, 2_000_000), "pre-launch")  # runs now (not captured)
+    check(spin.launch(s, 50, 2_000_000), "pre-launch")  # runs now (not captured)
     check(lib.cuStreamSynchronize(s), "sync")
     check(lib.cuStreamBeginCapture(s), "cuStreamBeginCapture")  # v1: GLOBAL
     for k in range(3):
-        check(spin.launch(s, 21 + k, 1_000_000 * (k + 1)), "captured launch")
+        check(spin.launch(s, 51 + k, 1_000_000 * (k + 1)), "captured launch")
     cid, info_st, gout = c_u64(), c_int(-1), c_void_p()
     deps, ndeps = c_void_p(), c_size_t(99)
     out["capture_info_v2"] = lib.cuStreamGetCaptureInfo_v2(s, byref(info_st), byref(cid), byref(gout), byref(deps),
@@ -310,7 +345,7 @@ def cmd_capture(_args: list[str]) -> dict:
     g = c_void_p()
     check(lib.cuStreamEndCapture(s, byref(g)), "cuStreamEndCapture")
     before = spin.read()
-    out["captured_ran_before_launch"] = any(before[21 + k][2] for k in range(3))
+    out["captured_ran_before_launch"] = any(before[51 + k][2] for k in range(3))
     ex = c_void_p()
     check(lib.cuGraphInstantiate(byref(ex), g, None, None, c_size_t(0)), "cuGraphInstantiate")
     check(lib.cuGraphLaunch(ex, s), "cuGraphLaunch")
@@ -319,9 +354,9 @@ def cmd_capture(_args: list[str]) -> dict:
     check(lib.cuGraphLaunch(ex, s), "cuGraphLaunch")
     check(lib.cuStreamSynchronize(s), "sync")
     second = spin.read()
-    out["graph_results"] = [first[21 + k] for k in range(3)]
-    out["graph_second_later"] = all(second[21 + k][1] > first[21 + k][2] for k in range(3))
-    out["pre_launch"] = first[20]
+    out["graph_results"] = [first[51 + k] for k in range(3)]
+    out["graph_second_later"] = all(second[51 + k][1] > first[51 + k][2] for k in range(3))
+    out["pre_launch"] = first[50]
     check(lib.cuGraphExecDestroy(ex), "cuGraphExecDestroy")
     check(lib.cuGraphDestroy(g), "cuGraphDestroy")
     check(lib.cuStreamDestroy_v2(s), "cuStreamDestroy_v2")
@@ -479,6 +514,7 @@ def cmd_memory(_args: list[str]) -> dict:
     check(lib.cuMemFreeHost(hp), "cuMemFreeHost")
     out["oversize"] = lib.cuMemAlloc_v2(byref(p), c_size_t(out["total"] + 1))
     out["zero"] = lib.cuMemAlloc_v2(byref(p), c_size_t(0))
+    out["free_null"] = lib.cuMemFree_v2(CUdeviceptr(0))
 
     # stream-ordered: default pool (release threshold 0), then a threshold, trim, a created pool
     s = c_void_p()
@@ -555,20 +591,28 @@ def cmd_memory(_args: list[str]) -> dict:
     d2 = ArrayDesc(Width=1024, Height=1024, Format=0x20, NumChannels=4)  # float4: 16 MiB
     check(lib.cuArrayCreate_v2(byref(arr), byref(d2)), "cuArrayCreate_v2")
     req = ArrayReq()
-    check(lib.cuArrayGetMemoryRequirements(byref(req), arr, dev), "cuArrayGetMemoryRequirements")
-    ar = {"charged": b - free(), "req_size": req.size, "req_align": req.alignment}
+    ar = {"charged": b - free(), "req_plain": lib.cuArrayGetMemoryRequirements(byref(req), arr, dev)}
     check(lib.cuArrayDestroy(arr), "cuArrayDestroy")
     ar["released"] = free() == b
+    d3 = Array3DDesc(Width=1024, Height=1024, Depth=0, Format=0x20, NumChannels=4, Flags=0x80)  # deferred mapping
+    check(lib.cuArray3DCreate_v2(byref(arr), byref(d3)), "cuArray3DCreate_v2")
+    check(lib.cuArrayGetMemoryRequirements(byref(req), arr, dev), "cuArrayGetMemoryRequirements")
+    ar.update(deferred_charged=b - free(), req_size=req.size, req_align=req.alignment)
+    check(lib.cuArrayDestroy(arr), "cuArrayDestroy")
     d3 = Array3DDesc(Width=256, Height=256, Depth=64, Format=0x01, NumChannels=1)  # 4 MiB
     check(lib.cuArray3DCreate_v2(byref(arr), byref(d3)), "cuArray3DCreate_v2")
     ar["charged_3d"] = b - free()
     check(lib.cuArrayDestroy(arr), "cuArrayDestroy")
     mm = c_void_p()
-    dm = Array3DDesc(Width=1024, Height=1024, Depth=0, Format=0x20, NumChannels=1)  # 4 MiB + 1 MiB + ...
+    dm = Array3DDesc(Width=1024, Height=1024, Depth=0, Format=0x20, NumChannels=1)  # 4 MiB + 1 MiB + 256 KiB
+    check(lib.cuMipmappedArrayCreate(byref(mm), byref(dm), 3), "cuMipmappedArrayCreate")
+    ar["mipmap_charged"] = b - free()
+    ar["mipmap_req_plain"] = lib.cuMipmappedArrayGetMemoryRequirements(byref(req), mm, dev)
+    check(lib.cuMipmappedArrayDestroy(mm), "cuMipmappedArrayDestroy")
+    dm.Flags = 0x80
     check(lib.cuMipmappedArrayCreate(byref(mm), byref(dm), 3), "cuMipmappedArrayCreate")
     check(lib.cuMipmappedArrayGetMemoryRequirements(byref(req), mm, dev), "cuMipmappedArrayGetMemoryRequirements")
-    ar["mipmap_charged"] = b - free()
-    ar["mipmap_req"] = req.size
+    ar.update(mipmap_deferred_charged=b - free(), mipmap_req=req.size)
     check(lib.cuMipmappedArrayDestroy(mm), "cuMipmappedArrayDestroy")
     ar["bad_format"] = lib.cuArrayCreate_v2(byref(arr), byref(ArrayDesc(Width=4, Height=4, Format=0x77,
                                                                               NumChannels=1)))

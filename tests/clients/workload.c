@@ -169,7 +169,7 @@ static const char gem_spin_ptx[] =
     X(StreamBeginCapture, "cuStreamBeginCapture", 0, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz,           \
       (CUstream, CUstreamCaptureMode))                                                                                \
     X(StreamEndCapture, "cuStreamEndCapture", 0, cuStreamEndCapture, cuStreamEndCapture_ptsz, (CUstream, CUgraph *))  \
-    X(GraphInstantiate, "cuGraphInstantiate", 0, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags,            \
+    X(GraphInstantiate, "cuGraphInstantiateWithFlags", 0, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags,   \
       (CUgraphExec *, CUgraph, unsigned long long))                                                                   \
     X(GraphLaunch, "cuGraphLaunch", 0, cuGraphLaunch, cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                    \
     X(GraphExecDestroy, "cuGraphExecDestroy", 0, cuGraphExecDestroy, cuGraphExecDestroy, (CUgraphExec))               \

@@ -522,6 +522,8 @@ static CUresult event_record(CUevent hEvent, CUstream h, int ptsz)
     CUresult rc = sim_stream_resolve(h, ptsz, &s);
     if (rc) return rc;
     struct sim_event *ev = (struct sim_event *)hEvent;
+    rc = sim_capture_legacy_use(s);
+    if (rc) return rc;
     if (sim_capture_status(s, NULL) != CU_STREAM_CAPTURE_STATUS_NONE) {
         sim_capture_event_record(s, ev);
         return CUDA_SUCCESS;
@@ -566,6 +568,8 @@ CUresult cuEventSynchronize(CUevent hEvent)
 {
     SIM_CHECK_INIT();
     if (!sim_handle_is(hEvent, H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = sim_capture_unsafe(); /* potentially unsafe during a capture */
+    if (rc) return rc;
     struct sim_ctx *c;
     uint64_t seq;
     event_state((struct sim_event *)hEvent, &c, &seq, NULL);
@@ -577,6 +581,8 @@ CUresult cuEventQuery(CUevent hEvent)
 {
     SIM_CHECK_INIT();
     if (!sim_handle_is(hEvent, H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = sim_capture_unsafe(); /* potentially unsafe during a capture */
+    if (rc) return rc;
     struct sim_ctx *c;
     uint64_t seq;
     event_state((struct sim_event *)hEvent, &c, &seq, NULL);

@@ -163,8 +163,13 @@ uint64_t sim_enqueue(struct sim_stream *s, const struct sim_op *op)
 
 CUresult sim_submit(struct sim_stream *s, const struct sim_op *op, uint64_t *seq_out)
 {
-    CUresult rc;
-    if (sim_capture_record(s, op, &rc)) return rc;
+    CUresult rc = sim_capture_legacy_use(s);
+    if (rc) {
+        struct sim_op tmp = *op;
+        sim_op_discard(&tmp);
+        return rc;
+    }
+    if (sim_capture_record(s, op, &rc)) return rc; /* consumed op */
     if (!__atomic_load_n(&s->ctx->active, __ATOMIC_ACQUIRE)) {
         struct sim_op tmp = *op;
         sim_op_discard(&tmp);

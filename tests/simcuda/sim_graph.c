@@ -6,16 +6,21 @@
  * appended to the capture's graph instead of running; a stream joins a
  * capture by waiting on an event recorded in it.
  *
- * Capture-safety emulation (what the real driver enforces): a thread whose
- * capture interaction mode (cuThreadExchangeStreamCaptureMode, default
- * GLOBAL) is not RELAXED may not make a potentially unsafe call while
- *   - it has a capture of its own not begun in RELAXED mode, or
- *   - (its mode being GLOBAL) another thread has a capture begun in GLOBAL.
- * Such a call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
- * invalidates those captures; cuStreamEndCapture then fails with
- * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. Synchronising or querying a
- * capturing stream, or cuCtxSynchronize while a stream of the context
- * captures, fails and invalidates in every mode.
+ * Capture-safety emulation, as measured on the real CUDA 13.0 driver:
+ *  - A thread whose capture interaction mode (cuThreadExchangeStreamCaptureMode,
+ *    default GLOBAL) is not RELAXED may not make a potentially unsafe call
+ *    (cuMemAlloc/Free and friends, cuEventQuery/Synchronize, sync/query of the
+ *    legacy stream) while it has a capture of its own not begun in RELAXED
+ *    mode, or (its mode being GLOBAL) another thread has a capture begun in
+ *    GLOBAL mode: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and those captures
+ *    are invalidated (cuStreamEndCapture then fails with _INVALIDATED).
+ *  - Any use of the legacy stream (work, synchronous copies and sets, sync,
+ *    query, event record) while a blocking stream of the same context
+ *    captures would make the legacy stream depend on the capture:
+ *    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT in every mode, capture invalidated.
+ *    (With only non-blocking streams capturing, synchronous copies are fine.)
+ *  - Synchronising or querying a capturing stream, or cuCtxSynchronize while
+ *    a stream of the context captures, fails and invalidates in every mode.
  */
 #include "sim_internal.h"
 
@@ -186,18 +191,63 @@ CUresult sim_capture_unsafe(void)
     return offend ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
+/* Blocking streams synchronise with the legacy stream. */
+static int blocking(const struct sim_stream *s)
+{
+    return s->kind == SK_PER_THREAD || (s->kind == SK_CREATED && !(s->flags & CU_STREAM_NON_BLOCKING));
+}
+
+/* cap_lock held: the legacy stream of ctx is used; invalidate captures of its blocking streams. */
+static int implicit_locked(struct sim_ctx *ctx)
+{
+    int offend = 0;
+    for (struct sim_capture *c = caps; c; c = c->next)
+        for (int i = 0; i < c->nstreams; i++)
+            if (c->streams[i]->ctx == ctx && blocking(c->streams[i])) {
+                c->status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+                offend = 1;
+            }
+    return offend;
+}
+
+CUresult sim_capture_legacy_use(struct sim_stream *s)
+{
+    if (s->kind != SK_LEGACY) return CUDA_SUCCESS;
+    pthread_mutex_lock(&cap_lock);
+    int offend = caps ? implicit_locked(s->ctx) : 0;
+    pthread_mutex_unlock(&cap_lock);
+    return offend ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+}
+
+CUresult sim_capture_sync_copy_check(struct sim_stream *s)
+{
+    pthread_mutex_lock(&cap_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (s->cap) {
+        s->cap->status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else if (s->kind == SK_LEGACY && caps && implicit_locked(s->ctx)) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    }
+    pthread_mutex_unlock(&cap_lock);
+    return rc;
+}
+
 CUresult sim_capture_stream_check(struct sim_stream *s)
 {
     pthread_mutex_lock(&cap_lock);
-    int offend = 0;
+    CUresult rc = CUDA_SUCCESS;
     if (s->cap) {
         s->cap->status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-        offend = 1;
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     } else if (s->kind == SK_LEGACY && caps) {
-        offend = unsafe_locked();
+        if (implicit_locked(s->ctx))
+            rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        else if (unsafe_locked())
+            rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     pthread_mutex_unlock(&cap_lock);
-    return offend ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+    return rc;
 }
 
 CUresult sim_capture_ctx_check(struct sim_ctx *ctx)
@@ -431,8 +481,8 @@ CUresult cuStreamGetCaptureInfo_v3_ptsz SIM_CAPINFO3_PARAMS
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
     SIM_CHECK_INIT();
-    if (!mode || (int)*mode < CU_STREAM_CAPTURE_MODE_GLOBAL || (int)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    /* Like the real driver, any value is taken (others act as neither GLOBAL nor RELAXED). */
     int old = thread_mode;
     thread_mode = (int)*mode;
     *mode = (CUstreamCaptureMode)old;

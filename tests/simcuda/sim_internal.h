@@ -226,8 +226,14 @@ CUresult sim_vmm_pointer_attribute(void *data, int attribute, CUdeviceptr ptr);
 int sim_capture_record(struct sim_stream *s, const struct sim_op *op, CUresult *rc);
 /* A potentially unsafe call is about to run: apply the capture mode rules. */
 CUresult sim_capture_unsafe(void);
-/* Sync/query of stream s: refused if s captures; legacy stream is unsafe. */
+/* Sync/query of stream s: refused if s captures; for the legacy stream,
+ * IMPLICIT if a blocking stream captures, else the unsafe-call rules. */
 CUresult sim_capture_stream_check(struct sim_stream *s);
+/* Work on s: if s is the legacy stream and a blocking stream of its context
+ * captures, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (capture invalidated). */
+CUresult sim_capture_legacy_use(struct sim_stream *s);
+/* A synchronous copy/set ordered on s (legacy or per-thread stream). */
+CUresult sim_capture_sync_copy_check(struct sim_stream *s);
 /* cuCtxSynchronize: refused while a stream of ctx captures, then unsafe. */
 CUresult sim_capture_ctx_check(struct sim_ctx *ctx);
 /* A stream goes away: leave its capture. */

@@ -49,6 +49,10 @@ static uint64_t next_id = 1;
 static struct sim_pool *default_pool[SIM_MAX_DEVICES];
 static struct sim_pool *current_pool[SIM_MAX_DEVICES];
 
+/* Managed memory lives on the host until a kernel touches it: like the real
+ * driver, cuMemGetInfo does not count it. Pinned host memory is not device memory. */
+static int charged(int kind) { return kind != AK_HOST && kind != AK_MANAGED; }
+
 static size_t page_round(size_t n)
 {
     size_t pg = (size_t)sysconf(_SC_PAGESIZE);
@@ -127,7 +131,7 @@ static CUresult alloc_new(struct sim_ctx *c, int dev, size_t size, int kind, str
                           struct sim_alloc **out)
 {
     size_t map_size = page_round(size);
-    if (kind != AK_HOST) {
+    if (charged(kind)) {
         CUresult rc = sim_mem_charge(dev, map_size);
         if (rc) return rc;
     }
@@ -135,7 +139,7 @@ static CUresult alloc_new(struct sim_ctx *c, int dev, size_t size, int kind, str
     struct sim_alloc *a = p == MAP_FAILED ? NULL : calloc(1, sizeof *a);
     if (!a) {
         if (p != MAP_FAILED) munmap(p, map_size);
-        if (kind != AK_HOST) sim_mem_uncharge(dev, map_size);
+        if (charged(kind)) sim_mem_uncharge(dev, map_size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     a->base = (uintptr_t)p;
@@ -151,7 +155,7 @@ static CUresult alloc_new(struct sim_ctx *c, int dev, size_t size, int kind, str
     pthread_mutex_unlock(&mem_lock);
     if (bad) {
         munmap(p, map_size);
-        if (kind != AK_HOST) sim_mem_uncharge(dev, map_size);
+        if (charged(kind)) sim_mem_uncharge(dev, map_size);
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -162,7 +166,7 @@ static CUresult alloc_new(struct sim_ctx *c, int dev, size_t size, int kind, str
 static void alloc_release(struct sim_alloc *a)
 {
     munmap((void *)a->base, a->map_size);
-    if (a->kind != AK_HOST) sim_mem_uncharge(a->dev, a->map_size);
+    if (charged(a->kind)) sim_mem_uncharge(a->dev, a->map_size);
     free(a);
 }
 
@@ -257,6 +261,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
     struct sim_ctx *c;
     CUresult rc = sim_ctx_get(&c);
     if (rc) return rc;
+    if (dptr == 0) return CUDA_SUCCESS; /* as the real driver */
     rc = sim_capture_unsafe();
     if (rc) return rc;
     pthread_mutex_lock(&mem_lock);
@@ -617,7 +622,7 @@ static CUresult run_sync(struct sim_op *op, int ptds)
 {
     struct sim_stream *s;
     CUresult rc = sim_stream_resolve(NULL, ptds, &s);
-    if (rc == CUDA_SUCCESS) rc = sim_capture_stream_check(s);
+    if (rc == CUDA_SUCCESS) rc = sim_capture_sync_copy_check(s);
     if (rc) {
         sim_op_discard(op);
         return rc;

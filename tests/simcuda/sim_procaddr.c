@@ -6,7 +6,11 @@
  * the per-thread-default-stream variant (_ptsz/_ptds) and the version that
  * introduced that. A lookup takes the newest row whose version is <= the
  * caller's cudaVersion, and its per-thread variant when the caller asked for
- * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM and one exists. Pointers are
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM and one exists (if that
+ * variant is newer than cudaVersion: VERSION_NOT_SUFFICIENT, no fallback).
+ * Checked against the real CUDA 13.0 driver (580.x). Unlike it, the
+ * pre-_v2 ABIs (cuMemAlloc before 3020 ...) are not provided: such versions
+ * get VERSION_NOT_SUFFICIENT. Pointers are
  * the library's own definitions (built with -Bsymbolic-functions), so they
  * equal dlsym(handle, "<exact name>") even when a preloaded library exports
  * the same names.
@@ -157,8 +161,7 @@ static const struct pa_row rows[] = {
     R("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode)
     R("cuGraphCreate", 10000, cuGraphCreate)
     R("cuGraphInstantiate", 10000, cuGraphInstantiate)
-    R("cuGraphInstantiate", 11000, cuGraphInstantiate_v2)
-    R("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags)
+    R("cuGraphInstantiate", 11000, cuGraphInstantiate_v2) /* the real 13.0 driver: _v2 at 12000+ too */
     R("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags)
     R("cuGraphExecDestroy", 10000, cuGraphExecDestroy)
     R("cuGraphDestroy", 10000, cuGraphDestroy)
@@ -204,8 +207,12 @@ static CUresult lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64
         *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         return CUDA_SUCCESS;
     }
-    int per_thread = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM && best->pt_fn &&
-                     best->pt_version <= cudaVersion;
+    int per_thread = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM && best->pt_fn;
+    if (per_thread && best->pt_version > cudaVersion) {
+        /* As the real driver does: no fallback to the legacy-stream variant. */
+        *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        return CUDA_SUCCESS;
+    }
     *pfn = per_thread ? best->pt_fn : best->fn;
     *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;

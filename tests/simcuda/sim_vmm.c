@@ -7,7 +7,10 @@
  * longer mapped. A reservation is a PROT_NONE anonymous mapping; cuMemMap
  * maps the memfd over part of it (still PROT_NONE) and cuMemSetAccess makes
  * it readable/writable, so an access before SetAccess faults as on a GPU.
- * Arrays have no addressable memory in the simulator; they are only charged.
+ * Arrays have no addressable memory in the simulator; they are only charged,
+ * as the real 13.0 driver does: in 2 MiB units, nothing for arrays made with
+ * CUDA_ARRAY3D_DEFERRED_MAPPING (whose memory is mapped separately), and
+ * cuArrayGetMemoryRequirements answers for deferred-mapping arrays only.
  */
 #include "sim_internal.h"
 
@@ -313,10 +316,13 @@ CUresult sim_vmm_pointer_attribute(void *data, int attribute, CUdeviceptr ptr)
 /* ------------------------------------------------------------------ arrays */
 
 #define ARRAY_ALIGN (64u << 10)
+#define ARRAY3D_DEFERRED_MAPPING 0x80
 
 struct sim_array {
     int dev;
-    size_t bytes; /* charged: the memory requirement */
+    int deferred;
+    size_t bytes;   /* the memory requirement */
+    size_t charged; /* charged to the device */
 };
 
 static size_t format_bytes(CUarray_format f)
@@ -347,21 +353,27 @@ static size_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsign
     return ((size_t)b + ARRAY_ALIGN - 1) / ARRAY_ALIGN * ARRAY_ALIGN;
 }
 
-static CUresult array_new(void **out, size_t bytes, int type)
+static CUresult array_new(void **out, size_t bytes, unsigned flags, int type)
 {
     struct sim_ctx *c;
     CUresult rc = sim_ctx_get(&c);
     if (rc) return rc;
     if (!out || !bytes) return CUDA_ERROR_INVALID_VALUE;
-    rc = sim_mem_charge(c->dev, bytes);
-    if (rc) return rc;
+    int deferred = (flags & ARRAY3D_DEFERRED_MAPPING) != 0;
+    size_t charge = deferred ? 0 : (bytes + GRANULARITY - 1) / GRANULARITY * GRANULARITY;
+    if (charge) {
+        rc = sim_mem_charge(c->dev, charge);
+        if (rc) return rc;
+    }
     struct sim_array *a = calloc(1, sizeof *a);
     if (!a) {
-        sim_mem_uncharge(c->dev, bytes);
+        if (charge) sim_mem_uncharge(c->dev, charge);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     a->dev = c->dev;
+    a->deferred = deferred;
     a->bytes = bytes;
+    a->charged = charge;
     sim_handle_add(a, type);
     *out = a;
     return CUDA_SUCCESS;
@@ -373,7 +385,7 @@ static CUresult array_destroy(void *h, int type)
     if (!sim_handle_is(h, type)) return CUDA_ERROR_INVALID_HANDLE;
     struct sim_array *a = h;
     sim_handle_del(a);
-    sim_mem_uncharge(a->dev, a->bytes);
+    if (a->charged) sim_mem_uncharge(a->dev, a->charged);
     free(a);
     return CUDA_SUCCESS;
 }
@@ -382,7 +394,7 @@ CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
 {
     SIM_CHECK_INIT();
     if (!pHandle || !d) return CUDA_ERROR_INVALID_VALUE;
-    return array_new((void **)pHandle, array_bytes(d->Width, d->Height, 0, d->Format, d->NumChannels), H_ARRAY);
+    return array_new((void **)pHandle, array_bytes(d->Width, d->Height, 0, d->Format, d->NumChannels), 0, H_ARRAY);
 }
 
 CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
@@ -390,7 +402,7 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
     SIM_CHECK_INIT();
     if (!pHandle || !d) return CUDA_ERROR_INVALID_VALUE;
     return array_new((void **)pHandle, array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
-                     H_ARRAY);
+                     d->Flags, H_ARRAY);
 }
 
 CUresult cuArrayDestroy(CUarray hArray) { return array_destroy(hArray, H_ARRAY); }
@@ -408,7 +420,7 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
         if (!b) return CUDA_ERROR_INVALID_VALUE;
         total += b;
     }
-    return array_new((void **)pHandle, total, H_MIPMAP);
+    return array_new((void **)pHandle, total, d->Flags, H_MIPMAP);
 }
 
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) { return array_destroy(hMipmappedArray, H_MIPMAP); }
@@ -419,6 +431,7 @@ static CUresult requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, void *h, int t
     if (rc) return rc;
     if (!req) return CUDA_ERROR_INVALID_VALUE;
     if (!sim_handle_is(h, type)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!((struct sim_array *)h)->deferred) return CUDA_ERROR_INVALID_VALUE;
     memset(req, 0, sizeof *req);
     req->size = ((struct sim_array *)h)->bytes;
     req->alignment = ARRAY_ALIGN;
