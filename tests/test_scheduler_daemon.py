@@ -199,6 +199,18 @@ def test_latest_hello_wins(schd, pmgrs, caplog):
     assert isinstance(e, Error) and e.code == ERR_NOT_REGISTERED
 
 
+def test_a_new_pod_manager_does_not_inherit_the_old_ones_request(pmgrs):
+    pa = pmgrs("a")
+    ga = pa.request(TokenRequest("a"))
+    old_b = pmgrs("b", identity=b"b:1")
+    old_b.send(TokenRequest("b"))                  # waits behind a
+    time.sleep(0.01)
+    new_b = pmgrs("b", identity=b"b:2")            # b's pod manager restarted
+    pa.send(TokenRelease("a", ga.token_seq))
+    assert new_b.recv(0.2) is None                 # no grant it did not ask for
+    assert isinstance(new_b.request(TokenRequest("b")), Grant)
+
+
 def test_silent_pod_manager_is_disconnected_and_its_request_dropped():
     d = DaemonThread(CONFIG, base_quota_ms=5000.0, min_quota_ms=20.0, heartbeat_timeout_s=0.3).start()
     try:

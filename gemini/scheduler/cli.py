@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import signal
 import sys
 from pathlib import Path
@@ -98,4 +97,4 @@ def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main(prog_name=os.path.basename(sys.argv[0]) if sys.argv[0].endswith("gem-schd") else "gem-schd")
+    main(prog_name="gem-schd")

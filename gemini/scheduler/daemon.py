@@ -294,10 +294,14 @@ class SchedulerDaemon:
         if old is not None and old.group != group:
             self._forget_peer(identity)
         owner = self._owners.get(group)
-        if owner is not None and owner != identity and owner in self._peers:
-            log.warning("group %s: pod manager %s (%s, pid %d) replaces %s (pid %d), which is still registered",
-                        group, self._name(identity), address, msg.pid, self._name(owner), self._peers[owner].pid)
-            self._forget_peer(owner)
+        if owner is not None and owner != identity:
+            if owner in self._peers:
+                log.warning("group %s: pod manager %s (%s, pid %d) replaces %s (pid %d), which is still registered",
+                            group, self._name(identity), address, msg.pid, self._name(owner),
+                            self._peers[owner].pid)
+                self._forget_peer(owner)
+            # The old pod manager's waiting request is not the new one's: it will send its own.
+            self.policy.cancel(group, self.now_ms())
         self._peers[identity] = _Peer(identity, group, msg.pid, address, time.monotonic())
         self._owners[group] = identity
         info = self._info.setdefault(group, _GroupInfo())
