@@ -99,6 +99,7 @@ def test_bad_handles_and_null_pointers(shm):
     assert d["no_context"] == [201, 201]
     assert d["created_is_current"] and d["pop_returns_created"] and d["after_pop_is_primary"]
     assert d["after_destroy_is_primary"] and d["primary_active"] == 1
+    assert d["fork_child"] == [3, 3, 3] and d["parent_after_fork"] == 0
 
 
 # ----------------------------------------------------------------------------- cuGetProcAddress

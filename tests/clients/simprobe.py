@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import threading
 
@@ -428,6 +429,18 @@ def cmd_handles(_args: list[str]) -> dict:
     flags, active = c_uint(), c_int()
     check(lib.cuDevicePrimaryCtxGetState(0, byref(flags), byref(active)), "cuDevicePrimaryCtxGetState")
     out["primary_active"] = active.value
+    # A fork child of an initialised process cannot use CUDA (and must not hang).
+    check(spin.launch(None, 0, 50_000_000), "launch")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        res = [lib.cuInit(0), lib.cuCtxSynchronize(), lib.cuStreamSynchronize(None)]
+        os.write(w, json.dumps(res).encode())
+        os._exit(0)
+    os.close(w)
+    out["fork_child"] = json.loads(os.read(r, 1000))
+    os.waitpid(pid, 0)
+    out["parent_after_fork"] = lib.cuCtxSynchronize()
     return out
 
 

@@ -76,6 +76,7 @@ static struct sim_shared *sh;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
 static atomic_int initialized;
+static atomic_int forked_after_init; /* a fork child of an initialised process */
 
 /* ------------------------------------------------------------------ small helpers */
 
@@ -220,6 +221,16 @@ int sim_driver_version(void)
     return x;
 }
 
+/* The child has none of the parent's worker threads: like the real driver,
+ * CUDA is unusable there (every call fails as not initialised). */
+static void atfork_child(void)
+{
+    if (atomic_load(&initialized)) {
+        atomic_store(&initialized, 0);
+        atomic_store(&forked_after_init, 1);
+    }
+}
+
 static void do_init(void)
 {
     sim_cfg.driver_version = sim_driver_version();
@@ -237,6 +248,7 @@ static void do_init(void)
         init_result = CUDA_ERROR_NO_DEVICE;
         return;
     }
+    pthread_atfork(NULL, NULL, atfork_child);
     atomic_store(&initialized, 1);
 }
 
@@ -245,6 +257,7 @@ int sim_initialized(void) { return atomic_load_explicit(&initialized, memory_ord
 CUresult cuInit(unsigned int flags)
 {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (atomic_load(&forked_after_init)) return CUDA_ERROR_NOT_INITIALIZED;
     pthread_once(&init_once, do_init);
     return init_result;
 }
