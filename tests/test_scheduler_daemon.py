@@ -1,7 +1,6 @@
 """gem-schd over real zmq on an ephemeral port, with fake pod managers (DEALER sockets)."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
