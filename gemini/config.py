@@ -75,23 +75,23 @@ class Config:
 
 def parse_size(text: str) -> int:
     """'1GiB' -> 1073741824, '1.5G' -> 1500000000, '4096' -> 4096. Raises ValueError."""
-    m = _SIZE_RE.match(text)
+    m = _SIZE_RE.match(text) if len(text) <= 64 else None
     if not m:
-        raise ValueError(f"bad size {text!r} (use e.g. 4096, 512MiB, 2G, 1.5GiB)")
+        raise ValueError(f"bad size {_shown(text)} (use e.g. 4096, 512MiB, 2G, 1.5GiB)")
     number, unit = m.group(1), (m.group(2) or "").upper()
     value = float(number) * _UNITS[unit] if "." in number else int(number) * _UNITS[unit]
     if not math.isfinite(value) or value > MAX_MEMORY:
-        raise ValueError(f"size {text!r} is too large")
+        raise ValueError(f"size {_shown(text)} is too large")
     return int(value)
 
 
 def _parse_util(text: str, what: str, path: str, line: int) -> float:
     try:
-        value = float(text)
+        value = float(text) if len(text) <= 64 else math.nan
     except ValueError:
-        raise ConfigError(path, line, f"{what} {text!r} is not a number") from None
+        raise ConfigError(path, line, f"{what} {_shown(text)} is not a number") from None
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise ConfigError(path, line, f"{what} {text!r} must be between 0 and 1")
+        raise ConfigError(path, line, f"{what} {_shown(text)} must be a number between 0 and 1")
     return value
 
 
@@ -109,14 +109,27 @@ def _check_name(name: str, path: str, line: int) -> None:
     if not name:
         raise ConfigError(path, line, "empty group name")
     if len(name) > MAX_NAME_LEN:
-        raise ConfigError(path, line, f"group name {name[:20]!r}... is {len(name)} characters (at most {MAX_NAME_LEN})")
+        raise ConfigError(path, line, f"group name {_shown(name, 20)} is longer than {MAX_NAME_LEN} characters")
     bad = [c for c in name if not (0x21 <= ord(c) <= 0x7E)]
     if bad:
-        raise ConfigError(path, line, f"group name {name!r} has a character that is not printable ASCII: {bad[0]!r}")
+        raise ConfigError(path, line, f"group name {_shown(name)} has a character that is not printable "
+                                      f"ASCII: {bad[0]!r}")
+    bad = [c for c in name if c in _NAME_FORBIDDEN]
+    if bad:
+        raise ConfigError(path, line, f"group name {_shown(name)} may not contain {bad[0]!r}")
+
+
+_COMMENT_RE = re.compile(r"[#;]")
+_NAME_FORBIDDEN = set("[]=#;")
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A value quoted for a message, cut so a hostile file cannot flood the log."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
 
 
 def _strip_comment(line: str) -> str:
-    return line.split("#", 1)[0].strip()
+    return _COMMENT_RE.split(line, 1)[0].strip()
 
 
 def _significant(lines: list[str]):
@@ -132,7 +145,7 @@ def _parse_v1(lines: list[str], path: str) -> list[GroupConfig]:
     try:
         count = int(count_text)
     except ValueError:
-        raise ConfigError(path, count_line, f"first line must be the number of groups, got {count_text!r}") from None
+        raise ConfigError(path, count_line, f"first line must be the number of groups, got {_shown(count_text)}") from None
     if count < 0:
         raise ConfigError(path, count_line, f"number of groups {count} is negative")
     body = rows[1:]
@@ -151,7 +164,7 @@ def _parse_v1(lines: list[str], path: str) -> list[GroupConfig]:
     return groups
 
 
-_SECTION_RE = re.compile(r"^\[(.*)\]$")
+_SECTION_RE = re.compile(r"^\[([^\]]*)\]$")
 _KEYS = {"minutil": "min_util", "maxutil": "max_util", "memorylimit": "mem_limit"}
 
 
@@ -173,16 +186,16 @@ def _parse_v2(lines: list[str], path: str) -> list[GroupConfig]:
             current, seen_keys = {"name": name, "line": number}, set()
             continue
         if current is None:
-            raise ConfigError(path, number, f"{text!r} is outside any [group] section")
+            raise ConfigError(path, number, f"{_shown(text)} is outside any [group] section")
         key, sep, value = text.partition("=")
         if not sep:
             key, sep, value = text.partition(":")
         if not sep:
-            raise ConfigError(path, number, f"expected 'Key = value', got {text!r}")
+            raise ConfigError(path, number, f"expected 'Key = value', got {_shown(text)}")
         key, value = key.strip(), value.strip()
         attr = _KEYS.get(key.lower())
         if attr is None:
-            raise ConfigError(path, number, f"unknown key {key!r} (expected MinUtil, MaxUtil or MemoryLimit)")
+            raise ConfigError(path, number, f"unknown key {_shown(key)} (expected MinUtil, MaxUtil or MemoryLimit)")
         if attr in seen_keys:
             raise ConfigError(path, number, f"{key} given twice in [{current['name']}]")
         seen_keys.add(attr)
@@ -199,7 +212,11 @@ def parse_config(text: str, path: str = "<string>") -> Config:
     if "\0" in text:
         line = text[: text.index("\0")].count("\n") + 1
         raise ConfigError(path, line, "file contains a NUL byte")
-    lines = text.splitlines()
+    # Only newlines end lines: str.splitlines() would also split at form feeds and U+2028,
+    # and the line numbers in messages would no longer match an editor's.
+    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]
+    if text.endswith("\n"):
+        lines.pop()
     first = next(_significant(lines), None)
     if first is None:
         raise ConfigError(path, max(len(lines), 1), "no groups defined (the file is empty)")
@@ -235,7 +252,7 @@ def load_config(path: str | Path) -> Config:
     except OSError as exc:
         raise ConfigError(str(p), 0, f"cannot read: {exc.strerror or exc}") from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark (Notepad writes one) is not content
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(str(p), line, "file is not valid UTF-8") from None

@@ -183,23 +183,34 @@ def test_many_groups():
     assert len(cfg.groups) == 2000 and cfg.groups[-1].line == 3999
 
 
-# --- known defects (reported; strict xfail so a fix flips them) -----------------------------------------------------
+# --- line splitting and encoding ------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="config.py splits lines with str.splitlines(), which also breaks at \\x0c, "
-                                       "\\x0b, \\x1c-\\x1e, \\x85, \\u2028, \\u2029: wrong line numbers, and a form "
-                                       "feed inside a comment produces a spurious line")
 def test_line_numbers_count_newlines_only():
+    # a form feed or U+2028 inside a line must not shift the line numbers of later errors
     with pytest.raises(ConfigError) as info:
-        parse_config("[a]\u2028MinUtil=0.1\nfoo\n", "f.txt")
-    assert info.value.line == 2
+        parse_config("[a]\nMaxUtil = 0.5 # page\x0cbreak \u2028 here\nfoo\n", "f.txt")
+    assert info.value.line == 3
     parse_config("# page\x0cbreak in a comment\n[a]\n", "f.txt")
 
 
-@pytest.mark.xfail(strict=True, reason="a UTF-8 byte order mark (as Windows Notepad writes) is not skipped")
 def test_utf8_bom_is_accepted(tmp_path):
     p = tmp_path / "rc.txt"
     p.write_bytes(b"\xef\xbb\xbf[a]\nMaxUtil = 0.5\n")
     assert load_config(p).names == ["a"]
+
+
+def test_semicolon_comments_and_forbidden_name_characters():
+    assert parse_config("; ini comment\n[a] ; trailing\nMaxUtil = 0.5 ; why\n").group("a").max_util == 0.5
+    with pytest.raises(ConfigError, match="may not contain"):
+        parse_config("[a=b]\n")
+    with pytest.raises(ConfigError):
+        parse_config("[a]]\n")
+
+
+def test_hostile_values_are_cut_in_messages():
+    with pytest.raises(ConfigError) as info:
+        parse_config("[a]\nMaxUtil = " + "9" * 5000 + "\n")
+    assert len(str(info.value)) < 200 and "int_max_str_digits" not in str(info.value)
 
 
 # --- property: any text gives a Config or a ConfigError ---------------------------------------------------------
