@@ -135,6 +135,7 @@ void sim_ctx_stop(struct sim_ctx *c)
     c->worker_started = 0;
     c->stop = 0;
     pthread_cond_broadcast(&c->done);
+    pthread_cond_broadcast(&c->nonfull); /* a launch blocked on a full queue fails now */
     pthread_mutex_unlock(&c->qlock);
 }
 
