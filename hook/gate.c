@@ -446,7 +446,10 @@ CUresult gem_gate_slow(struct gem_device *d, CUstream stream, int ptsz, int64_t 
 CUresult gem_burst_begin(struct gem_device *d, CUstream stream, int ptsz, int64_t now) {
     int64_t predicted = atomic_load_explicit(&d->predicted_burst_ns, memory_order_relaxed);
     int64_t left = atomic_load_explicit(&d->deadline_ns, memory_order_relaxed) - now;
-    if (predicted > left) {
+    /* Within the merge gap of the last synchronisation this launch continues the same burst
+     * (the estimator merges them), so it is not a new burst that might not fit. */
+    int continues = now - atomic_load_explicit(&d->last_sync_ns, memory_order_relaxed) < gem_cfg.burst_merge_ns;
+    if (predicted > left && !continues) {
         /* Renew: the burst would overrun this slot. Give the rest back and start the burst on a
          * fresh token, unless this slot has not run a burst yet (a fresh slot always starts). */
         pthread_mutex_lock(&d->mu);
