@@ -388,8 +388,12 @@ static uint64_t format_bytes(CUarray_format f) {
     }
 }
 
+/* Real drivers place arrays in 2 MiB units and answer cuArrayGetMemoryRequirements only for
+ * deferred-mapping arrays, so the estimate is rounded up to that unit and usually final. */
+#define ARRAY_GRANULE (2ull << 20)
 static uint64_t array_estimate(size_t w, size_t h, size_t depth, CUarray_format f, unsigned channels) {
-    return (uint64_t)w * (h ? h : 1) * (depth ? depth : 1) * (channels ? channels : 1) * format_bytes(f);
+    uint64_t bytes = (uint64_t)w * (h ? h : 1) * (depth ? depth : 1) * (channels ? channels : 1) * format_bytes(f);
+    return (bytes + ARRAY_GRANULE - 1) / ARRAY_GRANULE * ARRAY_GRANULE;
 }
 
 /* Reserve, create, then settle on the size the driver reports. */
