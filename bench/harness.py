@@ -1,0 +1,234 @@
+"""Run gemini's backend and tenants for tests and benchmarks, and read what the tenants measured.
+
+Used by tests/ (on the simulated driver), tests/gpu/ and bench/ (on a real GPU) alike:
+
+    with Backend(tmp, [Group("a", 0.3, 0.3), Group("b", 0.6, 0.6)], quota_ms=20) as be:
+        procs = [be.spawn("a", workload_argv(...)), be.spawn("b", ...)]
+        ...
+    shares = shares_over(traces, start, end)
+
+A tenant is any program; the spin workload (tests/clients/workload.c) writes a trace of
+(host time, cumulative on-chip ns) at every synchronisation, from which shares over any window
+are exact to one kernel.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LAUNCH_BACKEND = REPO_ROOT / "tools" / "launch-backend.py"
+LAUNCH_COMMAND = REPO_ROOT / "tools" / "launch-command.py"
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    min_util: float = 0.0
+    max_util: float = 1.0
+    mem_limit: str = "8GiB"
+
+    def ini(self) -> str:
+        return f"[{self.name}]\nMinUtil = {self.min_util}\nMaxUtil = {self.max_util}\nMemoryLimit = {self.mem_limit}\n"
+
+
+def write_config(path: Path, groups: list[Group]) -> Path:
+    path.write_text("".join(g.ini() for g in groups))
+    return path
+
+
+def _ports_free(base: int, count: int) -> bool:
+    for port in range(base, base + count):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port_base(count: int, rng: random.Random | None = None) -> int:
+    """A port with `count` free ports from it on (the scheduler, then one per group, plus room)."""
+    rng = rng or random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 60000 - count)
+        if _ports_free(base, count):
+            return base
+    raise RuntimeError("no run of free ports found")
+
+
+@dataclass
+class Backend:
+    """launch-backend.py with a config of its own, as a context manager."""
+    workdir: Path
+    groups: list[Group]
+    quota_ms: float = 250
+    min_quota_ms: float = 100
+    window_ms: float = 10000
+    env: dict | None = None
+    port: int = 0
+    ports: dict = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    verbose: bool = False
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "resource-config.txt"
+
+    def start(self, timeout: float = 30.0) -> "Backend":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        write_config(self.config_path, self.groups)
+        self.port = self.port or free_port_base(len(self.groups) + 8)
+        ports_file = self.workdir / "ports.json"
+        ports_file.unlink(missing_ok=True)
+        self.log_path = self.workdir / "backend.log"
+        argv = [sys.executable, str(LAUNCH_BACKEND), "--config", str(self.config_path), "--port", str(self.port),
+                "--base_quota", str(self.quota_ms), "--min_quota", str(self.min_quota_ms),
+                "--window", str(self.window_ms), "--ports-file", str(ports_file),
+                "--log-dir", str(self.workdir / "logs")]
+        if self.verbose:
+            argv.append("-v")
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONPATH", str(REPO_ROOT))
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"launch-backend exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+            if ports_file.exists() and "ready" in self.log_path.read_text():
+                self.ports = json.loads(ports_file.read_text())
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"launch-backend not ready after {timeout} s:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def __enter__(self) -> "Backend":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def command(self, group: str, argv: list[str], timeout: float | None = None) -> list[str]:
+        """argv that runs `argv` in `group` through launch-command.py."""
+        cmd = [sys.executable, str(LAUNCH_COMMAND), "--name", group, "--port", str(self.ports[group])]
+        if timeout:
+            cmd += ["--timeout", str(timeout)]
+        return cmd + ["--"] + [str(a) for a in argv]
+
+    def spawn(self, group: str, argv: list[str], env: dict | None = None, stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE, timeout: float | None = None) -> subprocess.Popen:
+        full_env = dict(os.environ if env is None else env)
+        full_env.setdefault("PYTHONPATH", str(REPO_ROOT))
+        return subprocess.Popen(self.command(group, argv, timeout), env=full_env, stdout=stdout, stderr=stderr,
+                                text=True)
+
+
+# --- what the hook and the workloads report -----------------------------------------------------
+
+def read_stats(path: Path) -> dict[int, dict[str, float]]:
+    """GEMINI_STATS_FILE lines ("pid=N key=value ...") by pid."""
+    stats: dict[int, dict[str, float]] = {}
+    if not Path(path).exists():
+        return stats
+    for line in Path(path).read_text().splitlines():
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        if "pid" in fields:
+            stats[int(fields.pop("pid"))] = {k: float(v) for k, v in fields.items()}
+    return stats
+
+
+def last_json(text: str) -> dict:
+    """The last line of `text` that parses as a JSON object."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    raise ValueError(f"no JSON line in output:\n{text[-2000:]}")
+
+
+@dataclass
+class Trace:
+    """A spin workload's --trace file: at each sync, host time (ns) and cumulative on-chip time (ns)."""
+    host_ns: list[int]
+    onchip_ns: list[int]
+
+    @classmethod
+    def read(cls, path: Path) -> "Trace":
+        host, onchip = [], []
+        for line in Path(path).read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 2:
+                host.append(int(parts[0]))
+                onchip.append(int(parts[1]))
+        return cls(host, onchip)
+
+    def onchip_at(self, t_ns: float) -> float:
+        """Cumulative on-chip time at host time t, interpolated between syncs."""
+        h, c = self.host_ns, self.onchip_ns
+        if not h or t_ns <= h[0]:
+            return float(c[0]) if c and t_ns >= h[0] else 0.0
+        if t_ns >= h[-1]:
+            return float(c[-1])
+        lo, hi = 0, len(h) - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if h[mid] <= t_ns:
+                lo = mid
+            else:
+                hi = mid
+        frac = (t_ns - h[lo]) / max(1, h[hi] - h[lo])
+        return c[lo] + frac * (c[hi] - c[lo])
+
+
+def shares_over(traces: dict[str, Trace], start_ns: float, end_ns: float) -> dict[str, float]:
+    """Each tenant's on-chip time in [start, end] as a fraction of the span."""
+    span = end_ns - start_ns
+    return {name: (t.onchip_at(end_ns) - t.onchip_at(start_ns)) / span for name, t in traces.items()}
+
+
+def common_span(traces: dict[str, Trace], trim_s: float = 0.0) -> tuple[float, float]:
+    """The interval every tenant was running, trimmed at both ends."""
+    start = max(t.host_ns[0] for t in traces.values()) + trim_s * 1e9
+    end = min(t.host_ns[-1] for t in traces.values()) - trim_s * 1e9
+    if end <= start:
+        raise ValueError("the tenants did not run at the same time")
+    return start, end
+
+
+def window_errors(traces: dict[str, Trace], targets: dict[str, float], window_s: float, start_ns: float,
+                  end_ns: float) -> dict[str, float]:
+    """Worst |share - target| over consecutive windows, in percentage points, per tenant."""
+    worst = {name: 0.0 for name in targets}
+    w = window_s * 1e9
+    t = start_ns
+    while t + w <= end_ns + 1:
+        shares = shares_over(traces, t, t + w)
+        for name, target in targets.items():
+            worst[name] = max(worst[name], abs(shares[name] - target) * 100)
+        t += w
+    return worst
