@@ -210,7 +210,8 @@ static struct {
     int device;
     int cuda_version;
     const char *trace;
-} opt = {1000, -1, 0, 0, ST_LEGACY, LA_KERNEL, SY_CTX, AL_DEVICE, 0, 0, 0, 0, 0, 0, 0, 1, 32, 0, 12000, NULL};
+    const char *kernel_log;
+} opt = {1000, -1, 0, 0, ST_LEGACY, LA_KERNEL, SY_CTX, AL_DEVICE, 0, 0, 0, 0, 0, 0, 0, 1, 32, 0, 12000, NULL, NULL};
 
 static struct {
     long launches, kernels_done, syncs, errors;
@@ -323,6 +324,7 @@ static void usage(FILE *f)
             "  --alloc-kind {device,pitch,managed,async,pool,vmm,array}\n"
             "  --meminfo            print cuMemGetInfo_v2 / cuDeviceTotalMem_v2 (after --alloc)\n"
             "  --trace FILE         one line per sync: host CLOCK_MONOTONIC ns, cumulative on-chip ns\n"
+            "  --kernel-log FILE    one line per kernel: start, end (device clock ns: %%globaltimer on a GPU), on-chip ns\n"
             "  --json               final line is a JSON summary\n"
             "  --ptsz               per-thread default stream entry points\n"
             "  --ctx {primary,create}  context to use (default primary, as cudart does)\n"
@@ -373,7 +375,7 @@ static void parse(int argc, char **argv)
 {
     enum {
         O_KUS = 256, O_KERNELS, O_SECONDS, O_SYNCEVERY, O_SYNC, O_STREAM, O_LAUNCH, O_GSIZE, O_BLOCKS, O_THREADS,
-        O_ALLOC, O_AKIND, O_MEMINFO, O_TRACE, O_JSON, O_PTSZ, O_CTX, O_DEVICE, O_CUDAVER, O_KEEP, O_HELP
+        O_ALLOC, O_AKIND, O_MEMINFO, O_TRACE, O_KERNEL_LOG, O_JSON, O_PTSZ, O_CTX, O_DEVICE, O_CUDAVER, O_KEEP, O_HELP
     };
     static const struct option longopts[] = {
         {"kernel-us", required_argument, 0, O_KUS},   {"kernels", required_argument, 0, O_KERNELS},
@@ -383,6 +385,7 @@ static void parse(int argc, char **argv)
         {"blocks", required_argument, 0, O_BLOCKS},   {"threads", required_argument, 0, O_THREADS},
         {"alloc", required_argument, 0, O_ALLOC},     {"alloc-kind", required_argument, 0, O_AKIND},
         {"meminfo", no_argument, 0, O_MEMINFO},       {"trace", required_argument, 0, O_TRACE},
+        {"kernel-log", required_argument, 0, O_KERNEL_LOG},
         {"json", no_argument, 0, O_JSON},             {"ptsz", no_argument, 0, O_PTSZ},
         {"ctx", required_argument, 0, O_CTX},         {"device", required_argument, 0, O_DEVICE},
         {"cuda-version", required_argument, 0, O_CUDAVER}, {"keep-going", no_argument, 0, O_KEEP},
@@ -414,6 +417,7 @@ static void parse(int argc, char **argv)
         case O_AKIND: opt.alloc_kind = pick(optarg, alloc_names, "--alloc-kind"); break;
         case O_MEMINFO: opt.meminfo = 1; break;
         case O_TRACE: opt.trace = optarg; break;
+        case O_KERNEL_LOG: opt.kernel_log = optarg; break;
         case O_JSON: opt.json = 1; break;
         case O_PTSZ: opt.ptsz = 1; break;
         case O_CTX: opt.create_ctx = pick(optarg, ctx_names, "--ctx"); break;
@@ -552,6 +556,7 @@ static struct {
     CUgraphExec *graphs;
     long ngraphs;
     FILE *trace;
+    FILE *kernel_log;
 } run;
 
 static void launch_one(long slot)
@@ -626,6 +631,8 @@ static void sync_and_read(void)
             if (!s[2]) continue;
             res.kernels_done++;
             res.onchip_ns += s[0];
+            if (run.kernel_log)
+                fprintf(run.kernel_log, "%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", s[1], s[2], s[0]);
             if (!res.start_ns || s[1] < res.start_ns) res.start_ns = s[1];
             if (s[2] > res.end_ns) res.end_ns = s[2];
         }
@@ -673,6 +680,10 @@ int main(int argc, char **argv)
 {
     parse(argc, argv);
     load_api();
+    if (opt.kernel_log && !(run.kernel_log = fopen(opt.kernel_log, "w"))) {
+        fprintf(stderr, "workload: cannot write %s: %s\n", opt.kernel_log, strerror(errno));
+        return 2;
+    }
     if (opt.trace) {
         run.trace = fopen(opt.trace, "w");
         if (!run.trace) {
@@ -758,6 +769,7 @@ int main(int argc, char **argv)
     else
         CALL(DevicePrimaryCtxRelease, dev);
     if (run.trace) fclose(run.trace);
+    if (run.kernel_log) fclose(run.kernel_log);
 
     if (opt.json) {
         print_json();
