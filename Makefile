@@ -20,7 +20,7 @@ HOOK_LIB := gemini/lib/libgemhook.so.1
 HOOK_CFLAGS  := -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -pthread -Ihook
 HOOK_LDFLAGS := -shared -pthread -Wl,-soname,libgemhook.so.1 -Wl,--no-undefined -Wl,-z,now
 
-.PHONY: all hook venv test demo gpu-check clean
+.PHONY: all hook venv test demo gpu-check clean bench-native
 
 all: hook
 
@@ -31,6 +31,13 @@ $(HOOK_LIB): $(HOOK_SRC) $(HOOK_HDR)
 	$(CC) $(HOOK_CFLAGS) $(HOOK_LDFLAGS) -o $@ $(HOOK_SRC) -ldl -lm
 
 -include tests/simcuda/sim.mk
+
+# Native benchmark programs (plain C against libcuda.so.1, no toolkit).
+BENCH_BIN := $(BUILD)/bench/launch_cost
+$(BUILD)/bench/launch_cost: bench/launch_cost.c hook/cuda_types.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -O2 -Wall -Wextra -Ihook -o $@ $< -ldl
+bench-native: $(BENCH_BIN)
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +52,13 @@ test: venv hook
 
 demo: venv hook
 	$(VPY) -m gemini.demo
+
+# On a GPU node: the system python3 (no venv, no network). Wheels the node lacks are installed
+# first from .whl/ when present (docs/gpu-node.md).
+gpu-check:
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+	  $(PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gemini-site .whl/*.whl; fi
+	PYTHONPATH=/tmp/gemini-site:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) bench/gpu_check.py --out $(OUT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(HOOK_LIB) .pytest_cache

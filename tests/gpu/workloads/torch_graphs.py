@@ -1,7 +1,10 @@
 """PyTorch CUDA graphs: capture a training-free forward pass and replay it; checks the result."""
 import json
+import sys
 
 import torch
+
+replays = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 
 dev = torch.device("cuda")
 torch.manual_seed(0)
@@ -17,7 +20,7 @@ g = torch.cuda.CUDAGraph()
 with torch.cuda.graph(g), torch.no_grad():
     static_out = model(static_in)
 ok = True
-for i in range(20):
+for i in range(replays):
     data = torch.randn(64, 512, device=dev)
     static_in.copy_(data)
     g.replay()
@@ -25,4 +28,4 @@ for i in range(20):
         ref = model(data)
     ok &= bool(torch.allclose(static_out, ref, atol=1e-4))
 torch.cuda.synchronize()
-print(json.dumps({"ok": ok, "replays": 20}))
+print(json.dumps({"ok": ok, "replays": replays}))

@@ -1,0 +1,215 @@
+"""`make gpu-check`: everything that needs a real GPU, in one command, with a report.
+
+    python bench/gpu_check.py --out $OUT [--quick] [--steps probe,tests,launch,share,train]
+
+Steps (each runs even if an earlier one failed; each result lands in results.json):
+  env      the device, driver and framework versions
+  build    libgemhook, the spin workload and the launch-cost program
+  probe    the driver's cuGetProcAddress returns the pointers dlsym gives (the hook routes by pointer)
+  tests    pytest -m gpu (tests/gpu): frameworks under the hook, gating, static cudart, -lcuda
+  launch   host cost per launch, native vs hooked, interleaved
+  share    always-busy spin tenants: native time-slicing, then gemini with MaxUtil 0.3 / 0.6
+  train    ResNet-18 single-tenant overhead, native vs hooked, interleaved
+
+Writes OUT/report.md (human), OUT/results.json (everything), OUT/gpu-tests.log.
+No network is needed; Python packages missing on the node are installed from wheels beforehand
+(see docs/gpu-node.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+ALL_STEPS = ["env", "build", "probe", "tests", "launch", "share", "train"]
+
+
+def sh(cmd: list | str, timeout: float, cwd: Path = REPO, env: dict | None = None, log: Path | None = None) -> str:
+    argv = cmd if isinstance(cmd, list) else shlex.split(cmd)
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    text = proc.stdout + proc.stderr
+    if log:
+        with open(log, "a") as f:
+            f.write(f"$ {' '.join(map(str, argv))}\n{text}\n")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} exited {proc.returncode}:\n{text[-3000:]}")
+    return proc.stdout
+
+
+def step_env(ctx) -> dict:
+    info = {"host": platform.node(), "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:
+        info["gpu"] = sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         30).strip()
+    except Exception as exc:  # noqa: BLE001 -- recorded, not fatal
+        info["gpu"] = f"nvidia-smi failed: {exc}"
+    for mod in ("torch", "cupy", "jax", "numba", "triton", "zmq", "cffi", "watchdog"):
+        try:
+            m = __import__(mod)
+            info[mod] = getattr(m, "__version__", "?")
+        except Exception as exc:  # noqa: BLE001
+            info[mod] = f"missing ({type(exc).__name__})"
+    try:
+        info["cuda_runtime"] = sh([sys.executable, "-c", "import torch; print(torch.version.cuda)"], 60).strip()
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def step_build(ctx) -> dict:
+    sh(["make", "-s", "hook", "bench-native"], 300, log=ctx.log)
+    sh(["make", "-s", "-f", "tests/simcuda/sim.mk", "clients"], 300, log=ctx.log)
+    probe = REPO / "build" / "bench" / "probe_procaddr"
+    sh(["cc", "-O2", "-o", probe, "tests/gpu/probe_procaddr.c", "-ldl"], 120, log=ctx.log)
+    return {"hook": str(REPO / "gemini" / "lib" / "libgemhook.so.1")}
+
+
+def step_probe(ctx) -> dict:
+    proc = subprocess.run([str(REPO / "build" / "bench" / "probe_procaddr")], capture_output=True, text=True,
+                          timeout=60)
+    lines = proc.stdout.splitlines()
+    (ctx.out / "probe.txt").write_text(proc.stdout + proc.stderr)
+    diffs = [ln for ln in lines if ln.startswith("DIFF")]
+    return {"ok": proc.returncode == 0, "checks": len([ln for ln in lines if ln[:4] in ("ok  ", "DIFF")]),
+            "mismatches": diffs, "driver": lines[0] if lines else ""}
+
+
+def step_tests(ctx) -> dict:
+    report = ctx.out / "gpu-tests.jsonl"
+    report.unlink(missing_ok=True)
+    env = dict(os.environ, GEMINI_GPU_REPORT=str(report))
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-rA", "-q", "tests/gpu",
+            "--timeout", "900"]
+    if ctx.args.k:
+        argv += ["-k", ctx.args.k]
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=ctx.args.tests_timeout)
+    (ctx.out / "gpu-tests.log").write_text(proc.stdout + proc.stderr)
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    rows = [json.loads(ln) for ln in report.read_text().splitlines()] if report.exists() else []
+    return {"ok": proc.returncode == 0, "summary": summary, "rows": rows}
+
+
+def bench(ctx, argv: list, timeout: float) -> dict:
+    out = sh([sys.executable, *argv], timeout, log=ctx.log)
+    return json.loads(out)
+
+
+def step_launch(ctx) -> dict:
+    return bench(ctx, ["bench/bench_overhead.py", "launch", "--rounds", "3" if ctx.args.quick else "5"], 300)
+
+
+def step_share(ctx) -> dict:
+    secs = "8" if ctx.args.quick else "14"
+    native = bench(ctx, ["bench/bench_share.py", "--mode", "native", "--tenants", "2", "--seconds", secs,
+                         "--out", ctx.out / "share-native"], 200)
+    gemini = bench(ctx, ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.3,0.6", "--seconds", secs,
+                         "--quota", str(ctx.args.quota), "--window", str(ctx.args.window),
+                         "--out", ctx.out / "share-gemini"], 200)
+    for r in (native, gemini):
+        r.pop("results", None)
+    return {"native": native, "gemini": gemini}
+
+
+def step_train(ctx) -> dict:
+    rounds, secs = ("2", "6") if ctx.args.quick else ("3", "10")
+    return bench(ctx, ["bench/bench_overhead.py", "train", "--rounds", rounds, "--seconds", secs], 500)
+
+
+STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests": step_tests,
+              "launch": step_launch, "share": step_share, "train": step_train}
+
+
+def fmt(v, nd=1):
+    return "n/a" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+
+
+def write_report(ctx, results: dict) -> None:
+    r = results
+    lines = [f"# gemini gpu-check — {r.get('env', {}).get('gpu', '?')}", "",
+             f"Date: {r.get('env', {}).get('date')}. Command: `{' '.join(sys.argv)}`.", ""]
+    for name in ALL_STEPS:
+        if name not in r:
+            continue
+        res = r[name]
+        status = "FAILED" if isinstance(res, dict) and res.get("error") else "ok"
+        lines.append(f"## {name}: {status} ({fmt(ctx.durations.get(name), 0)} s)")
+        if isinstance(res, dict) and res.get("error"):
+            lines += ["```", res["error"][-1500:], "```"]
+        elif name == "probe":
+            lines.append(f"{res['checks']} checks, mismatches: {res['mismatches'] or 'none'}; {res['driver']}")
+        elif name == "tests":
+            lines.append(res["summary"])
+            for row in res["rows"]:
+                lines.append(f"- {row.pop('test')}: " + ", ".join(f"{k}={fmt(v, 3)}" for k, v in row.items()))
+        elif name == "launch":
+            lines.append(f"native {fmt(res['native_median'])} ns, hooked {fmt(res['hooked_median'])} ns, "
+                         f"added {fmt(res['added_ns_per_launch'])} ns per launch (rounds: {res['native']} / "
+                         f"{res['hooked']})")
+        elif name == "share":
+            n, g = res["native"], res["gemini"]
+            lines.append(f"native: shares {{{', '.join(f'{k}: {v:.3f}' for k, v in n['shares'].items())}}}, "
+                         f"useful {n['useful']:.3f}")
+            lines.append(f"gemini (caps {g['caps']}, quota {g['quota_ms']} ms): shares "
+                         f"{{{', '.join(f'{k}: {v:.3f}' for k, v in g['shares'].items())}}}, error pp "
+                         f"{ {k: round(v, 2) for k, v in g['share_error_pp'].items()} }, 1 s window worst pp "
+                         f"{ {k: round(v, 2) for k, v in g['window_error_1s_pp'].items()} }, useful {g['useful']:.3f} "
+                         f"({g['useful_of_configured']:.3f} of configured), handoff gap p50 "
+                         f"{fmt(g['handoff_gap_us_p50'])} us, p99 {fmt(g['handoff_gap_us_p99'])} us")
+        elif name == "train":
+            lines.append(f"ResNet-18 steps/s native {fmt(res['native_median'], 2)}, hooked {fmt(res['hooked_median'], 2)}"
+                         f": overhead {fmt(res['overhead_pct'], 2)}% (rounds {res['native']} / {res['hooked']})")
+        else:
+            lines.append("```\n" + json.dumps(res, indent=1)[:1500] + "\n```")
+        lines.append("")
+    (ctx.out / "report.md").write_text("\n".join(lines))
+
+
+class Ctx:
+    pass
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.environ.get("OUT", "out"))
+    p.add_argument("--quick", action="store_true", help="shorter runs, for development")
+    p.add_argument("--steps", default=",".join(ALL_STEPS))
+    p.add_argument("-k", help="pytest -k expression for the tests step")
+    p.add_argument("--tests-timeout", type=float, default=420)
+    p.add_argument("--quota", type=float, default=20, help="gem-schd base quota (ms) for the share benchmark")
+    p.add_argument("--window", type=float, default=10000)
+    args = p.parse_args(argv)
+    ctx = Ctx()
+    ctx.args = args
+    ctx.out = Path(args.out).resolve()
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    ctx.log = ctx.out / "steps.log"
+    ctx.durations = {}
+    results: dict = {}
+    for name in args.steps.split(","):
+        t0 = time.time()
+        print(f"[gpu-check] {name} ...", flush=True)
+        try:
+            results[name] = STEP_FUNCS[name](ctx)
+        except Exception as exc:  # noqa: BLE001 -- every step reports, none stops the others
+            results[name] = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"}
+        ctx.durations[name] = time.time() - t0
+        print(f"[gpu-check] {name}: {'FAILED' if results[name].get('error') else 'ok'} "
+              f"({ctx.durations[name]:.0f} s)", flush=True)
+        (ctx.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        write_report(ctx, results)
+    print((ctx.out / "report.md").read_text())
+    return 0 if all(not r.get("error") for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
