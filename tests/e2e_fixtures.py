@@ -1,0 +1,473 @@
+"""Fixtures and helpers for the end-to-end tests of the real hook on the simulated driver.
+
+Every CUDA program runs in a child process with `libgemhook.so.1` preloaded and the simulated
+`libcuda.so.1` (tests/simcuda) on its library path, against a real backend (gem-schd + gem-pmgr
+through tools/launch-backend.py, driven by bench/harness.Backend). Import the fixtures into a test
+module with `from tests.e2e_fixtures import *`.
+
+    hook_lib            session: `make hook` and the simulator/clients built once; the hook's path
+                        ($GEMINI_HOOK_LIB wins, so a deliberately broken build can be tested)
+    client_script       session: the path of E2E_CLIENT (ctypes scenarios workload.c cannot do)
+    sim                 a fresh simulated device (its own shared file) and where its processes report
+    backends            start Backend(groups) for this test; all are stopped at teardown
+
+Environment of a child: `sim.env(...)` (no hook), `sim.hooked(backend, group, ...)` (hook preloaded
+and pointed at the group's pod manager, as launch-command does), or `backend.spawn(...)` with
+`env=sim.env(...)` (through tools/launch-command.py itself).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from bench.harness import Backend, Group, last_json, read_stats
+from tests import native
+
+__all__ = [
+    "KiB", "MiB", "GiB", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_SYSTEM_NOT_READY", "CUDA_ERROR_NOT_INITIALIZED",
+    "Sim", "Run", "Holder", "hook_lib", "client_script", "sim", "backends", "start", "finish", "run",
+    "client_argv", "wait_for", "clean_env", "E2E_CLIENT",
+]
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_SYSTEM_NOT_READY = 802   # what the hook returns when no pod manager can authorise a call
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CLIENTS_DIR = REPO_ROOT / "tests" / "clients"
+
+# Settings a child must not inherit from whoever runs the tests.
+_SCRUBBED_PREFIXES = ("GEMINI_", "SIMCUDA_")
+_SCRUBBED = ("LD_PRELOAD", "POD_NAME", "POD_MANAGER_IP", "POD_MANAGER_PORT")
+
+
+def clean_env(base: dict | None = None) -> dict:
+    """os.environ without any gemini/simulator settings or preloads."""
+    env = dict(os.environ if base is None else base)
+    for key in list(env):
+        if key in _SCRUBBED or key.startswith(_SCRUBBED_PREFIXES):
+            del env[key]
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+# --- building ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def hook_lib() -> Path:
+    """The hook under test, built once per session (with the simulator and the C clients)."""
+    native.build_native()
+    override = os.environ.get("GEMINI_HOOK_LIB")
+    if override:
+        path = Path(override)
+        assert path.is_file(), f"GEMINI_HOOK_LIB={override} is not a file"
+        return path.resolve()
+    proc = subprocess.run(["make", "--no-print-directory", "-s", "hook"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"make hook failed:\n{proc.stdout}")
+    return REPO_ROOT / "gemini" / "lib" / "libgemhook.so.1"
+
+
+@pytest.fixture(scope="session")
+def client_script(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("e2e-client") / "e2e_client.py"
+    path.write_text(E2E_CLIENT)
+    return path
+
+
+# --- a simulated device --------------------------------------------------------------------------
+
+@dataclass
+class Sim:
+    """One simulated GPU (its own shared file) and the files its processes report into."""
+    dir: Path
+    hook: Path
+    mem_bytes: int = 1 * GiB
+    kernel_us: int = 100
+    trace: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def shm(self) -> Path:
+        return self.dir / "simcuda.shm"
+
+    @property
+    def stats_file(self) -> Path:
+        return self.dir / "gemini-stats.txt"
+
+    def env(self, **extra) -> dict:
+        """A child that sees the simulator (no hook unless LD_PRELOAD is given); extra values win, None removes."""
+        env = native.sim_env(self.shm, mem_bytes=self.mem_bytes, kernel_us=self.kernel_us, trace=self.trace)
+        for key in list(env):
+            if key in _SCRUBBED or key.startswith("GEMINI_"):
+                del env[key]
+        env.update(PYTHONPATH=str(REPO_ROOT), E2E_CLIENTS_DIR=str(CLIENTS_DIR),
+                   GEMINI_STATS_FILE=str(self.stats_file), GEMINI_HOOK_LIB=str(self.hook))
+        for key, value in extra.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = str(value)
+        return env
+
+    def hooked(self, backend: Backend, group: str, **extra) -> dict:
+        """The hook preloaded and pointed at `group`'s pod manager (what launch-command sets up)."""
+        return self.env(LD_PRELOAD=str(self.hook), GEMINI_POD_NAME=group, GEMINI_POD_MANAGER_IP="127.0.0.1",
+                        GEMINI_POD_MANAGER_PORT=str(backend.ports[group]), **extra)
+
+    def stats(self) -> dict[int, dict[str, float]]:
+        """The hook's counters of every process that has exited, by pid."""
+        return read_stats(self.stats_file)
+
+
+@pytest.fixture
+def sim(tmp_path, hook_lib) -> Sim:
+    return Sim(tmp_path / "sim", hook_lib)
+
+
+@pytest.fixture
+def backends(tmp_path) -> Iterator[Callable[..., Backend]]:
+    """backends(groups, quota_ms=.., ...) starts a backend for this test; all stop at teardown."""
+    with ExitStack() as stack:
+        count = 0
+
+        def make(groups: list[Group], quota_ms: float = 20, min_quota_ms: float = 5, window_ms: float = 1000,
+                 **kw) -> Backend:
+            nonlocal count
+            count += 1
+            be = Backend(tmp_path / f"backend{count}", groups, quota_ms=quota_ms, min_quota_ms=min_quota_ms,
+                         window_ms=window_ms, env=clean_env(), **kw)
+            stack.enter_context(be)
+            return be
+
+        yield make
+
+
+# --- running children ----------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """A finished child."""
+    argv: list[str]
+    rc: int
+    out: str
+    err: str
+    wall_s: float
+
+    @property
+    def json(self) -> dict:
+        return last_json(self.out)
+
+    def __str__(self) -> str:
+        return f"{' '.join(self.argv)}: rc={self.rc} after {self.wall_s:.2f} s\n--- stdout\n{self.out[-3000:]}" \
+               f"\n--- stderr\n{self.err[-3000:]}"
+
+
+def client_argv(name: str, *args: object, script: Path | None = None) -> list[str]:
+    """argv of a client: a built C client, a Python client of tests/clients, or E2E_CLIENT (name 'e2e')."""
+    if name == "e2e":
+        assert script is not None, "pass script=client_script"
+        return [sys.executable, str(script), *(str(a) for a in args)]
+    return native.client_cmd(name, *args)
+
+
+def start(argv: list[str], env: dict, stdin=subprocess.DEVNULL) -> subprocess.Popen:
+    p = subprocess.Popen(argv, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.started_at = time.monotonic()  # type: ignore[attr-defined]
+    return p
+
+
+def finish(p: subprocess.Popen, timeout: float = 60) -> Run:
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"{p.args} did not finish within {timeout} s\n{out[-2000:]}\n{err[-2000:]}")
+    return Run(list(p.args), p.returncode, out, err, time.monotonic() - p.started_at)  # type: ignore[attr-defined]
+
+
+def run(argv: list[str], env: dict, timeout: float = 60) -> Run:
+    return finish(start(argv, env), timeout)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, step: float = 0.02, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        time.sleep(step)
+
+
+class Holder:
+    """E2E_CLIENT `serve`: a process that allocates, frees and asks for meminfo when told to."""
+
+    def __init__(self, argv: list[str], env: dict):
+        self.proc = start(argv, env, stdin=subprocess.PIPE)
+        self.pid = self.proc.pid
+        assert self._line(30) == "ready", self._dead()
+
+    def _dead(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        return f"exited {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}"
+
+    def _line(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, f"no answer within {timeout} s: {self._dead()}"
+        line = self.proc.stdout.readline()
+        assert line, f"the holder is gone: {self._dead()}"
+        return line.strip()
+
+    def ask(self, command: str, timeout: float = 20) -> list[int]:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return [int(x) for x in self._line(timeout).split()]
+
+    def alloc(self, nbytes: int) -> int:
+        """cuMemAlloc_v2's result (the pointer is kept)."""
+        return self.ask(f"alloc {nbytes}")[0]
+
+    def meminfo(self) -> tuple[int, int]:
+        free, total = self.ask("meminfo")
+        return free, total
+
+    def close(self, timeout: float = 20) -> Run:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+        return finish(self.proc, timeout)
+
+
+# --- E2E_CLIENT: ctypes scenarios ---------------------------------------------------------------------
+
+E2E_CLIENT = r'''
+"""Driver-API scenarios through ctypes (dlsym of libcuda.so.1), for the end-to-end hook tests.
+
+    serve                         "ready", then per stdin line: alloc N | free | meminfo | quit
+    chunks BYTES BARRIER          when BARRIER exists, cuMemAlloc_v2(BYTES) until refused; print JSON; wait for EOF
+    idle SECONDS KERNELS US SLEEP_MS   bursts of KERNELS kernels of US, each followed by a host sleep
+    capture SECONDS               a GLOBAL capture in one thread while another launches (gated)
+    fork FORKS                    a thread launches all along while the main thread forks FORKS children
+"""
+import ctypes, json, os, sys, threading, time
+
+sys.path.insert(0, os.environ["E2E_CLIENTS_DIR"])
+from pyclient import GEM_SPIN_PTX  # noqa: E402
+
+c_void_p, c_size_t, c_u64, c_int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int
+CUdeviceptr = ctypes.c_ulonglong
+byref = ctypes.byref
+cu = ctypes.CDLL("libcuda.so.1")
+GLOBAL, NON_BLOCKING = 0, 1
+
+
+def check(rc, what):
+    if rc != 0:
+        print(f"e2e_client: {what} failed: {rc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def setup():
+    check(cu.cuInit(0), "cuInit")
+    dev, ctx = c_int(), c_void_p()
+    check(cu.cuDeviceGet(byref(dev), 0), "cuDeviceGet")
+    check(cu.cuDevicePrimaryCtxRetain(byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx
+
+
+class Spin:
+    def __init__(self, nslots):
+        self.mod, self.fn, self.buf, self.n = c_void_p(), c_void_p(), CUdeviceptr(), nslots
+        check(cu.cuModuleLoadData(byref(self.mod), GEM_SPIN_PTX.encode() + b"\0"), "cuModuleLoadData")
+        check(cu.cuModuleGetFunction(byref(self.fn), self.mod, b"gem_spin"), "cuModuleGetFunction")
+        check(cu.cuMemAlloc_v2(byref(self.buf), c_size_t(24 * nslots)), "cuMemAlloc_v2")
+        check(cu.cuMemsetD8_v2(self.buf, 0, c_size_t(24 * nslots)), "cuMemsetD8_v2")
+
+    def launch(self, stream, slot, us):
+        out, dur = CUdeviceptr(self.buf.value + 24 * slot), c_u64(us * 1000)
+        params = (c_void_p * 2)(ctypes.cast(byref(out), c_void_p), ctypes.cast(byref(dur), c_void_p))
+        return cu.cuLaunchKernel(self.fn, 1, 1, 1, 32, 1, 1, 0, stream, params, None)
+
+    def read(self):
+        host = (c_u64 * (3 * self.n))()
+        check(cu.cuMemcpyDtoH_v2(host, self.buf, c_size_t(24 * self.n)), "cuMemcpyDtoH_v2")
+        return [[host[3 * i], host[3 * i + 1], host[3 * i + 2]] for i in range(self.n)]
+
+
+def serve(_args):
+    setup()
+    held = []
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] == "quit":
+            break
+        if cmd[0] == "alloc":
+            p = CUdeviceptr()
+            rc = cu.cuMemAlloc_v2(byref(p), c_size_t(int(cmd[1])))
+            if rc == 0:
+                held.append(p.value)
+            print(rc, flush=True)
+        elif cmd[0] == "free":
+            print(cu.cuMemFree_v2(CUdeviceptr(held.pop())) if held else -1, flush=True)
+        elif cmd[0] == "meminfo":
+            free, total = c_size_t(), c_size_t()
+            check(cu.cuMemGetInfo_v2(byref(free), byref(total)), "cuMemGetInfo_v2")
+            print(free.value, total.value, flush=True)
+
+
+def chunks(args):
+    size, barrier = int(args[0]), args[1]
+    setup()
+    while not os.path.exists(barrier):
+        time.sleep(0.002)
+    held, rc = 0, 0
+    while True:
+        p = CUdeviceptr()
+        rc = cu.cuMemAlloc_v2(byref(p), c_size_t(size))
+        if rc != 0:
+            break
+        held += 1
+    print(json.dumps({"pid": os.getpid(), "held": held, "refused_with": rc}), flush=True)
+    sys.stdin.read()
+
+
+def idle(args):
+    seconds, kernels, us, sleep_ms = float(args[0]), int(args[1]), int(args[2]), float(args[3])
+    setup()
+    spin = Spin(kernels)
+    t0 = time.monotonic()
+    bursts = 0
+    while time.monotonic() - t0 < seconds:
+        for k in range(kernels):
+            check(spin.launch(None, k, us), "cuLaunchKernel")
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        bursts += 1
+        time.sleep(sleep_ms / 1000)
+    print(json.dumps({"bursts": bursts, "launches": bursts * kernels}))
+
+
+def capture(args):
+    seconds = float(args[0])
+    ctx = setup()
+    spin = Spin(64)
+    out = {"gated_launches": 0, "gated_errors": []}
+    started = threading.Event()
+
+    def gated():
+        # Always busy on its own non-blocking stream: its token expires (drains) while the capture is open.
+        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        s = c_void_p()
+        check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            for slot in (40, 41):
+                rc = spin.launch(s, slot, 2000)
+                out["gated_launches"] += 1
+                if rc:
+                    out["gated_errors"].append(rc)
+            rc = cu.cuStreamSynchronize(s)
+            if rc:
+                out["gated_errors"].append(rc)
+            started.set()
+        cu.cuStreamDestroy_v2(s)
+
+    t = threading.Thread(target=gated)
+    t.start()
+    started.wait(30)
+    s = c_void_p()
+    check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
+    out["begin"] = cu.cuStreamBeginCapture_v2(s, GLOBAL)
+    latencies, rcs = [], []
+    for k in range(8):
+        t1 = time.monotonic()
+        rcs.append(spin.launch(s, k, 1000))
+        latencies.append(time.monotonic() - t1)
+        time.sleep(seconds / 16)        # the capture stays open across several slots of the other thread
+    st = c_int(-1)
+    cu.cuStreamIsCapturing(s, byref(st))
+    out["status_before_end"] = st.value
+    g = c_void_p()
+    out["end"] = cu.cuStreamEndCapture(s, byref(g))
+    out["capture_launch_rcs"] = rcs
+    out["capture_launch_max_ms"] = max(latencies) * 1000
+    out["ran_before_graph_launch"] = any(r[2] for r in spin.read()[:8])
+    if out["end"] == 0:
+        ex = c_void_p()
+        out["instantiate"] = cu.cuGraphInstantiateWithFlags(byref(ex), g, ctypes.c_ulonglong(0))
+        out["graph_launch"] = cu.cuGraphLaunch(ex, s)
+        out["sync"] = cu.cuStreamSynchronize(s)
+        out["graph_results"] = [r[0] for r in spin.read()[:8]]
+    t.join()
+    print(json.dumps(out))
+
+
+def fork(args):
+    forks = int(args[0])
+    ctx = setup()
+    spin = Spin(4)
+    stop = threading.Event()
+    parent = {"launches": 0, "errors": []}
+
+    def busy():
+        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        while not stop.is_set():
+            rc = spin.launch(None, 0, 1000)
+            parent["launches"] += 1
+            if rc:
+                parent["errors"].append(rc)
+            if parent["launches"] % 4 == 0:
+                rc = cu.cuCtxSynchronize()
+                if rc:
+                    parent["errors"].append(rc)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    children = []
+    for i in range(forks):
+        time.sleep(0.05)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            # A fork child of an initialised process: CUDA must fail (not hang), and exit must be clean.
+            res = {"launch": spin.launch(None, 1, 1000), "sync": cu.cuCtxSynchronize()}
+            os.write(w, json.dumps(res).encode())
+            sys.stdout.flush()
+            sys.exit(0)     # a normal exit: atexit handlers and the hook's destructor run
+        os.close(w)
+        t0 = time.monotonic()
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(r) as f:
+            res = json.loads(f.read() or "{}")
+        res.update(pid=pid, status=status, seconds=time.monotonic() - t0)
+        children.append(res)
+    time.sleep(0.1)
+    stop.set()
+    t.join()
+    after = parent["launches"]
+    check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    ok = sum(1 for r in spin.read()[:1] if r[2])
+    print(json.dumps({"children": children, "parent_launches": after, "parent_errors": parent["errors"],
+                      "parent_result_written": ok}))
+
+
+{"serve": serve, "chunks": chunks, "idle": idle, "capture": capture, "fork": fork}[sys.argv[1]](sys.argv[2:])
+'''
