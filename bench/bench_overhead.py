@@ -38,15 +38,17 @@ def interleaved(kind: str, rounds: int, quota_ms: float, program: list, key: str
     work = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     env = dict(os.environ)
     stats_file = work / "stats"
-    native, hooked = [], []
+    native, hooked, extra = [], [], {}
     with Backend(work / "backend", [Group("solo", 0.0, 1.0, "200GiB")], quota_ms=quota_ms, min_quota_ms=10,
                  window_ms=max(10000, quota_ms * 2), env=env) as be:
         henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
         for _ in range(rounds):
-            native.append(run_json(program, env, timeout)[key])
+            result = run_json(program, env, timeout)
+            native.append(result[key])
             hooked.append(run_json(be.command("solo", program), henv, timeout)[key])
+            extra = {k: v for k, v in result.items() if k.startswith("clock") or k.startswith("coarse")}
     return {"native": native, "hooked": hooked, "native_median": statistics.median(native),
-            "hooked_median": statistics.median(hooked), "hook_stats": read_stats(stats_file)}
+            "hooked_median": statistics.median(hooked), "hook_stats": read_stats(stats_file), **extra}
 
 
 def main(argv=None) -> int:

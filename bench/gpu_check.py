@@ -150,11 +150,13 @@ def write_report(ctx, results: dict) -> None:
         elif name == "tests":
             lines.append(res["summary"])
             for row in res["rows"]:
-                lines.append(f"- {row.pop('test')}: " + ", ".join(f"{k}={fmt(v, 3)}" for k, v in row.items()))
+                lines.append(f"- {row['test']}: " + ", ".join(f"{k}={fmt(v, 3)}" for k, v in row.items()
+                                                             if k != "test"))
         elif name == "launch":
             lines.append(f"native {fmt(res['native_median'])} ns, hooked {fmt(res['hooked_median'])} ns, "
                          f"added {fmt(res['added_ns_per_launch'])} ns per launch (rounds: {res['native']} / "
-                         f"{res['hooked']})")
+                         f"{res['hooked']}); clock_gettime {fmt(res.get('clock_monotonic_ns'))} ns, coarse "
+                         f"{fmt(res.get('clock_coarse_ns'))} ns (tick {res.get('coarse_resolution_ns')} ns)")
         elif name == "share":
             n, g = res["native"], res["gemini"]
             lines.append(f"native: shares {{{', '.join(f'{k}: {v:.3f}' for k, v in n['shares'].items())}}}, "

@@ -232,18 +232,30 @@ CUresult gem_unavailable_result(void);   /* what a call returns when gemini cann
 void gem_enter_fail_open(void);          /* GEMINI_FAIL_OPEN and no pod manager: stop gating */
 int gem_fail_open_active(void);
 
+/* The coarse clock (a kernel variable updated every tick, read without rdtsc) never runs ahead
+ * of CLOCK_MONOTONIC and trails it by at most a tick. So "coarse + margin < deadline" proves the
+ * token valid; only in the last `margin` of a slot does the launch read the precise clock. The
+ * margin is two ticks (clock_getres), set in the constructor; 0 disables the shortcut. */
+extern int64_t gem_coarse_margin_ns;
+static inline int64_t gem_coarse_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * GEM_NS_PER_S + ts.tv_nsec;
+}
+
 /* The launch path: one clock read and one compare while a token is held (the burst flag sits
  * on the same cache line and only changes at the first launch after a synchronisation). */
 static inline CUresult gem_gate_launch(CUstream stream, int ptsz) {
     struct gem_device *d = gem_current_device();
-    int64_t now = gem_now_ns();
     gem_count_launch();
-    if (GEM_LIKELY(now < atomic_load_explicit(&d->deadline_ns, memory_order_relaxed))) {
+    int64_t deadline = atomic_load_explicit(&d->deadline_ns, memory_order_relaxed);
+    if (GEM_LIKELY(gem_coarse_ns() + gem_coarse_margin_ns < deadline) ||
+        gem_now_ns() < deadline) {
         if (GEM_LIKELY(atomic_load_explicit(&d->in_burst, memory_order_relaxed)))
             return CUDA_SUCCESS;
-        return gem_burst_begin(d, stream, ptsz, now);
+        return gem_burst_begin(d, stream, ptsz, gem_now_ns());
     }
-    return gem_gate_slow(d, stream, ptsz, now);
+    return gem_gate_slow(d, stream, ptsz, gem_now_ns());
 }
 
 /* ---- memory (memory.c) --------------------------------------------------------------------- */

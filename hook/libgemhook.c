@@ -35,6 +35,8 @@ struct gem_settings gem_cfg = {
 };
 
 struct gem_stats gem_stats;
+/* Until the constructor measures the tick, the shortcut is off (never true before a real deadline). */
+int64_t gem_coarse_margin_ns = INT64_MAX / 2;
 
 /* ---- logging ------------------------------------------------------------------------------ */
 
@@ -208,8 +210,19 @@ static void after_fork_child(void) {
     gem_memory_reset_after_fork();
 }
 
+static void measure_coarse_clock(void) {
+    struct timespec res;
+    /* Only trust a tick of at most 10 ms; otherwise every launch reads the precise clock. */
+    if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && res.tv_sec == 0 && res.tv_nsec > 0 &&
+        res.tv_nsec <= 10 * GEM_NS_PER_MS)
+        gem_coarse_margin_ns = 2 * (int64_t)res.tv_nsec;
+    else
+        gem_coarse_margin_ns = INT64_MAX / 2; /* the shortcut never succeeds */
+}
+
 __attribute__((constructor)) static void gemhook_constructor(void) {
     load_settings();
+    measure_coarse_clock();
     pthread_atfork(NULL, NULL, after_fork_child);
 }
 

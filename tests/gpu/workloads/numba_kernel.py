@@ -2,7 +2,13 @@
 import json
 
 import numpy as np
-from numba import cuda
+
+# numba-cuda 0.30 still registers np.row_stack, which numpy 2.x removed; a node with both fails to
+# compile any kernel, with or without gemini. Restore the alias so the kernel path can be tested.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
+from numba import cuda  # noqa: E402
 
 
 @cuda.jit
