@@ -56,11 +56,24 @@ def setup_logging(verbose: int, level_name: str | None) -> None:
 @click.option("-v", "--verbose", count=True, help="More logging (-v: one line per grant; -vv: also file events).")
 @click.option("--log-level", type=click.Choice(_LEVELS, case_sensitive=False), default=None,
               help="Log level (overrides -v).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on this port (on --ip) at /metrics. Needs prometheus_client.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write every slot (grant to release) and config reload to this file as a Chrome trace "
+                   "(open it in ui.perfetto.dev, or plot it with gem-ctl plot).")
 @click.option("--timer-early-ms", type=click.FloatRange(0, 20), default=1.5, hidden=True,
               help="Arm deadline timers this early and wait the rest precisely (0: plain asyncio timers).")
-def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose, log_level, timer_early_ms):
+def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose, log_level, metrics_port,
+         trace_path, timer_early_ms):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     setup_logging(verbose, log_level)
+    if metrics_port is not None:
+        from gemini.scheduler.metrics import MetricsUnavailable, require_prometheus
+        try:
+            require_prometheus()
+        except MetricsUnavailable as exc:
+            click.echo(f"gem-schd: --metrics-port: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
     log = logging.getLogger("gemini.scheduler")
     path = Path(limit_file_dir) / limit_file
     try:
@@ -69,13 +82,17 @@ def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose
         click.echo(f"gem-schd: bad config: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     daemon = SchedulerDaemon(config, ip=ip, port=port, base_quota_ms=quota, min_quota_ms=min_quota,
-                             window_ms=window, config_path=str(path), timer_early_s=timer_early_ms / 1000.0)
+                             window_ms=window, config_path=str(path), timer_early_s=timer_early_ms / 1000.0,
+                             metrics_port=metrics_port, trace_path=trace_path)
 
     async def run() -> int:
         try:
             await daemon.start()
         except BindError as exc:
             click.echo(f"gem-schd: {exc}", err=True)
+            return EXIT_USAGE
+        except OSError as exc:     # the trace file
+            click.echo(f"gem-schd: --trace: cannot write {exc.filename or trace_path}: {exc.strerror or exc}", err=True)
             return EXIT_USAGE
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

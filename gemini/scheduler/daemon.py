@@ -8,6 +8,10 @@ changes made by a live reload.
 Frames: one JSON frame per message (gemini.messages) after the ROUTER's identity frame; a REQ peer's empty
 delimiter frame is accepted too (gem-ctl may use REQ), and replies keep it.
 
+Observers (metrics, trace; see `observers`): after every decision the daemon tells them about slots (a grant, and
+the slot's end: a release, the holder asking again, the deadline), config changes and the stop. They run on the
+loop, after the grant has been sent, and an observer's exception is logged, never raised.
+
 Timer precision: asyncio's epoll timeouts are rounded UP to whole milliseconds, so a grant due at a slot's
 deadline would go out 0-1 ms (plus wakeup latency) late, and every handoff would leave the GPU idle for that
 long. The timer is therefore armed `timer_early_s` (1.5 ms) early and the last stretch is waited precisely
@@ -42,7 +46,17 @@ HEARTBEAT_TIMEOUT_S = 5.0
 
 
 class BindError(RuntimeError):
-    """The ROUTER could not listen (port busy, bad address)."""
+    """The ROUTER (or the metrics server) could not listen (port busy, bad address)."""
+
+
+@dataclass
+class _Slot:
+    """The slot the daemon last granted and has not yet seen end."""
+    group: str
+    token_seq: int
+    quota_ms: float
+    start_ms: float
+    wait_ms: float              # how long the request had waited
 
 
 @dataclass
@@ -92,7 +106,8 @@ class SchedulerDaemon:
     def __init__(self, config: Config, *, ip: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  base_quota_ms: float = 250.0, min_quota_ms: float = 100.0, window_ms: float = 10000.0,
                  config_path: Optional[str] = None, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-                 debounce_s: float = 0.05, settle_s: float = 0.005, timer_early_s: float = 0.0015):
+                 debounce_s: float = 0.05, settle_s: float = 0.005, timer_early_s: float = 0.0015,
+                 metrics_port: Optional[int] = None, trace_path: Optional[str] = None):
         self.config = config
         self.ip = ip
         self.port = port
@@ -101,6 +116,8 @@ class SchedulerDaemon:
         self.debounce_s = debounce_s
         self.settle_s = settle_s
         self.timer_early_s = timer_early_s
+        self.metrics_port = metrics_port      # serve Prometheus metrics there (0: any free port); see metrics.py
+        self.trace_path = trace_path          # write a Chrome trace of the slots there; see trace.py
         self.scheduler_id = f"{uuid.uuid4().hex[:12]}"
         self._t0 = time.monotonic()
         self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0)
@@ -120,6 +137,13 @@ class SchedulerDaemon:
         self.reloader = None
         self.endpoint = ""
         self.grants_sent = 0
+        # Objects with any of on_grant(group, token_seq, quota_ms, start_ms, wait_ms), on_slot_end(group, token_seq,
+        # quota_ms, start_ms, end_ms, wait_ms, reason), on_config(config, diff, now_ms) and on_stop(now_ms); reason
+        # is "release" (ended early), "deadline" or "stop".
+        self.observers: list = []
+        self.metrics_server = None
+        self._slot: Optional[_Slot] = None
+        self._waiting_since: dict[str, float] = {}   # group -> when its pending request arrived (for wait times)
 
     # --- time ---------------------------------------------------------------------------------------------------
 
@@ -158,6 +182,16 @@ class SchedulerDaemon:
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(self.endpoint.rsplit(":", 1)[1])
+        try:
+            await self._start_observers()
+        except BaseException:
+            for obs in self.observers:
+                _call(obs, "on_stop", self.now_ms())
+            self.observers.clear()
+            sock.close(0)
+            self._ctx.term()
+            self._sock, self._ctx = None, None
+            raise
         if addr is None or not addr.is_loopback:
             log.warning("listening on %s, which is not a loopback address: anyone who can reach it can take GPU "
                         "time (there is no authentication)", self.endpoint)
@@ -175,6 +209,22 @@ class SchedulerDaemon:
                                            current=self.config)
             self.reloader.start()
 
+    async def _start_observers(self) -> None:
+        # Imported here: prometheus_client is optional, and neither is needed unless asked for.
+        if self.trace_path:
+            from gemini.scheduler.trace import TraceWriter
+            self.observers.append(TraceWriter(self.trace_path, self))
+        if self.metrics_port is not None:
+            from gemini.scheduler.metrics import MetricsServer
+            server = MetricsServer(self)
+            try:
+                await server.start(self.ip, self.metrics_port)
+            except OSError as exc:
+                raise BindError(f"metrics: cannot listen on {self.ip}:{self.metrics_port}: {exc.strerror or exc}") \
+                    from None
+            self.metrics_server = server
+            self.observers.append(server)
+
     async def wait_closed(self) -> None:
         assert self._closed is not None
         await self._closed.wait()
@@ -191,6 +241,9 @@ class SchedulerDaemon:
                 handle.cancel()
         if self._recv_task is not None:
             self._recv_task.cancel()
+        now = self.now_ms()
+        self._end_slot(now, stopping=True)
+        self._notify("on_stop", now)
         if self._sock is not None:
             self._sock.close(0)
         if self._ctx is not None:
@@ -260,10 +313,13 @@ class SchedulerDaemon:
             self._on_heartbeat(identity, msg, envelope)
         elif isinstance(msg, TokenRequest):
             if self._check_registered(identity, msg.group, envelope):
-                self._dispatch(self.policy.request(msg.group, msg.overuse_ms, msg.burst_ms, self.now_ms()))
+                now = self.now_ms()
+                self._waiting_since.setdefault(msg.group, now)
+                self._dispatch(self.policy.request(msg.group, msg.overuse_ms, msg.burst_ms, now), now)
         elif isinstance(msg, TokenRelease):
             if self._check_registered(identity, msg.group, envelope):
-                self._dispatch(self.policy.release(msg.group, msg.token_seq, msg.overuse_ms, self.now_ms()))
+                now = self.now_ms()
+                self._dispatch(self.policy.release(msg.group, msg.token_seq, msg.overuse_ms, now), now)
         elif isinstance(msg, StatusRequest):
             self._send(identity, self.status_reply(), envelope)
 
@@ -302,6 +358,7 @@ class SchedulerDaemon:
                 self._forget_peer(owner)
             # The old pod manager's waiting request is not the new one's: it will send its own.
             self.policy.cancel(group, self.now_ms())
+            self._waiting_since.pop(group, None)
         self._peers[identity] = _Peer(identity, group, msg.pid, address, time.monotonic())
         self._owners[group] = identity
         info = self._info.setdefault(group, _GroupInfo())
@@ -340,23 +397,51 @@ class SchedulerDaemon:
         elif fut.exception() is not None:
             log.warning("could not send %s to %s: %s", msg.TYPE, self._name(identity), fut.exception())
 
-    def _dispatch(self, decisions: list[Decision]) -> None:
+    def _dispatch(self, decisions: list[Decision], now: Optional[float] = None) -> None:
+        """Carry out the policy's decisions made at `now` (ms; default: now)."""
+        if now is None:
+            now = self.now_ms()
         for d in decisions:
             owner = self._owners.get(d.group)
             if isinstance(d, GrantDecision):
+                since = self._waiting_since.pop(d.group, now)
                 if owner is None:
                     # Nobody to tell (its pod manager went away after asking): hand the token straight back.
                     log.warning("group %s was granted the token but has no pod manager; releasing it", d.group)
-                    self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, self.now_ms()))
+                    self._end_slot(now)
+                    self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, now), now)
                     continue
                 self._send(owner, Grant(d.group, d.quota_ms, d.token_seq))
                 self.grants_sent += 1
+                self._end_slot(now)
+                self._slot = _Slot(d.group, d.token_seq, d.quota_ms, now, now - since)
+                self._notify("on_grant", d.group, d.token_seq, d.quota_ms, now, now - since)
                 log.debug("grant %s quota %.3f ms seq %d share %.3f", d.group, d.quota_ms, d.token_seq,
                           self.policy.share(d.group, self.now_ms()))
             elif isinstance(d, RefuseDecision):
+                self._waiting_since.pop(d.group, None)
                 log.info("refused group %s: %s", d.group, d.message)
                 if owner is not None:
                     self._send(owner, Error(d.code, d.message, d.group))
+        if self._slot is not None and self.policy.holder is None:
+            self._end_slot(now)
+
+    def _end_slot(self, now: float, stopping: bool = False) -> None:
+        """The slot last granted is over (if it is not already): it ended now, or at its deadline if that passed
+        first -- the same end the policy gives it."""
+        slot = self._slot
+        if slot is None:
+            return
+        self._slot = None
+        deadline = slot.start_ms + slot.quota_ms
+        end = max(slot.start_ms, min(now, deadline))
+        reason = "deadline" if end >= deadline else ("stop" if stopping else "release")
+        self._notify("on_slot_end", slot.group, slot.token_seq, slot.quota_ms, slot.start_ms, end, slot.wait_ms,
+                     reason)
+
+    def _notify(self, method: str, *args) -> None:
+        for obs in self.observers:
+            _call(obs, method, *args)
 
     # --- timers -----------------------------------------------------------------------------------------------------
 
@@ -391,7 +476,7 @@ class SchedulerDaemon:
         if target is not None and any(isinstance(d, GrantDecision) for d in decisions):
             self._lateness.append(now - target)
         try:
-            self._dispatch(decisions)
+            self._dispatch(decisions, now)
         except Exception:
             log.exception("internal error while dispatching decisions")
         self._arm_timer()
@@ -416,6 +501,7 @@ class SchedulerDaemon:
                 self._forget_peer(identity)
                 if peer.group not in self._owners:
                     self.policy.cancel(peer.group, self.now_ms())
+                    self._waiting_since.pop(peer.group, None)
         self._arm_timer()
         self._sweep_handle = self._loop.call_later(1.0, self._sweep)
 
@@ -426,9 +512,10 @@ class SchedulerDaemon:
         old = self.config
         diff = diff_configs(old, config)
         self.config = config
-        decisions = self.policy.apply_config(config, self.now_ms())
+        now = self.now_ms()
+        decisions = self.policy.apply_config(config, now)
         # Refusals go to the owners of removed groups: dispatch them before forgetting those owners.
-        self._dispatch(decisions)
+        self._dispatch(decisions, now)
         for name in diff.added:
             self._info.setdefault(name, _GroupInfo())
         for name in diff.changed:
@@ -445,6 +532,7 @@ class SchedulerDaemon:
         if not diff.empty:
             log.info("config applied: added %s, changed %s, removed %s", list(diff.added) or "none",
                      list(diff.changed) or "none", list(diff.removed) or "none")
+        self._notify("on_config", config, diff, now)
         self._arm_timer()
 
     # --- status -----------------------------------------------------------------------------------------------------
@@ -469,6 +557,16 @@ class SchedulerDaemon:
             if deadline is not None and deadline <= now:
                 holder = ""
         return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups)
+
+
+def _call(observer, method: str, *args) -> None:
+    fn = getattr(observer, method, None)
+    if fn is None:
+        return
+    try:
+        fn(*args)
+    except Exception:  # an observer's bug must not take the scheduler down
+        log.exception("observer %s.%s failed", type(observer).__name__, method)
 
 
 def _ignore_result(fut: asyncio.Future) -> None:

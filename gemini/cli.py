@@ -1,0 +1,261 @@
+"""gem-ctl: look at a running gem-schd, find the hook library, plot a scheduler trace.
+
+    gem-ctl [--ip IP] [--port PORT] [--timeout S] status [--json] [--watch [SECONDS]]
+    gem-ctl hook-path
+    gem-ctl plot TRACE [-o share.png]
+
+gem-ctl reaches gem-schd on the socket the pod managers use (a zmq DEALER speaking gemini.messages). Exit codes:
+0 ok, 1 failure (no answer from gem-schd, missing hook, missing matplotlib, bad trace), 2 usage.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from typing import Optional
+
+import click
+import zmq
+
+from gemini.messages import (FROM_SCHEDULER, Error, MessageError, StatusReply, StatusRequest, decode, encode)
+
+DEFAULT_IP = "127.0.0.1"
+DEFAULT_PORT = 50051
+DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_WATCH_S = 2.0
+UNLIMITED_BYTES = (1 << 63) - 1
+
+# ANSI: cursor home, clear to end of line, clear to end of screen, clear screen.
+HOME, CLEAR_EOL, CLEAR_BELOW, CLEAR_SCREEN = "\x1b[H", "\x1b[K", "\x1b[J", "\x1b[2J"
+
+
+class SchedulerUnreachable(RuntimeError):
+    """gem-schd did not answer (in time, or sensibly)."""
+
+
+def _endpoint(ip: str, port: int) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"tcp://{host}:{port}"
+
+
+class StatusClient:
+    """Asks gem-schd for its status over a DEALER socket. A request that times out closes the socket, so a late
+    reply can never be taken for the answer to the next request."""
+
+    def __init__(self, ip: str, port: int, timeout_s: float):
+        self.endpoint = _endpoint(ip, port)
+        self.ipv6 = ":" in ip
+        self.timeout_s = timeout_s
+        self._ctx = zmq.Context()
+        self._sock: Optional[zmq.Socket] = None
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if self.ipv6:
+                sock.setsockopt(zmq.IPV6, 1)
+            sock.connect(self.endpoint)
+            self._sock = sock
+        return self._sock
+
+    def _reset(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+
+    def status(self) -> StatusReply:
+        sock = self._socket()
+        sock.send(encode(StatusRequest()))
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(int(left * 1000) + 1):
+                self._reset()
+                raise SchedulerUnreachable(f"no answer from gem-schd at {self.endpoint} within {self.timeout_s:g} s "
+                                           f"(is it running? see --ip/--port)")
+            try:
+                reply = decode(sock.recv(), allowed=FROM_SCHEDULER)
+            except MessageError as exc:
+                self._reset()
+                raise SchedulerUnreachable(f"{self.endpoint} answered with something that is not gem-schd's: "
+                                           f"{exc}") from None
+            if isinstance(reply, StatusReply):
+                return reply
+            if isinstance(reply, Error):
+                self._reset()
+                raise SchedulerUnreachable(f"gem-schd at {self.endpoint} refused the status request: "
+                                           f"{reply.code}: {reply.message}")
+            # Anything else is not for us: keep waiting for the status reply.
+
+    def close(self) -> None:
+        self._reset()
+        self._ctx.term()
+
+
+# --- formatting -----------------------------------------------------------------------------------------------------
+
+def format_bytes(n: int) -> str:
+    if n >= UNLIMITED_BYTES:
+        return "unlimited"
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def format_ms(ms: float) -> str:
+    if ms >= 10_000:
+        return f"{ms / 1000:.0f} s"
+    if ms >= 1000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms:.1f} ms"
+
+
+COLUMNS = ("GROUP", "MIN", "MAX", "SHARE", "MEMORY USED/LIMIT", "CLIENTS", "TOKEN", "WAIT", "GRANTS", "PMGR")
+
+
+def status_rows(reply: StatusReply) -> list[tuple[str, ...]]:
+    rows = []
+    for g in reply.groups:
+        rows.append((
+            g["name"],
+            f"{g['min_util']:.2f}",
+            f"{g['max_util']:.2f}",
+            f"{100.0 * g['share']:.1f}%",
+            f"{format_bytes(g['mem_used'])} / {format_bytes(g['mem_limit'])}",
+            str(g["clients"]),
+            "yes" if g["holding"] else "no",
+            format_ms(g["wait_ms"]) if g["waiting"] else "-",
+            str(g["grants"]),
+            "up" if g["connected"] else "down",
+        ))
+    return rows
+
+
+def format_table(reply: StatusReply, endpoint: str) -> str:
+    """The status table: a header line, then one row per group."""
+    rows = status_rows(reply)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(COLUMNS)]
+    right = {1, 2, 3, 5, 7, 8}     # numbers are right-aligned
+
+    def line(cells: tuple[str, ...]) -> str:
+        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(out).rstrip()
+
+    head = (f"gem-schd {reply.scheduler_id} at {endpoint}  window {format_ms(reply.window_ms)}  "
+            f"token: {reply.holder or '(free)'}")
+    lines = [head, "", line(COLUMNS)]
+    lines.extend(line(r) for r in rows)
+    if not rows:
+        lines.append("(no groups configured)")
+    return "\n".join(lines)
+
+
+def reply_json(reply: StatusReply, indent: Optional[int] = 2) -> str:
+    body = {"type": reply.TYPE, **asdict(reply)}
+    return json.dumps(body, indent=indent, separators=None if indent else (",", ":"))
+
+
+# --- commands -------------------------------------------------------------------------------------------------------
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--ip", default=DEFAULT_IP, show_default=True, help="Address of gem-schd.")
+@click.option("-P", "--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True,
+              help="Port of gem-schd.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.01, 600), default=DEFAULT_TIMEOUT_S,
+              show_default=True, help="Seconds to wait for gem-schd's answer.")
+@click.pass_context
+def main(ctx: click.Context, ip: str, port: int, timeout_s: float) -> None:
+    """Operate gemini: status of gem-schd, the hook library's path, plots of scheduler traces."""
+    ctx.obj = {"ip": ip, "port": port, "timeout_s": timeout_s}
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print gem-schd's status reply as JSON.")
+@click.option("--watch", type=click.FloatRange(0.05, 3600), is_flag=False, flag_value=DEFAULT_WATCH_S, default=None,
+              metavar="[SECONDS]", help=f"Refresh every SECONDS (default {DEFAULT_WATCH_S:g}) until Ctrl-C.")
+@click.pass_obj
+def status(obj: dict, as_json: bool, watch: Optional[float]) -> None:
+    """One row per group: MinUtil, MaxUtil, share of the window used, memory, clients, token, wait."""
+    client = StatusClient(obj["ip"], obj["port"], obj["timeout_s"])
+    try:
+        if watch is None:
+            try:
+                reply = client.status()
+            except SchedulerUnreachable as exc:
+                raise click.ClickException(str(exc)) from None
+            click.echo(reply_json(reply) if as_json else format_table(reply, client.endpoint))
+            return
+        _watch(client, watch, as_json)
+    finally:
+        client.close()
+
+
+def _watch(client: StatusClient, interval_s: float, as_json: bool) -> None:
+    """Redraw until Ctrl-C. With --json: one JSON line per refresh (for logging), no screen control."""
+    out = sys.stdout
+    first = True
+    try:
+        while True:
+            started = time.monotonic()
+            try:
+                reply = client.status()
+                text = reply_json(reply, indent=None) if as_json else format_table(reply, client.endpoint)
+            except SchedulerUnreachable as exc:
+                if as_json:
+                    text = json.dumps({"type": "error", "message": str(exc)})
+                else:
+                    text = f"{exc}\n(retrying every {interval_s:g} s; Ctrl-C to quit)"
+            if as_json:
+                out.write(text + "\n")
+            else:
+                stamp = time.strftime("%H:%M:%S")
+                text = f"{text}\n\nevery {interval_s:g} s, {stamp}; Ctrl-C to quit"
+                lines = text.split("\n")
+                out.write((CLEAR_SCREEN if first else "") + HOME +
+                          "".join(line + CLEAR_EOL + "\n" for line in lines) + CLEAR_BELOW)
+            out.flush()
+            first = False
+            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        if not as_json:
+            out.write("\n")
+            out.flush()
+
+
+@main.command("hook-path")
+def hook_path_cmd() -> None:
+    """Print the path of the installed libgemhook.so.1 (for LD_PRELOAD)."""
+    from gemini.hookpath import HookNotFound, hook_path
+    try:
+        click.echo(str(hook_path()))
+    except HookNotFound as exc:
+        raise click.ClickException(f"libgemhook.so.1 not found: {exc}") from None
+
+
+@main.command()
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", default="share.png", show_default=True, type=click.Path(dir_okay=False),
+              help="Image to write (PNG, SVG, PDF: by extension).")
+@click.option("--points", type=click.IntRange(10, 100_000), default=1000, show_default=True,
+              help="Samples of the share curves.")
+@click.option("--window", "window_s", type=click.FloatRange(0.001, None), default=None,
+              help="Sliding window in seconds (default: the scheduler's, from the trace).")
+def plot(trace: str, output: str, points: int, window_s: Optional[float]) -> None:
+    """Plot a `gem-schd --trace` file: each group's share over time against its MinUtil/MaxUtil, and who held the
+    token when."""
+    from gemini.plot import PlotUnavailable, plot_trace
+    from gemini.scheduler.trace import TraceFormatError
+    try:
+        summary = plot_trace(trace, output, points=points, window_s=window_s)
+    except PlotUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    except (TraceFormatError, OSError) as exc:
+        raise click.ClickException(f"cannot plot {trace}: {exc}") from None
+    click.echo(f"wrote {output}: {summary}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name="gem-ctl")
