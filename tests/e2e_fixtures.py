@@ -369,7 +369,7 @@ def capture(args):
     seconds = float(args[0])
     ctx = setup()
     spin = Spin(64)
-    out = {"gated_launches": 0, "gated_errors": []}
+    out = {"pid": os.getpid(), "gated_launches": 0, "gated_errors": []}
     started = threading.Event()
 
     def gated():
@@ -465,7 +465,7 @@ def fork(args):
     after = parent["launches"]
     check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
     ok = sum(1 for r in spin.read()[:1] if r[2])
-    print(json.dumps({"children": children, "parent_launches": after, "parent_errors": parent["errors"],
+    print(json.dumps({"pid": os.getpid(), "children": children, "parent_launches": after, "parent_errors": parent["errors"],
                       "parent_result_written": ok}))
 
 
