@@ -115,11 +115,12 @@ class SchedulerMetrics:
 
     def _sync_groups(self, config: Config) -> None:
         names = set(config.names)
-        for name in names - self._groups:   # series exist (at 0) from the start, not only after the first grant
-            self.grants.labels(name)
-            self.wait.labels(name)
-            self.held.labels(name)
-        for name in self._groups - names:
+        for name in config.names:   # series exist (at 0) from the start, not only after the first grant
+            if name not in self._groups:
+                self.grants.labels(name)
+                self.wait.labels(name)
+                self.held.labels(name)
+        for name in sorted(self._groups - names):
             for metric in (self.grants, self.wait, self.held):
                 try:
                     metric.remove(name)
