@@ -208,7 +208,7 @@ def test_sigkill_of_a_token_holder_mid_slot(tmp_path):
     with Backend(tmp_path / "be", groups, quota_ms=QUOTA_MS, min_quota_ms=QUOTA_MS, window_ms=2000) as be:
         env = sim_env(tmp_path)
         victim_l = be.spawn("a", workload_argv(30, None, "--alloc", "256MiB", "--keep-going"), env=env)
-        other = be.spawn("b", workload_argv(3.0, tmp_path / "b.trace"), env=env)
+        other = be.spawn("b", workload_argv(30, None), env=env)
         victim = program_pid(victim_l)
         wait_for(lambda: mem_used(be.ports["a"], "a") >= 256 * MiB, 10, "a's allocation accounted")
         # Mid-slot: a's kernels have run for a while in its current slot and the slot is far from over.
@@ -231,11 +231,12 @@ def test_sigkill_of_a_token_holder_mid_slot(tmp_path):
                          step=0.02)
         assert freed
         assert victim_l.wait(10) == 128 + signal.SIGKILL
-        code, out, err = finish(other)
-        assert code == 0, err
-        assert last_json(out)["errors"] == 0
+        time.sleep(max(0.0, (QUOTA_MS + 100) / 1000 - (time.monotonic_ns() - t_kill) / 1e9))
+        assert other.poll() is None, other.communicate()[1]
+        b_pid = program_pid(other)
+        other.terminate()
+        finish(other)
     rows = kernels(tmp_path)
-    b_pid = last_json(out)["pid"]
     last_a = max(r[3] for r in rows if r[0] == victim)
     assert last_a >= t_kill - 20e6, "a was not running when it was killed"
     b_after = [r[2] for r in rows if r[0] == b_pid and r[2] >= t_kill]
@@ -251,10 +252,10 @@ def test_sigkill_of_a_pod_manager(tmp_path):
     with Backend(tmp_path / "be", groups, quota_ms=20, min_quota_ms=10, window_ms=2000) as be:
         env = sim_env(tmp_path)
         # survivor: keeps going through the outage; impatient: gives up on the pod manager after 100 ms
-        survivor = be.spawn("a", workload_argv(4.0, tmp_path / "survivor.trace", "--alloc", "64MiB",
+        survivor = be.spawn("a", workload_argv(3.0, tmp_path / "survivor.trace", "--alloc", "64MiB",
                                                "--keep-going"), env=env)
         impatient = be.spawn("a", workload_argv(30, None), env=dict(env, GEMINI_CONNECT_TIMEOUT_MS="100"))
-        bystander = be.spawn("b", workload_argv(4.0, tmp_path / "bystander.trace"), env=env)
+        bystander = be.spawn("b", workload_argv(3.0, tmp_path / "bystander.trace"), env=env)
         wait_for(lambda: mem_used(be.ports["a"], "a") >= 64 * MiB, 10, "the survivor's allocation accounted")
         time.sleep(0.3)
         old = daemon_pid(be, "a")
@@ -306,7 +307,8 @@ def test_sigkill_of_the_scheduler(tmp_path):
         for g, n in allocs.items():
             wait_for(lambda: group_status(be)[g]["mem_used"] >= n, 10, f"gem-schd sees {g}'s memory", step=0.1)
         before = status(be)
-        time.sleep(0.3)
+        held = {g: mem_used(be.ports[g], g) for g in allocs}    # the pod managers' accounts
+        time.sleep(0.2)
         old = daemon_pid(be)
         t_kill = time.monotonic_ns()
         os.kill(old, signal.SIGKILL)
@@ -316,14 +318,12 @@ def test_sigkill_of_the_scheduler(tmp_path):
         def rebuilt():
             reply = status(be)
             groups_now = {g["name"]: g for g in reply.groups}
-            return reply if all(groups_now[g]["connected"] and groups_now[g]["mem_used"] >= n
-                                and groups_now[g]["grants"] > 0 for g, n in allocs.items()) else None
+            return reply if all(groups_now[g]["connected"] and groups_now[g]["mem_used"] == held[g]
+                                and groups_now[g]["grants"] > 0 for g in allocs) else None
         after = wait_for(rebuilt, 10, "the pod managers registered with the new gem-schd", step=0.1)
         t_back = time.monotonic_ns()
         assert after.scheduler_id != before.scheduler_id
-        for g, n in allocs.items():
-            # exactly what the group's pod manager accounts (the workload's --alloc plus its small buffers)
-            assert {x["name"]: x for x in after.groups}[g]["mem_used"] == mem_used(be.ports[g], g)
+        assert all(held[g] >= n for g, n in allocs.items()), held     # the --alloc plus the workload's buffers
 
         # running clients carried on: no error, and GPU time after the restart
         for g, proc in procs.items():
