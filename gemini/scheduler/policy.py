@@ -34,6 +34,13 @@ Defects of the original that are fixed here:
   always-busy guaranteed group hovers just under its guarantee (1-2 pp with the defaults). Here "below MinUtil" is
   judged on the usage the group will have at the next decision point (now + the longest slot that may be granted
   instead of it), which keeps it at or above its guarantee.
+* Interleaving. After the MinUtil groups, Gemini picks the least *absolute* usage, so a group with a larger cap
+  waits behind a smaller one until the smaller one is capped: slots come in window-long waves (0.3/0.6 groups
+  alternate 1:1, then the 0.6 group runs alone), and since history leaves the window in the order it came, the
+  wave repeats every window. Shares are right over the window but off by tens of points over 1 s. Here usage is
+  compared as a fraction of each active group's fair target -- min(cap, level), water-filled so that the targets
+  add up to 1 -- so slots interleave in proportion to where the shares converge, from the start. Caps stay caps:
+  groups whose caps do not bind still split evenly, and with equal caps this is exactly Gemini's rule.
 * The time at which a waiting, capped group next becomes eligible is computed exactly (`next_wakeup`), instead of
   Gemini's "when the oldest history entry leaves the window", which can wake too early (busy loop) or too late.
 * Quota: no hard-coded constants; base/min quota and window are parameters. Without a burst estimate the base
@@ -623,6 +630,8 @@ class Policy:
         horizon = now + max(q for _, _, q in eligible)
         weff_h = self.window_eff(horizon)
         usages = self._usage()
+        targets = fair_targets({n: gr.cfg.max_util for n, gr in self._groups.items()
+                                if gr.waiting is not None or (n in usages and self.usage(n, now) > EPS)})
         best_key = None
         best = eligible[0]
         for name, g, quota in eligible:
@@ -633,7 +642,9 @@ class Policy:
             if missing > EPS:
                 key = (0, -missing / (missing + usage_h), g.waiting.arrival, name)
             else:
-                key = (1, self.usage(name, now), g.waiting.arrival, name)
+                # least usage relative to the group's fair target (see the module docstring)
+                key = (1, self.usage(name, now) / max(targets.get(name, g.cfg.max_util), EPS), g.waiting.arrival,
+                       name)
             if best_key is None or key < best_key:
                 best_key, best = key, (name, g, quota)
         name, g, quota = best
@@ -651,6 +662,21 @@ class Policy:
         heapq.heappush(self._len_heap, (-quota, self._seq))
         self._holder = _Holder(name, self._seq, now, now + quota)
         return [GrantDecision(name, quota, self._seq)]
+
+
+def fair_targets(caps: dict[str, float]) -> dict[str, float]:
+    """Max-min fair shares under caps (water-filling): each group gets min(cap, level), the level chosen so
+    that the shares add up to 1 (or every group gets its cap when the caps add up to less)."""
+    if sum(caps.values()) <= 1.0:
+        return dict(caps)
+    left, level, pending = 1.0, 0.0, sorted(caps.items(), key=lambda kv: kv[1])
+    while pending:
+        level = left / len(pending)
+        if pending[0][1] >= level:
+            break
+        name, cap = pending.pop(0)
+        left -= cap
+    return {name: min(cap, level) for name, cap in caps.items()}
 
 
 def group_names(decisions: Iterable[Decision]) -> list[str]:
