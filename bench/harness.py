@@ -70,7 +70,8 @@ def free_port_base(count: int, rng: random.Random | None = None) -> int:
 class Backend:
     """launch-backend.py with a config of its own, as a context manager."""
     workdir: Path
-    groups: list[Group]
+    groups: list[Group] = field(default_factory=list)
+    config: Path | None = None   # an existing resource-config.txt to use instead of writing one from `groups`
     quota_ms: float = 250
     min_quota_ms: float = 100
     window_ms: float = 10000
@@ -80,14 +81,17 @@ class Backend:
     proc: subprocess.Popen | None = None
     verbose: bool = False
 
+    extra_args: list = field(default_factory=list)
+
     @property
     def config_path(self) -> Path:
-        return self.workdir / "resource-config.txt"
+        return Path(self.config).resolve() if self.config else self.workdir / "resource-config.txt"
 
     def start(self, timeout: float = 30.0) -> "Backend":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        write_config(self.config_path, self.groups)
-        self.port = self.port or free_port_base(len(self.groups) + 8)
+        if not self.config:
+            write_config(self.config_path, self.groups)
+        self.port = self.port or free_port_base(max(len(self.groups), 16) + 8)
         ports_file = self.workdir / "ports.json"
         ports_file.unlink(missing_ok=True)
         self.log_path = self.workdir / "backend.log"
@@ -97,6 +101,7 @@ class Backend:
                 "--log-dir", str(self.workdir / "logs")]
         if self.verbose:
             argv.append("-v")
+        argv += [str(a) for a in self.extra_args]
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONPATH", str(REPO_ROOT))
         self._log = open(self.log_path, "w")

@@ -236,7 +236,8 @@ class Backend:
         for flag, value in (("-q", self.opts.base_quota), ("-m", self.opts.min_quota), ("-w", self.opts.window)):
             if value is not None:
                 argv += [flag, f"{value:g}"]
-        return Child("gem-schd", argv + self._verbosity(), self.port, self._log_path("gem-schd"))
+        return Child("gem-schd", argv + self._verbosity() + list(self.opts.schd_arg or []), self.port,
+                     self._log_path("gem-schd"))
 
     def _pmgr_child(self, group: str, port: int) -> Child:
         argv = self.pmgr_cmd + ["--name", group, "--ip", self.ip, "--port", str(port),
@@ -416,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ports-file", default=None, help="keep a JSON {group: port} in this file")
     p.add_argument("--kill-grace", type=float, default=KILL_GRACE_S, metavar="S",
                    help="seconds between SIGTERM and SIGKILL at shutdown (default %(default)s)")
+    p.add_argument("--schd-arg", action="append", metavar="ARG",
+                   help="pass ARG on to gem-schd (repeatable), e.g. --schd-arg=--trace=grants.json")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more output (passed on to the daemons)")
     return p
 
