@@ -51,7 +51,7 @@ test: venv hook
 	$(VPY) -m pytest -q
 
 demo: venv hook
-	$(VPY) -m gemini.demo
+	$(VPY) tools/demo.py $(DEMO_ARGS)
 
 # On a GPU node: the system python3 (no venv, no network). Wheels the node lacks are installed
 # first from .whl/ when present (docs/gpu-node.md).
