@@ -44,6 +44,8 @@ static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t watch_cv;
 static int watcher_started;
 static int watcher_stop;
+static atomic_llong watcher_wakes_at; /* when the watcher looks next (INT64_MAX while it scans) */
+static int watcher_nudged;            /* under watch_mu: scan again before sleeping */
 static atomic_int fail_open_active;
 
 CUresult gem_unavailable_result(void) {
@@ -137,6 +139,18 @@ static void start_watcher(void) {
         pthread_attr_destroy(&attr);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
+    pthread_mutex_unlock(&watch_mu);
+}
+
+/* Wake the watcher if it sleeps past `by`. A burst that just ended must be seen within the idle
+ * threshold, not at the slot's deadline; this costs one signal per burst, off the launch path. */
+static void nudge_watcher(int64_t by) {
+    if (atomic_load_explicit(&watcher_wakes_at, memory_order_relaxed) <= by)
+        return;
+    pthread_mutex_lock(&watch_mu);
+    watcher_nudged = 1; /* a signal is lost if the watcher is scanning: it checks this before sleeping */
+    if (watcher_started)
+        pthread_cond_signal(&watch_cv);
     pthread_mutex_unlock(&watch_mu);
 }
 
@@ -491,6 +505,8 @@ void gem_on_sync(void) {
     atomic_store(&d->predicted_burst_ns, gemhook_burst_predict(&d->est, now));
     d->bursts_in_slot++;
     pthread_mutex_unlock(&d->mu);
+    if (gem_cfg.idle_release_ns > 0)
+        nudge_watcher(now + gem_cfg.idle_release_ns);
 }
 
 /* ---- the watcher ------------------------------------------------------------------------------ */
@@ -571,6 +587,8 @@ static void *watcher_main(void *arg) {
     }
     pthread_mutex_lock(&watch_mu);
     while (!watcher_stop) {
+        watcher_nudged = 0;
+        atomic_store(&watcher_wakes_at, INT64_MAX); /* bursts ending during the scan nudge */
         pthread_mutex_unlock(&watch_mu);
         int64_t now = gem_now_ns();
         int64_t next = now + 100 * GEM_NS_PER_MS;
@@ -583,8 +601,9 @@ static void *watcher_main(void *arg) {
         pthread_mutex_lock(&watch_mu);
         if (watcher_stop)
             break;
-        if (next > gem_now_ns()) {
+        if (!watcher_nudged && next > gem_now_ns()) {
             struct timespec ts = {.tv_sec = next / GEM_NS_PER_S, .tv_nsec = next % GEM_NS_PER_S};
+            atomic_store(&watcher_wakes_at, next);
             pthread_cond_timedwait(&watch_cv, &watch_mu, &ts);
         }
     }
@@ -600,6 +619,8 @@ void gem_gate_reset_after_fork(void) {
     pthread_mutex_init(&capture_mu, NULL);
     watcher_started = 0;
     watcher_stop = 0;
+    watcher_nudged = 0;
+    atomic_store(&watcher_wakes_at, 0);
     ncaptures = 0;
     atomic_store(&gem_active_captures, 0);
     atomic_store(&fail_open_active, 0);
