@@ -177,4 +177,14 @@ typedef enum {
 } CUmemPool_attribute;
 typedef struct CUmemPoolProps_st CUmemPoolProps; /* opaque to gemini */
 
+/* NVML (libnvidia-ml.so.1): the memory queries nvidia-smi and pynvml make. nvmlReturn_t is an int. */
+struct nvmlDevice_st;
+struct gem_nvml_memory { unsigned long long total, free, used; };                /* nvmlMemory_t */
+struct gem_nvml_memory_v2 {                                                       /* nvmlMemory_v2_t */
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+};
+#define GEM_NVML_SUCCESS 0
+#define GEM_NVML_ERROR_FUNCTION_NOT_FOUND 13
+
 #endif /* GEMINI_CUDA_TYPES_H */

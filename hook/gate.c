@@ -64,7 +64,7 @@ static void format_uuid(const CUuuid *u, char *out, size_t len) {
 }
 
 /* The pod manager for a device: GEMINI_POD_MANAGERS "uuid=ip:port,..." if it names the device, else the default. */
-static void endpoint_for(const char *uuid, char *ip, size_t ip_len, int *port) {
+void gem_endpoint_for(const char *uuid, char *ip, size_t ip_len, int *port) {
     snprintf(ip, ip_len, "%s", gem_cfg.pmgr_ip);
     *port = gem_cfg.pmgr_port;
     char map[sizeof gem_cfg.pmgr_map];
@@ -107,7 +107,7 @@ static void device_setup(struct gem_device *d, int ordinal) {
     d->cudev = dev;
     char ip[64];
     int port;
-    endpoint_for(uuid, ip, sizeof ip, &port);
+    gem_endpoint_for(uuid, ip, sizeof ip, &port);
     gem_conn_init(&d->conn, ip, port, ordinal, uuid, &d->mem_in_use);
     d->initialised = 1;
 }
@@ -498,6 +498,7 @@ void gem_on_sync(void) {
     struct gem_device *d = gem_current_device();
     int64_t now = gem_now_ns();
     atomic_store(&d->last_sync_ns, now);
+    gem_memory_on_sync();
     if (!atomic_exchange(&d->in_burst, 0))
         return;
     pthread_mutex_lock(&d->mu);
@@ -689,4 +690,4 @@ static inline int gem_name_is_ptsz(const char *name) {
     }
 #define GEM_NOTHING(...)
 
-GEM_HOOK_TABLE(GEM_LAUNCH_WRAPPER, GEM_SYNC_WRAPPER, GEM_CAPTURE_WRAPPER, GEM_NOTHING, GEM_NOTHING)
+GEM_HOOK_TABLE(GEM_LAUNCH_WRAPPER, GEM_SYNC_WRAPPER, GEM_CAPTURE_WRAPPER, GEM_NOTHING, GEM_NOTHING, GEM_NOTHING)

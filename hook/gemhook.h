@@ -35,11 +35,11 @@
 /* ---- the function table ---------------------------------------------------------------- */
 
 #define GEM_X_INDEX(name, ...) GEM_IDX_##name,
-enum gem_fn_index { GEM_HOOK_TABLE(GEM_X_INDEX, GEM_X_INDEX, GEM_X_INDEX, GEM_X_INDEX, GEM_X_INDEX) GEM_FN_COUNT };
+enum gem_fn_index { GEM_HOOK_TABLE(GEM_X_INDEX, GEM_X_INDEX, GEM_X_INDEX, GEM_X_INDEX, GEM_X_INDEX, GEM_X_INDEX) GEM_FN_COUNT };
 #undef GEM_X_INDEX
 
 #define GEM_X_TYPEDEF(name, params, ...) typedef CUresult gem_fn_##name##_t params;
-GEM_HOOK_TABLE(GEM_X_TYPEDEF, GEM_X_TYPEDEF, GEM_X_TYPEDEF, GEM_X_TYPEDEF, GEM_X_TYPEDEF)
+GEM_HOOK_TABLE(GEM_X_TYPEDEF, GEM_X_TYPEDEF, GEM_X_TYPEDEF, GEM_X_TYPEDEF, GEM_X_TYPEDEF, GEM_X_TYPEDEF)
 #undef GEM_X_TYPEDEF
 
 /* Real driver entry points, resolved once from libcuda.so.1 (NULL where the driver lacks one). */
@@ -53,6 +53,7 @@ extern void *const gem_hook_fn[GEM_FN_COUNT];
 
 /* Resolve the real pointers (once). Returns 0, or -1 if libcuda.so.1 cannot be opened. */
 int gem_resolve_real(void);
+int gem_resolve_nvml(void);               /* NVML rows, once libnvidia-ml.so.1 is loaded */
 extern atomic_int gem_real_ready;
 static inline int gem_ensure_real(void) {
     return GEM_LIKELY(atomic_load_explicit(&gem_real_ready, memory_order_acquire)) ? 0 : gem_resolve_real();
@@ -261,5 +262,7 @@ static inline CUresult gem_gate_launch(CUstream stream, int ptsz) {
 /* ---- memory (memory.c) --------------------------------------------------------------------- */
 
 void gem_memory_reset_after_fork(void);
+void gem_memory_on_sync(void);            /* pools may have returned memory to the device */
+void gem_endpoint_for(const char *uuid, char *ip, size_t ip_len, int *port);
 
 #endif /* GEMINI_GEMHOOK_H */

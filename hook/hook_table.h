@@ -15,7 +15,11 @@
  *   GEM_CUSTOM(name, params)                wrapper written by hand (memory.c,
  *                                           symbols.c)
  *   GEM_REAL(name, params)                  not intercepted: resolved only
- *                                           for the hook's own calls
+ *                                           for the hook's own calls (nvml*
+ *                                           names from libnvidia-ml.so.1)
+ *   GEM_NVML(name, params)                  NVML function written by hand
+ *                                           (memory.c); its real pointer comes
+ *                                           from libnvidia-ml.so.1
  *
  * A variant missing from the installed driver resolves to NULL; it is then
  * never handed out, because dlsym and cuGetProcAddress only return a wrapper
@@ -40,7 +44,7 @@
 #define GEM_LAUNCH_EX_ARGS (config, f, kernelParams, extra)
 #define GEM_LAUNCH_EX_STREAM (config ? config->hStream : (CUstream)0)
 
-#define GEM_HOOK_TABLE(GEM_LAUNCH, GEM_SYNC, GEM_CAPTURE, GEM_CUSTOM, GEM_REAL)                           \
+#define GEM_HOOK_TABLE(GEM_LAUNCH, GEM_SYNC, GEM_CAPTURE, GEM_CUSTOM, GEM_REAL, GEM_NVML)                           \
     /* ---- gated launches ------------------------------------------------------------------ */       \
     GEM_LAUNCH(cuLaunchKernel, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)                               \
     GEM_LAUNCH(cuLaunchKernel_ptsz, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)                          \
@@ -112,6 +116,7 @@
                                         unsigned int numLevels))                                          \
     GEM_CUSTOM(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray))                               \
     GEM_CUSTOM(cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep))                               \
+    GEM_CUSTOM(cuMemPoolDestroy, (CUmemoryPool pool))                                                     \
     GEM_CUSTOM(cuMemGetInfo_v2, (size_t *free, size_t *total))                                            \
     GEM_CUSTOM(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev))                                        \
     /* ---- entry points (symbols.c) --------------------------------------------------------- */      \
@@ -133,4 +138,10 @@
     GEM_REAL(cuArrayGetMemoryRequirements, (CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray arr,             \
                                             CUdevice dev))                                                \
     GEM_REAL(cuMipmappedArrayGetMemoryRequirements, (CUDA_ARRAY_MEMORY_REQUIREMENTS *req,                \
-                                                     CUmipmappedArray arr, CUdevice dev))
+                                                     CUmipmappedArray arr, CUdevice dev))                 \
+    GEM_REAL(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value))           \
+    GEM_REAL(cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev))                                      \
+    /* ---- NVML: what nvidia-smi and pynvml report inside a group (memory.c) ------------------ */     \
+    GEM_NVML(nvmlDeviceGetMemoryInfo, (struct nvmlDevice_st *device, struct gem_nvml_memory *memory))     \
+    GEM_NVML(nvmlDeviceGetMemoryInfo_v2, (struct nvmlDevice_st *device, struct gem_nvml_memory_v2 *memory)) \
+    GEM_REAL(nvmlDeviceGetUUID, (struct nvmlDevice_st *device, char *uuid, unsigned int length))

@@ -13,10 +13,15 @@
  * allocation is affordable; bench/bench_memory.py measures it.
  */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gemhook.h"
+
+static pthread_mutex_t pool_mu;
+static int npools;
+static atomic_int pools_in_use;
 
 /* ---- the allocation table: (space, key) -> bytes, device ----------------------------------- */
 
@@ -102,6 +107,9 @@ static int untrack(int space, uint64_t key, struct alloc_entry *out) {
 void gem_memory_reset_after_fork(void) {
     /* the parent's allocations are not the child's */
     pthread_mutex_init(&table_mu, NULL);
+    pthread_mutex_init(&pool_mu, NULL);
+    npools = 0;
+    atomic_store(&pools_in_use, 0);
     if (table)
         memset(table, 0, table_cap * sizeof *table);
     table_used = table_deleted = 0;
@@ -221,21 +229,6 @@ static CUresult call_managed(CUdeviceptr *p, size_t n, void *flags, void *b) {
     (void)b;
     return REAL(cuMemAllocManaged)(p, n, (unsigned int)(uintptr_t)flags);
 }
-static CUresult call_async(CUdeviceptr *p, size_t n, void *stream, void *b) {
-    (void)b;
-    return REAL(cuMemAllocAsync)(p, n, (CUstream)stream);
-}
-static CUresult call_async_ptsz(CUdeviceptr *p, size_t n, void *stream, void *b) {
-    (void)b;
-    return REAL(cuMemAllocAsync_ptsz)(p, n, (CUstream)stream);
-}
-static CUresult call_pool(CUdeviceptr *p, size_t n, void *pool, void *stream) {
-    return REAL(cuMemAllocFromPoolAsync)(p, n, (CUmemoryPool)pool, (CUstream)stream);
-}
-static CUresult call_pool_ptsz(CUdeviceptr *p, size_t n, void *pool, void *stream) {
-    return REAL(cuMemAllocFromPoolAsync_ptsz)(p, n, (CUmemoryPool)pool, (CUstream)stream);
-}
-
 #define NEED_REAL(name)                                                     \
     do {                                                                    \
         if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))       \
@@ -252,26 +245,149 @@ GEM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
     return alloc_plain(call_managed, dptr, bytesize, (void *)(uintptr_t)flags, NULL, GEM_MEM_MANAGED);
 }
 
+/* ---- stream-ordered allocations: counted by what the pool reserves ----------------------------
+ *
+ * A memory pool keeps freed blocks reserved (up to its release threshold; CuPy's MemoryAsyncPool keeps
+ * everything), so the device memory a process holds is the pools' reservation, not its live
+ * allocations. Each allocation reserves an estimate with the pod manager, reads how far the pool really
+ * grew and settles on that; frees change nothing until the pool gives memory back (a trim, a sync point
+ * with a low release threshold, destroying the pool), which the hook notices at the next allocation,
+ * trim or synchronisation and returns to the group. Pooled allocations of a process are serialised so
+ * that the before/after readings of a pool are its own.
+ */
+
+#define POOL_GRANULE (2ull << 20) /* pools grow by whole 2 MiB pages at least */
+#define MAX_POOLS 64
+struct pool_acct {
+    CUmemoryPool pool;
+    int ordinal;
+    uint64_t counted; /* bytes of this pool's reservation the group is charged for */
+};
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pool_acct pools[MAX_POOLS];
+
+static uint64_t pool_reserved(CUmemoryPool pool, int *ok) {
+    cuuint64_t v = 0;
+    *ok = HAVE_REAL(cuMemPoolGetAttribute) &&
+          REAL(cuMemPoolGetAttribute)(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS;
+    return v;
+}
+
+static struct pool_acct *pool_entry(CUmemoryPool pool, int ordinal, int create) {
+    for (int i = 0; i < npools; i++)
+        if (pools[i].pool == pool)
+            return &pools[i];
+    if (!create || npools == MAX_POOLS)
+        return NULL;
+    pools[npools] = (struct pool_acct){pool, ordinal, 0};
+    atomic_store(&pools_in_use, 1);
+    return &pools[npools++];
+}
+
+/* The pool gave memory back: return it to the group. Called with pool_mu held. */
+static void pool_reconcile(struct pool_acct *a) {
+    int ok;
+    uint64_t reserved = pool_reserved(a->pool, &ok);
+    struct gem_device *d = gem_device_by_ordinal(a->ordinal);
+    if (ok && reserved < a->counted && d) {
+        unreserve(d, a->counted - reserved, GEM_MEM_ASYNC);
+        a->counted = reserved;
+    }
+}
+
+void gem_memory_on_sync(void) {
+    if (!atomic_load_explicit(&pools_in_use, memory_order_relaxed))
+        return;
+    if (pthread_mutex_trylock(&pool_mu) != 0)
+        return; /* an allocation is settling its pool right now; the next sync looks again */
+    for (int i = 0; i < npools; i++)
+        pool_reconcile(&pools[i]);
+    pthread_mutex_unlock(&pool_mu);
+}
+
+/* `pool` NULL: the device's current pool (cuMemAllocAsync). */
+static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream, int ptsz) {
+    struct gem_device *d = gem_current_device();
+    if (!pool && (!HAVE_REAL(cuDeviceGetMemPool) || REAL(cuDeviceGetMemPool)(&pool, d->cudev) != CUDA_SUCCESS))
+        pool = NULL;
+    int ok = 0;
+    pthread_mutex_lock(&pool_mu);
+    struct pool_acct *a = pool ? pool_entry(pool, d->ordinal, 1) : NULL;
+    uint64_t before = a ? pool_reserved(pool, &ok) : 0;
+    if (a && ok && before < a->counted) {
+        unreserve(d, a->counted - before, GEM_MEM_ASYNC); /* given back since we last looked */
+        a->counted = before;
+    }
+    uint64_t estimate = ((uint64_t)bytes + POOL_GRANULE - 1) / POOL_GRANULE * POOL_GRANULE;
+    CUresult rc = reserve(d, estimate, GEM_MEM_ASYNC);
+    if (rc != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&pool_mu);
+        return rc;
+    }
+    if (ptsz)
+        rc = a ? REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytes, pool, stream)
+               : REAL(cuMemAllocAsync_ptsz)(dptr, bytes, stream);
+    else
+        rc = a ? REAL(cuMemAllocFromPoolAsync)(dptr, bytes, pool, stream) : REAL(cuMemAllocAsync)(dptr, bytes, stream);
+    if (rc != CUDA_SUCCESS || !a || !ok) {
+        if (rc != CUDA_SUCCESS)
+            unreserve(d, estimate, GEM_MEM_ASYNC);
+        else
+            track(SPACE_PTR, *dptr, estimate, d->ordinal, GEM_MEM_ASYNC); /* no pool to read: count the block */
+        pthread_mutex_unlock(&pool_mu);
+        return rc;
+    }
+    int ok_after;
+    uint64_t after = pool_reserved(pool, &ok_after);
+    uint64_t growth = ok_after && after > before ? after - before : 0;
+    if (settle(d, estimate, growth, GEM_MEM_ASYNC) != 0) {
+        /* the pool grew past what the group may hold: undo the allocation and give the growth back */
+        if (ptsz)
+            REAL(cuMemFreeAsync_ptsz)(*dptr, stream);
+        else
+            REAL(cuMemFreeAsync)(*dptr, stream);
+        if (HAVE_REAL(cuStreamSynchronize))
+            REAL(cuStreamSynchronize)(stream);
+        REAL(cuMemPoolTrimTo)(pool, (size_t)before);
+        unreserve(d, estimate, GEM_MEM_ASYNC);
+        atomic_fetch_add(&gem_stats.mem_rollbacks, 1);
+        *dptr = 0;
+        pthread_mutex_unlock(&pool_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->counted += growth;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
 GEM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     NEED_REAL(cuMemAllocAsync);
-    return alloc_plain(call_async, dptr, bytesize, hStream, NULL, GEM_MEM_ASYNC);
+    if (!dptr || bytesize == 0 || !accounting())
+        return REAL(cuMemAllocAsync)(dptr, bytesize, hStream);
+    return alloc_pooled(dptr, bytesize, NULL, hStream, 0);
 }
 
 GEM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     NEED_REAL(cuMemAllocAsync_ptsz);
-    return alloc_plain(call_async_ptsz, dptr, bytesize, hStream, NULL, GEM_MEM_ASYNC);
+    if (!dptr || bytesize == 0 || !accounting())
+        return REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, hStream);
+    return alloc_pooled(dptr, bytesize, NULL, hStream, 1);
 }
 
 GEM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                             CUstream hStream) {
     NEED_REAL(cuMemAllocFromPoolAsync);
-    return alloc_plain(call_pool, dptr, bytesize, pool, hStream, GEM_MEM_ASYNC);
+    if (!dptr || !pool || bytesize == 0 || !accounting())
+        return REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, hStream);
+    return alloc_pooled(dptr, bytesize, pool, hStream, 0);
 }
 
 GEM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                                  CUstream hStream) {
     NEED_REAL(cuMemAllocFromPoolAsync_ptsz);
-    return alloc_plain(call_pool_ptsz, dptr, bytesize, pool, hStream, GEM_MEM_ASYNC);
+    if (!dptr || !pool || bytesize == 0 || !accounting())
+        return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, hStream);
+    return alloc_pooled(dptr, bytesize, pool, hStream, 1);
 }
 
 GEM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t widthInBytes, size_t height,
@@ -338,9 +454,34 @@ GEM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 }
 
 GEM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
-    /* Live allocations are what is counted, and trimming frees none of them. */
     NEED_REAL(cuMemPoolTrimTo);
-    return REAL(cuMemPoolTrimTo)(pool, minBytesToKeep);
+    CUresult rc = REAL(cuMemPoolTrimTo)(pool, minBytesToKeep);
+    if (rc == CUDA_SUCCESS && accounting()) {
+        pthread_mutex_lock(&pool_mu);
+        struct pool_acct *a = pool_entry(pool, 0, 0);
+        if (a)
+            pool_reconcile(a);
+        pthread_mutex_unlock(&pool_mu);
+    }
+    return rc;
+}
+
+GEM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    NEED_REAL(cuMemPoolDestroy);
+    CUresult rc = REAL(cuMemPoolDestroy)(pool);
+    if (rc == CUDA_SUCCESS && accounting()) {
+        /* Destroying a pool frees its reservation once its blocks are freed: stop counting it. */
+        pthread_mutex_lock(&pool_mu);
+        struct pool_acct *a = pool_entry(pool, 0, 0);
+        if (a) {
+            struct gem_device *d = gem_device_by_ordinal(a->ordinal);
+            if (d)
+                unreserve(d, a->counted, GEM_MEM_ASYNC);
+            *a = pools[--npools];
+        }
+        pthread_mutex_unlock(&pool_mu);
+    }
+    return rc;
 }
 
 /* ---- virtual memory management (PyTorch expandable segments, NCCL) ------------------------------ */
@@ -535,5 +676,90 @@ GEM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
         if (d)
             clamp_to_group(d, NULL, bytes);
     }
+    return rc;
+}
+
+/* ---- NVML: nvidia-smi and pynvml inside a group see the group's limit ------------------------------
+ *
+ * A process may use NVML without CUDA (nvidia-smi, a monitoring thread), so the device is found by
+ * UUID: the process's own CUDA device if it has one, else a connection of its own to the pod manager
+ * for that UUID (GEMINI_POD_MANAGERS, or the default one). If no pod manager answers for the device,
+ * NVML's own numbers are returned untouched.
+ */
+
+#define MAX_NVML_CONNS 8
+static pthread_mutex_t nvml_conn_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char uuid[GEM_UUID_LEN];
+    struct gem_conn conn;
+} nvml_conns[MAX_NVML_CONNS];
+static int n_nvml_conns;
+
+static struct gem_conn *conn_for_nvml_device(struct nvmlDevice_st *device) {
+    char uuid[GEM_UUID_LEN] = "";
+    if (gem_resolve_nvml() != 0 || !HAVE_REAL(nvmlDeviceGetUUID) ||
+        REAL(nvmlDeviceGetUUID)(device, uuid, sizeof uuid) != GEM_NVML_SUCCESS || !uuid[0])
+        return NULL;
+    int count = atomic_load(&gem_device_count);
+    for (int i = 0; i < count; i++)
+        if (gem_devices[i].initialised && strcmp(gem_devices[i].conn.device_uuid, uuid) == 0)
+            return &gem_devices[i].conn;
+    struct gem_conn *c = NULL;
+    pthread_mutex_lock(&nvml_conn_mu);
+    for (int i = 0; i < n_nvml_conns && !c; i++)
+        if (strcmp(nvml_conns[i].uuid, uuid) == 0)
+            c = &nvml_conns[i].conn;
+    if (!c && n_nvml_conns < MAX_NVML_CONNS) {
+        char ip[64];
+        int port;
+        gem_endpoint_for(uuid, ip, sizeof ip, &port);
+        snprintf(nvml_conns[n_nvml_conns].uuid, GEM_UUID_LEN, "%s", uuid);
+        c = &nvml_conns[n_nvml_conns++].conn;
+        gem_conn_init(c, ip, port, -1, uuid, NULL);
+    }
+    pthread_mutex_unlock(&nvml_conn_mu);
+    return c;
+}
+
+/* total = min(limit, physical), used = the group's use, reserved and free fitted under the total. */
+static void nvml_clamp(struct nvmlDevice_st *device, unsigned long long *total, unsigned long long *free_bytes,
+                       unsigned long long *used, unsigned long long *reserved) {
+    if (gem_cfg.disabled || gem_fail_open_active())
+        return;
+    struct gem_conn *c = conn_for_nvml_device(device);
+    struct gem_msg req, reply;
+    gemhook_msg_init(&req, GEM_MSG_MEM_INFO, 0);
+    if (!c || gem_conn_call(c, &req, &reply, 5 * GEM_NS_PER_S) != GEM_CALL_OK || reply.hdr.type != GEM_MSG_MEM_REPLY ||
+        reply.u.mem_reply.limit == 0)
+        return;
+    unsigned long long limit = reply.u.mem_reply.limit, group_used = reply.u.mem_reply.used;
+    if (*total > limit)
+        *total = limit;
+    *used = group_used < *total ? group_used : *total;
+    unsigned long long room = *total - *used;
+    if (reserved) {
+        if (*reserved > room)
+            *reserved = room;
+        room -= *reserved;
+    }
+    if (*free_bytes > room)
+        *free_bytes = room;
+}
+
+GEM_EXPORT int nvmlDeviceGetMemoryInfo(struct nvmlDevice_st *device, struct gem_nvml_memory *memory) {
+    if (gem_resolve_nvml() != 0 || !HAVE_REAL(nvmlDeviceGetMemoryInfo))
+        return GEM_NVML_ERROR_FUNCTION_NOT_FOUND;
+    int rc = REAL(nvmlDeviceGetMemoryInfo)(device, memory);
+    if (rc == GEM_NVML_SUCCESS && memory)
+        nvml_clamp(device, &memory->total, &memory->free, &memory->used, NULL);
+    return rc;
+}
+
+GEM_EXPORT int nvmlDeviceGetMemoryInfo_v2(struct nvmlDevice_st *device, struct gem_nvml_memory_v2 *memory) {
+    if (gem_resolve_nvml() != 0 || !HAVE_REAL(nvmlDeviceGetMemoryInfo_v2))
+        return GEM_NVML_ERROR_FUNCTION_NOT_FOUND;
+    int rc = REAL(nvmlDeviceGetMemoryInfo_v2)(device, memory);
+    if (rc == GEM_NVML_SUCCESS && memory)
+        nvml_clamp(device, &memory->total, &memory->free, &memory->used, &memory->reserved);
     return rc;
 }

@@ -27,19 +27,19 @@ atomic_int gem_real_ready;
 
 #define GEM_X_NAME(name, ...) #name,
 const char *const gem_fn_name[GEM_FN_COUNT] = {
-    GEM_HOOK_TABLE(GEM_X_NAME, GEM_X_NAME, GEM_X_NAME, GEM_X_NAME, GEM_X_NAME)};
+    GEM_HOOK_TABLE(GEM_X_NAME, GEM_X_NAME, GEM_X_NAME, GEM_X_NAME, GEM_X_NAME, GEM_X_NAME)};
 #undef GEM_X_NAME
 
 /* Prototypes of every wrapper (they live in the file of their concern). */
 #define GEM_X_PROTO(name, params, ...) GEM_EXPORT CUresult name params;
 #define GEM_X_SKIP(...)
-GEM_HOOK_TABLE(GEM_X_PROTO, GEM_X_PROTO, GEM_X_PROTO, GEM_X_PROTO, GEM_X_SKIP)
+GEM_HOOK_TABLE(GEM_X_PROTO, GEM_X_PROTO, GEM_X_PROTO, GEM_X_PROTO, GEM_X_SKIP, GEM_X_PROTO)
 #undef GEM_X_PROTO
 
 #define GEM_X_HOOK(name, ...) (void *)&name,
 #define GEM_X_NOHOOK(name, ...) NULL,
 void *const gem_hook_fn[GEM_FN_COUNT] = {
-    GEM_HOOK_TABLE(GEM_X_HOOK, GEM_X_HOOK, GEM_X_HOOK, GEM_X_HOOK, GEM_X_NOHOOK)};
+    GEM_HOOK_TABLE(GEM_X_HOOK, GEM_X_HOOK, GEM_X_HOOK, GEM_X_HOOK, GEM_X_NOHOOK, GEM_X_HOOK)};
 #undef GEM_X_HOOK
 #undef GEM_X_NOHOOK
 
@@ -78,8 +78,27 @@ static void resolve(void) {
         return;
     }
     for (int i = 0; i < GEM_FN_COUNT; i++)
-        gem_real_fn[i] = lookup(libcuda, gem_fn_name[i]);
+        if (strncmp(gem_fn_name[i], "nvml", 4) != 0)
+            gem_real_fn[i] = lookup(libcuda, gem_fn_name[i]);
     atomic_store_explicit(&gem_real_ready, 1, memory_order_release);
+}
+
+/* NVML functions come from libnvidia-ml.so.1, which the program loaded before it could call one. */
+static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int gem_resolve_nvml(void) {
+    pthread_mutex_lock(&nvml_mu);
+    static void *nvml;
+    if (!nvml) {
+        dlsym_fn lookup = real_dlsym();
+        nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (nvml && lookup)
+            for (int i = 0; i < GEM_FN_COUNT; i++)
+                if (strncmp(gem_fn_name[i], "nvml", 4) == 0 && !gem_real_fn[i])
+                    gem_real_fn[i] = lookup(nvml, gem_fn_name[i]);
+    }
+    pthread_mutex_unlock(&nvml_mu);
+    return nvml ? 0 : -1;
 }
 
 int gem_resolve_real(void) {
@@ -118,7 +137,8 @@ static int is_intercepted_base(const char *symbol) {
 /* ---- dlsym ------------------------------------------------------------------------------ */
 
 static inline int is_cuda_name(const char *s) {
-    return s && s[0] == 'c' && s[1] == 'u' && s[2] >= 'A' && s[2] <= 'Z';
+    return s && ((s[0] == 'c' && s[1] == 'u' && s[2] >= 'A' && s[2] <= 'Z') ||
+                 (s[0] == 'n' && s[1] == 'v' && s[2] == 'm' && s[3] == 'l'));
 }
 
 GEM_EXPORT void *dlsym(void *handle, const char *symbol) {
@@ -133,6 +153,8 @@ GEM_EXPORT void *dlsym(void *handle, const char *symbol) {
             void *found = next(handle, symbol);
             if (!found)
                 return NULL;
+            if (!gem_real_fn[i] && strncmp(symbol, "nvml", 4) == 0)
+                gem_real_fn[i] = found; /* e.g. an NVML opened RTLD_LOCAL under another name */
             atomic_fetch_add(&gem_stats.dlsym_routed, 1);
             GEM_LOG(GEM_LOG_DEBUG, "dlsym(%s) -> hook", symbol);
             return gem_hook_fn[i];

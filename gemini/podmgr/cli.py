@@ -41,11 +41,12 @@ def setup_logging(verbose: int, log_level: str | None, tag: str) -> None:
 
 async def serve(server: PodManagerServer) -> None:
     """Run until SIGINT/SIGTERM."""
-    await server.start()
+    # Handlers first: a signal that arrives as soon as the port is listening must stop us cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    await server.start()
     try:
         await stop.wait()
         log.info("stopping")

@@ -86,6 +86,11 @@ def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose
                              metrics_port=metrics_port, trace_path=trace_path)
 
     async def run() -> int:
+        # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.
+        loop = asyncio.get_running_loop()
+        stop_requested = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop_requested.set)
         try:
             await daemon.start()
         except BindError as exc:
@@ -94,12 +99,15 @@ def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose
         except OSError as exc:     # the trace file
             click.echo(f"gem-schd: --trace: cannot write {exc.filename or trace_path}: {exc.strerror or exc}", err=True)
             return EXIT_USAGE
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, daemon.stop)
         if daemon.reloader is not None:
             loop.add_signal_handler(signal.SIGHUP, daemon.reloader.reload_now)
-        await daemon.wait_closed()
+        stopper = asyncio.create_task(stop_requested.wait())
+        closed = asyncio.create_task(daemon.wait_closed())
+        await asyncio.wait({stopper, closed}, return_when=asyncio.FIRST_COMPLETED)
+        if stop_requested.is_set():
+            daemon.stop()
+            await closed
+        stopper.cancel()
         stats = daemon.timer_stats()
         if stats.get("count"):
             log.info("grants at deadlines: %d, lateness p50 %.3f ms, p99 %.3f ms", stats["count"],
