@@ -33,8 +33,8 @@ $(HOOK_LIB): $(HOOK_SRC) $(HOOK_HDR)
 -include tests/simcuda/sim.mk
 
 # Native benchmark programs (plain C against libcuda.so.1, no toolkit).
-BENCH_BIN := $(BUILD)/bench/launch_cost
-$(BUILD)/bench/launch_cost: bench/launch_cost.c hook/cuda_types.h
+BENCH_BIN := $(BUILD)/bench/launch_cost $(BUILD)/bench/alloc_cost
+$(BUILD)/bench/%: bench/%.c hook/cuda_types.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 -O2 -Wall -Wextra -Ihook -o $@ $< -ldl
 bench-native: $(BENCH_BIN)

@@ -2,6 +2,7 @@
 
     python bench/bench_overhead.py launch --rounds 5      # host cost per cuLaunchKernel (bench/launch_cost.c)
     python bench/bench_overhead.py train --rounds 3       # ResNet-18 training steps/s (tests/gpu/workloads)
+    python bench/bench_overhead.py alloc --rounds 3       # cuMemAlloc/cuMemFree latency (bench/alloc_cost.c)
 
 The hooked runs use a backend with one group (MinUtil 0, MaxUtil 1). For the launch benchmark the quota
 is long (the token is held throughout, so the launch path is the fast path being measured); for
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import REPO_ROOT, Backend, Group, last_json, read_stats  # noqa: E402
 
 LAUNCH_COST = REPO_ROOT / "build" / "bench" / "launch_cost"
+ALLOC_COST = REPO_ROOT / "build" / "bench" / "alloc_cost"
 RESNET = REPO_ROOT / "tests" / "gpu" / "workloads" / "resnet_train.py"
 
 
@@ -38,22 +40,25 @@ def interleaved(kind: str, rounds: int, quota_ms: float, program: list, key: str
     work = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     env = dict(os.environ)
     stats_file = work / "stats"
-    native, hooked, extra = [], [], {}
+    native, hooked, extra, runs = [], [], {}, {"native": [], "hooked": []}
     with Backend(work / "backend", [Group("solo", 0.0, 1.0, "200GiB")], quota_ms=quota_ms, min_quota_ms=10,
                  window_ms=max(10000, quota_ms * 2), env=env) as be:
         henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
         for _ in range(rounds):
             result = run_json(program, env, timeout)
             native.append(result[key])
-            hooked.append(run_json(be.command("solo", program), henv, timeout)[key])
+            hooked_result = run_json(be.command("solo", program), henv, timeout)
+            hooked.append(hooked_result[key])
+            runs["native"].append(result)
+            runs["hooked"].append(hooked_result)
             extra = {k: v for k, v in result.items() if k.startswith("clock") or k.startswith("coarse")}
     return {"native": native, "hooked": hooked, "native_median": statistics.median(native),
-            "hooked_median": statistics.median(hooked), "hook_stats": read_stats(stats_file), **extra}
+            "hooked_median": statistics.median(hooked), "hook_stats": read_stats(stats_file), "runs": runs, **extra}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["launch", "train"])
+    p.add_argument("what", choices=["launch", "train", "alloc"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=10, help="training seconds per round")
     p.add_argument("--batch", type=int, default=64)
@@ -65,6 +70,11 @@ def main(argv=None) -> int:
         r = interleaved("launch", args.rounds, args.quota or 8000, [LAUNCH_COST, 3000, 128], "ns_per_launch_median",
                         120)
         r["added_ns_per_launch"] = r["hooked_median"] - r["native_median"]
+        r.pop("hook_stats")
+    elif args.what == "alloc":
+        if not ALLOC_COST.exists():
+            subprocess.run(["make", "-s", "-C", str(REPO_ROOT), "bench-native"], check=True)
+        r = interleaved("alloc", args.rounds, args.quota or 250, [ALLOC_COST, 2000], "alloc_us_p50", 120)
         r.pop("hook_stats")
     else:
         r = interleaved("train", args.rounds, args.quota or 250, [sys.executable, RESNET, args.seconds, args.batch],

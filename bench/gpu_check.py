@@ -8,6 +8,7 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   probe    the driver's cuGetProcAddress returns the pointers dlsym gives (the hook routes by pointer)
   tests    pytest -m gpu (tests/gpu): frameworks under the hook, gating, static cudart, -lcuda
   launch   host cost per launch, native vs hooked, interleaved
+  alloc    cuMemAlloc/cuMemFree latency through the pod manager, native vs hooked
   share    always-busy spin tenants: native time-slicing, then gemini with MaxUtil 0.3 / 0.6
   train    ResNet-18 single-tenant overhead, native vs hooked, interleaved
 
@@ -31,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-ALL_STEPS = ["env", "build", "probe", "tests", "launch", "share", "train"]
+ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "train"]
 
 
 def sh(cmd: list | str, timeout: float, cwd: Path = REPO, env: dict | None = None, log: Path | None = None) -> str:
@@ -108,6 +109,10 @@ def step_launch(ctx) -> dict:
     return bench(ctx, ["bench/bench_overhead.py", "launch", "--rounds", "3" if ctx.args.quick else "5"], 300)
 
 
+def step_alloc(ctx) -> dict:
+    return bench(ctx, ["bench/bench_overhead.py", "alloc", "--rounds", "3"], 300)
+
+
 def step_share(ctx) -> dict:
     secs = "8" if ctx.args.quick else "14"
     native = bench(ctx, ["bench/bench_share.py", "--mode", "native", "--tenants", "2", "--seconds", secs,
@@ -126,7 +131,7 @@ def step_train(ctx) -> dict:
 
 
 STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests": step_tests,
-              "launch": step_launch, "share": step_share, "train": step_train}
+              "launch": step_launch, "alloc": step_alloc, "share": step_share, "train": step_train}
 
 
 def fmt(v, nd=1):
@@ -157,6 +162,11 @@ def write_report(ctx, results: dict) -> None:
                          f"added {fmt(res['added_ns_per_launch'])} ns per launch (rounds: {res['native']} / "
                          f"{res['hooked']}); clock_gettime {fmt(res.get('clock_monotonic_ns'))} ns, coarse "
                          f"{fmt(res.get('clock_coarse_ns'))} ns (tick {res.get('coarse_resolution_ns')} ns)")
+        elif name == "alloc":
+            nat, hk = res["runs"]["native"][-1], res["runs"]["hooked"][-1]
+            lines.append(f"cuMemAlloc 2 MiB p50/p99: native {nat['alloc_us_p50']}/{nat['alloc_us_p99']} us, hooked "
+                         f"{hk['alloc_us_p50']}/{hk['alloc_us_p99']} us; cuMemFree: native {nat['free_us_p50']}/"
+                         f"{nat['free_us_p99']} us, hooked {hk['free_us_p50']}/{hk['free_us_p99']} us")
         elif name == "share":
             n, g = res["native"], res["gemini"]
             lines.append(f"native: shares {{{', '.join(f'{k}: {v:.3f}' for k, v in n['shares'].items())}}}, "

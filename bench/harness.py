@@ -143,11 +143,11 @@ class Backend:
         return cmd + ["--"] + [str(a) for a in argv]
 
     def spawn(self, group: str, argv: list[str], env: dict | None = None, stdout=subprocess.PIPE,
-              stderr=subprocess.PIPE, timeout: float | None = None) -> subprocess.Popen:
+              stderr=subprocess.PIPE, timeout: float | None = None, stdin=None) -> subprocess.Popen:
         full_env = dict(os.environ if env is None else env)
         full_env.setdefault("PYTHONPATH", str(REPO_ROOT))
-        return subprocess.Popen(self.command(group, argv, timeout), env=full_env, stdout=stdout, stderr=stderr,
-                                text=True)
+        return subprocess.Popen(self.command(group, argv, timeout), env=full_env, stdin=stdin, stdout=stdout,
+                                stderr=stderr, text=True)
 
 
 # --- what the hook and the workloads report -----------------------------------------------------

@@ -46,7 +46,7 @@ def backend(tmp_path_factory):
 def run_hooked(backend: Backend, group: str, argv: list, tmp_path: Path, timeout: float = 900):
     stats_file = tmp_path / "stats"
     env = dict(os.environ, GEMINI_STATS_FILE=str(stats_file))
-    proc = backend.spawn(group, [str(a) for a in argv], env=env)
+    proc = backend.spawn(group, [str(a) for a in argv], env=env, stdin=subprocess.DEVNULL)
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err, read_stats(stats_file)
 
