@@ -120,9 +120,13 @@ def step_share(ctx) -> dict:
     gemini = bench(ctx, ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.3,0.6", "--seconds", secs,
                          "--quota", str(ctx.args.quota), "--window", str(ctx.args.window),
                          "--out", ctx.out / "share-gemini"], 200)
-    for r in (native, gemini):
+    # caps adding up to 1: no idle time by design, so every gap between tenants is a handoff
+    full = bench(ctx, ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.4,0.6", "--seconds", secs,
+                       "--quota", str(ctx.args.quota), "--window", str(ctx.args.window),
+                       "--out", ctx.out / "share-full"], 200)
+    for r in (native, gemini, full):
         r.pop("results", None)
-    return {"native": native, "gemini": gemini}
+    return {"native": native, "gemini": gemini, "full": full}
 
 
 def step_train(ctx) -> dict:
@@ -168,7 +172,7 @@ def write_report(ctx, results: dict) -> None:
                          f"{hk['alloc_us_p50']}/{hk['alloc_us_p99']} us; cuMemFree: native {nat['free_us_p50']}/"
                          f"{nat['free_us_p99']} us, hooked {hk['free_us_p50']}/{hk['free_us_p99']} us")
         elif name == "share":
-            n, g = res["native"], res["gemini"]
+            n, g, f = res["native"], res["gemini"], res.get("full")
             lines.append(f"native: shares {{{', '.join(f'{k}: {v:.3f}' for k, v in n['shares'].items())}}}, "
                          f"useful {n['useful']:.3f}")
             lines.append(f"gemini (caps {g['caps']}, quota {g['quota_ms']} ms): shares "
@@ -177,6 +181,11 @@ def write_report(ctx, results: dict) -> None:
                          f"{ {k: round(v, 2) for k, v in g['window_error_1s_pp'].items()} }, useful {g['useful']:.3f} "
                          f"({g['useful_of_configured']:.3f} of configured), handoff gap p50 "
                          f"{fmt(g['handoff_gap_us_p50'])} us, p99 {fmt(g['handoff_gap_us_p99'])} us")
+            if f:
+                lines.append(f"gemini (caps {f['caps']}): shares {{{', '.join(f'{k}: {v:.3f}' for k, v in f['shares'].items())}}}"
+                             f", useful {f['useful']:.3f}, handoff gap p50 {fmt(f['handoff_gap_us_p50'])} us, "
+                             f"p99 {fmt(f['handoff_gap_us_p99'])} us, 1 s window worst pp "
+                             f"{ {k: round(v, 2) for k, v in f['window_error_1s_pp'].items()} }")
         elif name == "train":
             lines.append(f"ResNet-18 steps/s native {fmt(res['native_median'], 2)}, hooked {fmt(res['hooked_median'], 2)}"
                          f": overhead {fmt(res['overhead_pct'], 2)}% (rounds {res['native']} / {res['hooked']})")
