@@ -223,6 +223,8 @@ def _watch(client: StatusClient, interval_s: float, as_json: bool) -> None:
         if not as_json:
             out.write("\n")
             out.flush()
+    except BrokenPipeError:     # the reader went away (e.g. `| head`): nothing left to do
+        sys.stderr.close()
 
 
 @main.command("hook-path")

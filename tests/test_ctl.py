@@ -58,8 +58,14 @@ def _rows(table: str) -> dict[str, str]:
     return {line.split()[0]: line for line in table.splitlines()[3:] if line.strip()}
 
 
+def _share(d: DaemonThread, group: str) -> float:
+    return next(g["share"] for g in d.call(d.daemon.status_reply).groups if g["name"] == group)
+
+
 def test_status_table(busy_schd):
+    share_before = _share(busy_schd, "alpha")
     r = CliRunner().invoke(main, ["--port", str(busy_schd.port), "status"])
+    share_after = _share(busy_schd, "alpha")
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert busy_schd.daemon.scheduler_id in lines[0] and "token: alpha" in lines[0]
@@ -72,7 +78,10 @@ def test_status_table(busy_schd):
                                                                                                    "0.50"]
     assert "3.0 GiB / 4.0 GiB" in rows["alpha"] and "100.0 MiB / 512.0 MiB" in rows["beta"]
     assert a[9:11] == ["3", "yes"] and b[9:11] == ["1", "no"] and c[9:11] == ["0", "no"]
-    assert float(a[3].rstrip("%")) > 90.0        # alpha has held the token since it was granted
+    # alpha holds the token, so its share (usage / the window so far) grows: the table's lies between the two
+    # status reads taken before and after it (rounded to 0.1 %).
+    assert 100 * share_before - 0.05 <= float(a[3].rstrip("%")) <= 100 * share_after + 0.05
+    assert share_after > 0
     assert b[3] == "0.0%"
     wait_ms = float(b[11]) if b[12] == "ms" else 1000 * float(b[11])
     assert 40.0 <= wait_ms < 5000.0, rows["beta"]  # beta has waited since its request, alpha not at all

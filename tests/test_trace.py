@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from gemini.scheduler.trace import SchedulerTrace, SlotEvent, TraceFormatError, 
 REPO = Path(__file__).resolve().parent.parent
 
 CONFIG = parse_config("[a]\nMinUtil = 0.2\nMaxUtil = 1.0\n[b]\nMaxUtil = 0.5\n", "rc.txt")
-QUOTA_MS = 40.0
+QUOTA_MS = 150.0   # long enough that a loaded machine still releases before the deadline
 
 
 def _env() -> dict:
@@ -43,6 +42,7 @@ def traced_run(tmp_path_factory):
             g1 = pa.request(TokenRequest("a"))
             assert isinstance(g1, Grant)
             pb.send(TokenRequest("b"))
+            assert isinstance(pb.request(StatusRequest()), StatusReply)     # b's request has arrived
             time.sleep(0.015)
             pa.send(TokenRelease("a", g1.token_seq))
             assert isinstance(pb.recv_type(Grant), Grant)
@@ -97,7 +97,7 @@ def test_one_track_per_group_and_slots_match_grants(traced_run):
     a, b, c = slots
     assert a["args"]["ended"] == "release" and 10_000 <= a["dur"] < QUOTA_MS * 1000
     assert b["args"]["ended"] == "deadline" and b["dur"] == pytest.approx(QUOTA_MS * 1000)
-    assert b["args"]["wait_ms"] >= 10.0 and a["args"]["wait_ms"] < 5.0     # b waited for a's release
+    assert b["args"]["wait_ms"] >= 15.0 and a["args"]["wait_ms"] == 0.0    # b waited for a's release
     assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=0.002)        # handed over at the release
 
 
@@ -118,7 +118,7 @@ def test_config_events(traced_run):
 def test_killed_daemon_leaves_an_openable_trace(tmp_path):
     (tmp_path / "resource-config.txt").write_text("[a]\n[b]\n")
     trace = tmp_path / "killed.json"
-    proc = subprocess.Popen([sys.executable, "-m", "gemini.scheduler.cli", "-P", "0", "-q", "30", "-m", "10",
+    proc = subprocess.Popen([sys.executable, "-m", "gemini.scheduler.cli", "-P", "0", "-q", "2000", "-m", "10",
                              "-p", str(tmp_path), "--trace", str(trace)], stderr=subprocess.PIPE, text=True,
                             env=_env())
     try:
@@ -150,7 +150,7 @@ def test_killed_daemon_leaves_an_openable_trace(tmp_path):
     events = json.loads(text + "]")           # strict JSON once the array is closed
     slots = [e for e in events if e["ph"] == "X"]
     assert [e["name"] for e in slots] == ["a", "b"] * 3
-    assert all(e["args"]["ended"] == "release" and 0 <= e["dur"] < 30_000 for e in slots)
+    assert all(e["args"]["ended"] == "release" and 0 <= e["dur"] < 2_000_000 for e in slots)
     assert [e["args"]["token_seq"] for e in slots] == list(range(1, 7))
     assert read_trace(trace) == events
 
