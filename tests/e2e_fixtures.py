@@ -17,14 +17,13 @@ and pointed at the group's pod manager, as launch-command does), or `backend.spa
 """
 from __future__ import annotations
 
-import json
 import os
 import select
 import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -35,8 +34,8 @@ from tests import native
 
 __all__ = [
     "KiB", "MiB", "GiB", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_SYSTEM_NOT_READY", "CUDA_ERROR_NOT_INITIALIZED",
-    "Sim", "Run", "Holder", "hook_lib", "client_script", "sim", "backends", "start", "finish", "run",
-    "client_argv", "wait_for", "clean_env", "E2E_CLIENT",
+    "Sim", "Run", "Holder", "hook_lib", "client_script", "sim", "backends", "spawn", "start", "finish", "run",
+    "client_argv", "wait_for", "read_line", "clean_env", "E2E_CLIENT",
 ]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -133,6 +132,13 @@ class Sim:
         """The hook's counters of every process that has exited, by pid."""
         return read_stats(self.stats_file)
 
+    def stats_of(self, pid: int) -> dict[str, float]:
+        """The counters one process wrote at exit (an AssertionError if it wrote none)."""
+        stats = self.stats()
+        text = self.stats_file.read_text() if self.stats_file.exists() else "(no file)"
+        assert pid in stats, f"pid {pid} wrote no statistics to {self.stats_file}:\n{text}"
+        return stats[pid]
+
 
 @pytest.fixture
 def sim(tmp_path, hook_lib) -> Sim:
@@ -185,6 +191,13 @@ def client_argv(name: str, *args: object, script: Path | None = None) -> list[st
     return native.client_cmd(name, *args)
 
 
+def spawn(backend: Backend, group: str, argv: list[str], env: dict) -> subprocess.Popen:
+    """argv in `group` through tools/launch-command.py (it preloads the hook named by env's GEMINI_HOOK_LIB)."""
+    p = backend.spawn(group, argv, env=env)
+    p.started_at = time.monotonic()  # type: ignore[attr-defined]
+    return p
+
+
 def start(argv: list[str], env: dict, stdin=subprocess.DEVNULL) -> subprocess.Popen:
     p = subprocess.Popen(argv, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     p.started_at = time.monotonic()  # type: ignore[attr-defined]
@@ -216,25 +229,25 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, step: float
         time.sleep(step)
 
 
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The child's next stdout line, or an AssertionError after `timeout` s."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"{proc.args}: no output within {timeout} s"
+    line = proc.stdout.readline()
+    assert line, f"{proc.args}: exited {proc.wait()}: {proc.stderr.read()[-2000:]}"
+    return line.strip()
+
+
 class Holder:
     """E2E_CLIENT `serve`: a process that allocates, frees and asks for meminfo when told to."""
 
     def __init__(self, argv: list[str], env: dict):
         self.proc = start(argv, env, stdin=subprocess.PIPE)
         self.pid = self.proc.pid
-        assert self._line(30) == "ready", self._dead()
-
-    def _dead(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        return f"exited {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}"
+        assert self._line(30) == "ready"
 
     def _line(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, f"no answer within {timeout} s: {self._dead()}"
-        line = self.proc.stdout.readline()
-        assert line, f"the holder is gone: {self._dead()}"
-        return line.strip()
+        return read_line(self.proc, timeout)
 
     def ask(self, command: str, timeout: float = 20) -> list[int]:
         self.proc.stdin.write(command + "\n")
@@ -250,9 +263,8 @@ class Holder:
         return free, total
 
     def close(self, timeout: float = 20) -> Run:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-        return finish(self.proc, timeout)
+        """End of input (the holder exits, freeing nothing itself: the hook and driver see it go)."""
+        return finish(self.proc, timeout)   # communicate() closes stdin
 
 
 # --- E2E_CLIENT: ctypes scenarios ---------------------------------------------------------------------
@@ -390,18 +402,26 @@ def capture(args):
             started.set()
         cu.cuStreamDestroy_v2(s)
 
-    t = threading.Thread(target=gated)
-    t.start()
-    started.wait(30)
+    # The capture begins before this process ever held a token: the first launches into it must pass
+    # without one. Then the other thread starts launching (gated) while the capture stays open.
     s = c_void_p()
     check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
     out["begin"] = cu.cuStreamBeginCapture_v2(s, GLOBAL)
     latencies, rcs = [], []
-    for k in range(8):
+
+    def captured_launch(k):
         t1 = time.monotonic()
         rcs.append(spin.launch(s, k, 1000))
         latencies.append(time.monotonic() - t1)
-        time.sleep(seconds / 16)        # the capture stays open across several slots of the other thread
+
+    for k in range(4):
+        captured_launch(k)
+    t = threading.Thread(target=gated)
+    t.start()
+    started.wait(30)
+    for k in range(4, 8):
+        time.sleep(seconds / 8)        # the capture stays open across several slots of the other thread
+        captured_launch(k)
     st = c_int(-1)
     cu.cuStreamIsCapturing(s, byref(st))
     out["status_before_end"] = st.value
