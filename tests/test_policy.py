@@ -160,6 +160,17 @@ def test_short_windows_track_the_caps_too():
         assert max(abs(x - cap) for x in shares) <= 0.02, (name, shares)
 
 
+def test_window_opens_with_the_first_request_not_the_daemon_start():
+    """Idle time before any client must not count as unused window (it let groups overshoot their caps)."""
+    policy = Policy(make_config(("a", 0, 0.3)), 20, 5, W, 0)
+    sim = Sim(policy, {"a": Busy()})
+    sim.now = 5_000.0                       # the daemon idled for 5 s before the first client came
+    sim.run(8_000.0)
+    # counting the idle 5 s as window would allow up to 0.3 x 8 s in these 3 s (0.8); the window opening
+    # at the first request keeps the group at its cap, give or take the first slots' start-up
+    assert sim.share("a", 5_000.0, 8_000.0) <= 0.3 + 0.01
+
+
 def test_fair_targets_water_fill_under_caps():
     assert fair_targets({"a": 0.3, "b": 0.6}) == {"a": 0.3, "b": 0.6}
     assert fair_targets({"a": 0.6, "b": 1.0}) == {"a": 0.5, "b": 0.5}
@@ -234,7 +245,9 @@ def test_groups_without_guarantee_share_the_rest_evenly():
 @pytest.mark.parametrize("min_a,winner", [(0.5, "a"), (0.0, "b")])
 def test_below_min_group_goes_first(min_a, winner):
     policy = Policy(make_config(("a", min_a, 1), ("b", 0, 1)), 250, 100, W, 0)
-    t = 20_000.0                                  # a full window since start
+    (g0,) = grants(policy.request("b", now=0.0))  # the window opens with the first request ...
+    policy.release("b", g0.token_seq, now=1.0)
+    t = 20_000.0                                  # ... so a full window lies behind t
     (g,) = grants(policy.request("a", now=t))
     policy.request("b", now=t + 1)
     (gb,) = grants(policy.tick(t + 250))

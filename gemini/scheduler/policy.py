@@ -7,7 +7,7 @@ It is a port of Gemini's scheduler (NTHU-LSALAB/Gemini, src/scheduler.cpp and sr
 
 * one token; a grant appends the entry [now, now + quota] to the group's history;
 * usage of a group = the time its entries cover inside the sliding window [now - window_eff, now], where
-  window_eff = min(window, now - scheduler start); time where entries of different groups overlap (a holder that
+  window_eff = min(window, now - first request); time where entries of different groups overlap (a holder that
   overran its slot while the next group already ran) is split evenly between those groups;
 * a waiting group is eligible while it is below its MaxUtil; among eligible groups, those below their MinUtil
   come first (largest missing / (missing + usage) first, missing = MinUtil x window_eff - usage), then the least
@@ -275,6 +275,11 @@ class Policy:
         g = self._groups.get(group)
         if g is None:
             return [self._unknown(group)]
+        if not self._entries and all(gr.waiting is None for gr in self._groups.values()) and self._seq == 0:
+            # The window starts with the first request, not when the daemon started: idle time before any
+            # client came would otherwise count as unused window, letting groups overshoot their caps until
+            # it slides out (and then stall them while the overshoot is paid back).
+            self.start_ms = now
         self._apply_overuse(self._last_entry.get(group), overuse_ms, now)
         if self._holder is not None and self._holder.group == group:
             # As in Gemini: the holder coming back means its clients stopped using the token.
