@@ -3,7 +3,7 @@
 Every CUDA program runs in a child process with `libgemhook.so.1` preloaded and the simulated
 `libcuda.so.1` (tests/simcuda) on its library path, against a real backend (gem-schd + gem-pmgr
 through tools/launch-backend.py, driven by bench/harness.Backend). Import the fixtures into a test
-module with `from tests.e2e_fixtures import *`.
+module by name (`from tests.e2e_fixtures import backends, client_script, hook_lib, sim`) or with `*`.
 
     hook_lib            session: `make hook` and the simulator/clients built once; the hook's path
                         ($GEMINI_HOOK_LIB wins, so a deliberately broken build can be tested)
@@ -12,8 +12,8 @@ module with `from tests.e2e_fixtures import *`.
     backends            start Backend(groups) for this test; all are stopped at teardown
 
 Environment of a child: `sim.env(...)` (no hook), `sim.hooked(backend, group, ...)` (hook preloaded
-and pointed at the group's pod manager, as launch-command does), or `backend.spawn(...)` with
-`env=sim.env(...)` (through tools/launch-command.py itself).
+and pointed at the group's pod manager, as launch-command does), or `spawn(backend, group, argv,
+sim.env())` (through tools/launch-command.py itself).
 """
 from __future__ import annotations
 
