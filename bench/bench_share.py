@@ -6,6 +6,8 @@ from on-chip time, never from nvidia-smi.
 
     python bench/bench_share.py --mode gemini --caps 0.3,0.6 --seconds 12 --out out/share
     python bench/bench_share.py --mode native --tenants 2 --seconds 12
+    python bench/bench_share.py --mode mps --caps 0.3,0.6 --seconds 12   # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+    python bench/bench_share.py --mode native --tenants 1                 # the reference for useful time
 
 Prints one JSON object: per-tenant shares over the common span, the worst share error over 1 s and
 10 s windows (gemini), total useful GPU time, and handoff gaps between tenants on the GPU clock.
@@ -16,15 +18,18 @@ import argparse
 import json
 import logging
 import os
-import statistics
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Backend, Group, Trace, common_span, last_json, read_stats, shares_over, window_errors  # noqa: E402
+from bench.harness import (Backend, Group, GroupTrace, Trace, common_span, last_json, read_stats,  # noqa: E402
+                           shares_over, window_errors)
 
 log = logging.getLogger("bench.share")
 
@@ -35,15 +40,15 @@ def workload_argv(client: Path, args, name: str, out: Path) -> list:
             "--json"]
 
 
-def handoff_gaps_us(out: Path, names: list[str], start_ns: float | None = None) -> list[float]:
-    """GPU idle time between one tenant's last kernel and the next tenant's first (negative: overlap)."""
+def handoff_gaps_us(out: Path, group_of: dict[str, str]) -> list[float]:
+    """GPU idle time between one group's last kernel and the next group's first (negative: overlap)."""
     kernels = []
-    for name in names:
+    for name, group in group_of.items():
         path = out / f"{name}.kernels"
         if path.exists():
             for line in path.read_text().splitlines():
                 s, e, _ = (int(x) for x in line.split())
-                kernels.append((s, e, name))
+                kernels.append((s, e, group))
     kernels.sort()
     gaps = []
     for (s0, e0, n0), (s1, e1, n1) in zip(kernels, kernels[1:]):
@@ -59,6 +64,25 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+@contextmanager
+def mps_daemon(workdir: Path):
+    """An MPS control daemon of our own (private pipe and log directories), stopped afterwards.
+    It changes no setting of the GPU; clients reach it through CUDA_MPS_PIPE_DIRECTORY."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if not control:
+        raise RuntimeError("nvidia-cuda-mps-control not found")
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(workdir / "mps-pipe"),
+               CUDA_MPS_LOG_DIRECTORY=str(workdir / "mps-log"))
+    for d in ("mps-pipe", "mps-log"):
+        (workdir / d).mkdir(parents=True, exist_ok=True)
+    subprocess.run([control, "-d"], env=env, check=True, timeout=30)
+    try:
+        yield env
+    finally:
+        subprocess.run([control], input="quit\n", env=env, text=True, timeout=30)
+        time.sleep(1.0)
+
+
 def run(args) -> dict:
     from tests.native import build_native, client_path
     build_native()
@@ -67,62 +91,85 @@ def run(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     caps = [float(c) for c in args.caps.split(",")] if args.caps else []
     mins = [float(m) for m in args.mins.split(",")] if args.mins else [0.0] * len(caps)
-    names = [f"t{i}" for i in range(len(caps) if args.mode == "gemini" else args.tenants)]
+    groups_n = args.tenants if args.mode == "native" else len(caps)
+    group_names = [f"t{i}" for i in range(groups_n)]
+    # one tenant per group is named like its group; several are t<i>-<j>
+    names = [g if args.per_group == 1 else f"{g}-{j}" for g in group_names for j in range(args.per_group)]
+    group_of = {n: n.split("-")[0] for n in names}
     env = dict(os.environ)
     stats_file = out / "stats"
     stats_file.unlink(missing_ok=True)
     env["GEMINI_STATS_FILE"] = str(stats_file)
     started = time.time()
     if args.mode == "gemini":
-        groups = [Group(n, mn, cap) for n, mn, cap in zip(names, mins, caps)]
+        groups = [Group(n, mn, cap) for n, mn, cap in zip(group_names, mins, caps)]
         backend = Backend(out / "backend", groups, quota_ms=args.quota, min_quota_ms=args.min_quota,
-                          window_ms=args.window, env=env)
+                          window_ms=args.window, env=env, extra_args=[f"--schd-arg=--trace={out / 'grants.json'}"])
         backend.start()
         try:
-            procs = {n: backend.spawn(n, workload_argv(client, args, n, out), env=env) for n in names}
+            procs = {n: backend.spawn(group_of[n], workload_argv(client, args, n, out), env=env) for n in names}
             results = {n: p.communicate(timeout=args.seconds + 120) for n, p in procs.items()}
         finally:
             backend.stop()
+    elif args.mode == "mps":
+        with mps_daemon(out) as mps_env:
+            procs = {n: subprocess.Popen([str(a) for a in workload_argv(client, args, n, out)],
+                                         env=dict(env, **mps_env,
+                                                  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(round(cap * 100))),
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for n, cap in zip(names, caps)}
+            results = {n: p.communicate(timeout=args.seconds + 120) for n, p in procs.items()}
     else:
-        import subprocess
         procs = {n: subprocess.Popen([str(a) for a in workload_argv(client, args, n, out)], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in names}
         results = {n: p.communicate(timeout=args.seconds + 120) for n, p in procs.items()}
     failures = {n: err[-2000:] for n, (o, err) in results.items() if procs[n].returncode != 0}
     if failures:
         raise RuntimeError(f"tenants failed: {failures}")
-    traces = {n: Trace.read(out / f"{n}.trace") for n in names}
-    start, end = common_span(traces, trim_s=args.trim)
+    tenant_traces = {n: Trace.read(out / f"{n}.trace") for n in names}
+    start, end = common_span(tenant_traces, trim_s=args.trim)
+    traces = {g: GroupTrace([tenant_traces[n] for n in names if group_of[n] == g]) for g in group_names}
     shares = shares_over(traces, start, end)
-    gaps = handoff_gaps_us(out, names)
+    gaps = handoff_gaps_us(out, group_of)
     report = {
         "mode": args.mode, "tenants": len(names), "seconds": args.seconds, "kernel_us": args.kernel_us,
-        "blocks": args.blocks, "span_s": (end - start) / 1e9, "shares": shares, "useful": sum(shares.values()),
+        "blocks": args.blocks, "per_group": args.per_group, "span_s": (end - start) / 1e9, "shares": shares,
+        "useful": sum(shares.values()),
         "handoffs": len(gaps), "handoff_gap_us_p50": pct(gaps, 0.5), "handoff_gap_us_p99": pct(gaps, 0.99),
         "wall_s": time.time() - started,
         "results": {n: last_json(o) for n, (o, _) in results.items()},
+        "errors": sum(last_json(o).get("errors", 0) for o, _ in results.values()),
     }
-    if args.mode == "gemini":
-        targets = dict(zip(names, caps))
+    if args.mode in ("gemini", "mps"):
+        targets = dict(zip(group_names, caps))
         report.update({
             "caps": targets, "quota_ms": args.quota, "window_ms": args.window,
-            "share_error_pp": {n: abs(shares[n] - targets[n]) * 100 for n in names},
+            "share_error_pp": {n: abs(shares[n] - targets[n]) * 100 for n in group_names},
             "useful_of_configured": sum(shares.values()) / min(1.0, sum(caps)),
             "window_error_1s_pp": window_errors(traces, targets, 1.0, start, end),
         })
         if end - start >= 10e9:
             report["window_error_10s_pp"] = window_errors(traces, targets, 10.0, start, end)
-        report["hook_stats"] = {str(pid): s for pid, s in read_stats(stats_file).items()}
+        if args.mode == "gemini":
+            report["hook_stats"] = {str(pid): s for pid, s in read_stats(stats_file).items()}
     (out / "share.json").write_text(json.dumps(report, indent=1))
+    if args.plot:
+        try:
+            from bench.plots import plot_run
+            report["plot"] = str(plot_run(out, Path(args.plot), title=args.title))
+        except ImportError as exc:
+            report["plot"] = f"no plot: {exc}"
     return report
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["native", "gemini"], default="gemini")
-    p.add_argument("--caps", default="0.3,0.6", help="MaxUtil per tenant (gemini mode)")
+    p.add_argument("--mode", choices=["native", "gemini", "mps"], default="gemini")
+    p.add_argument("--caps", default="0.3,0.6",
+                   help="per tenant: MaxUtil (gemini) or CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100 (mps)")
     p.add_argument("--mins", default="", help="MinUtil per tenant (gemini mode; default 0)")
     p.add_argument("--tenants", type=int, default=2, help="number of tenants (native mode)")
+    p.add_argument("--per-group", type=int, default=1, help="processes per group (gemini mode)")
     p.add_argument("--seconds", type=float, default=12)
     p.add_argument("--trim", type=float, default=1.0, help="seconds dropped at both ends of the common span")
     p.add_argument("--kernel-us", type=int, default=1000)
@@ -132,6 +179,8 @@ def main(argv=None) -> int:
     p.add_argument("--min-quota", type=float, default=5)
     p.add_argument("--window", type=float, default=10000)
     p.add_argument("--out")
+    p.add_argument("--plot", help="write a PNG of share over time and the token timeline here (needs matplotlib)")
+    p.add_argument("--title", help="plot title")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     print(json.dumps(run(args), indent=1))

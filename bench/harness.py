@@ -210,6 +210,20 @@ class Trace:
         return c[lo] + frac * (c[hi] - c[lo])
 
 
+@dataclass
+class GroupTrace:
+    """Several tenants' traces counted as one (a group of processes)."""
+    members: list
+
+    @property
+    def host_ns(self) -> list[int]:
+        # the span the whole group ran: from the last member's first sync to the first member's last
+        return [max(m.host_ns[0] for m in self.members), min(m.host_ns[-1] for m in self.members)]
+
+    def onchip_at(self, t_ns: float) -> float:
+        return sum(m.onchip_at(t_ns) for m in self.members)
+
+
 def shares_over(traces: dict[str, Trace], start_ns: float, end_ns: float) -> dict[str, float]:
     """Each tenant's on-chip time in [start, end] as a fraction of the span."""
     span = end_ns - start_ns
