@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "train"]
+ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "reaction", "infer", "soak", "train"]
 
 
 def sh(cmd: list | str, timeout: float, cwd: Path = REPO, env: dict | None = None, log: Path | None = None) -> str:
@@ -113,20 +113,57 @@ def step_alloc(ctx) -> dict:
     return bench(ctx, ["bench/bench_overhead.py", "alloc", "--rounds", "3"], 300)
 
 
+SHARE_RUNS = [
+    # (name, arguments, plot title or None)
+    ("native-1", ["--mode", "native", "--tenants", "1"], None),
+    ("native-2", ["--mode", "native", "--tenants", "2"], "native time-slicing, 2 tenants"),
+    ("native-3", ["--mode", "native", "--tenants", "3"], None),
+    ("gemini-0.3-0.6", ["--mode", "gemini", "--caps", "0.3,0.6"], "gemini, MaxUtil 0.3 / 0.6"),
+    ("gemini-0.4-0.6", ["--mode", "gemini", "--caps", "0.4,0.6"], None),
+    ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
+    ("mps-0.3-0.6", ["--mode", "mps", "--caps", "0.3,0.6"], "MPS, active thread percentage 30 / 60"),
+    ("mps-3", ["--mode", "mps", "--caps", "0.2,0.3,0.5"], None),
+]
+
+
 def step_share(ctx) -> dict:
     secs = "8" if ctx.args.quick else "14"
-    native = bench(ctx, ["bench/bench_share.py", "--mode", "native", "--tenants", "2", "--seconds", secs,
-                         "--out", ctx.out / "share-native"], 200)
-    gemini = bench(ctx, ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.3,0.6", "--seconds", secs,
-                         "--quota", str(ctx.args.quota), "--window", str(ctx.args.window),
-                         "--out", ctx.out / "share-gemini"], 200)
-    # caps adding up to 1: no idle time by design, so every gap between tenants is a handoff
-    full = bench(ctx, ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.4,0.6", "--seconds", secs,
-                       "--quota", str(ctx.args.quota), "--window", str(ctx.args.window),
-                       "--out", ctx.out / "share-full"], 200)
-    for r in (native, gemini, full):
-        r.pop("results", None)
-    return {"native": native, "gemini": gemini, "full": full}
+    out = {}
+    for name, extra, title in SHARE_RUNS:
+        argv = ["bench/bench_share.py", *extra, "--seconds", secs, "--quota", str(ctx.args.quota),
+                "--window", str(ctx.args.window), "--out", ctx.out / f"share-{name}"]
+        if title:
+            argv += ["--plot", ctx.out / f"share-{name}.png", "--title", title]
+        try:
+            r = bench(ctx, argv, 200)
+            r.pop("results", None)
+            r.pop("hook_stats", None)
+            out[name] = r
+        except Exception as exc:  # noqa: BLE001 -- one configuration failing (MPS absent) keeps the others
+            out[name] = {"error": str(exc)[-1000:]}
+    return out
+
+
+def step_reaction(ctx) -> dict:
+    r = bench(ctx, ["bench/bench_reaction.py", "--seconds", "3", "--repeats", "4"], 200)
+    r.pop("results", None)
+    return r
+
+
+def step_infer(ctx) -> dict:
+    r = bench(ctx, ["bench/bench_inference.py", "--seconds", "10" if ctx.args.quick else "15"], 500)
+    r.pop("hook_stats", None)
+    return r
+
+
+def step_soak(ctx) -> dict:
+    secs = "30" if ctx.args.quick else "120"
+    r = bench(ctx, ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.1,0.2,0.3,0.4", "--per-group", "2",
+                    "--seconds", secs, "--quota", str(ctx.args.quota), "--window", str(ctx.args.window),
+                    "--out", ctx.out / "share-soak", "--plot", ctx.out / "share-soak.png",
+                    "--title", "gemini, 8 processes in 4 groups, MaxUtil 0.1 / 0.2 / 0.3 / 0.4"], 400)
+    r.pop("results", None)
+    return r
 
 
 def step_train(ctx) -> dict:
@@ -135,7 +172,8 @@ def step_train(ctx) -> dict:
 
 
 STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests": step_tests,
-              "launch": step_launch, "alloc": step_alloc, "share": step_share, "train": step_train}
+              "launch": step_launch, "alloc": step_alloc, "share": step_share, "reaction": step_reaction,
+              "infer": step_infer, "soak": step_soak, "train": step_train}
 
 
 def fmt(v, nd=1):
@@ -172,20 +210,32 @@ def write_report(ctx, results: dict) -> None:
                          f"{hk['alloc_us_p50']}/{hk['alloc_us_p99']} us; cuMemFree: native {nat['free_us_p50']}/"
                          f"{nat['free_us_p99']} us, hooked {hk['free_us_p50']}/{hk['free_us_p99']} us")
         elif name == "share":
-            n, g, f = res["native"], res["gemini"], res.get("full")
-            lines.append(f"native: shares {{{', '.join(f'{k}: {v:.3f}' for k, v in n['shares'].items())}}}, "
-                         f"useful {n['useful']:.3f}")
-            lines.append(f"gemini (caps {g['caps']}, quota {g['quota_ms']} ms): shares "
-                         f"{{{', '.join(f'{k}: {v:.3f}' for k, v in g['shares'].items())}}}, error pp "
-                         f"{ {k: round(v, 2) for k, v in g['share_error_pp'].items()} }, 1 s window worst pp "
-                         f"{ {k: round(v, 2) for k, v in g['window_error_1s_pp'].items()} }, useful {g['useful']:.3f} "
-                         f"({g['useful_of_configured']:.3f} of configured), handoff gap p50 "
-                         f"{fmt(g['handoff_gap_us_p50'])} us, p99 {fmt(g['handoff_gap_us_p99'])} us")
-            if f:
-                lines.append(f"gemini (caps {f['caps']}): shares {{{', '.join(f'{k}: {v:.3f}' for k, v in f['shares'].items())}}}"
-                             f", useful {f['useful']:.3f}, handoff gap p50 {fmt(f['handoff_gap_us_p50'])} us, "
-                             f"p99 {fmt(f['handoff_gap_us_p99'])} us, 1 s window worst pp "
-                             f"{ {k: round(v, 2) for k, v in f['window_error_1s_pp'].items()} }")
+            for run, r in res.items():
+                if r.get("error"):
+                    lines.append(f"- {run}: FAILED {r['error'][-300:]}")
+                    continue
+                shares = ", ".join(f"{k}: {v:.3f}" for k, v in r["shares"].items())
+                line = f"- {run}: shares {{{shares}}}, useful {r['useful']:.3f}"
+                if "share_error_pp" in r:
+                    line += (f", error pp {fmt(max(r['share_error_pp'].values()), 2)}, worst 1 s window pp "
+                             f"{fmt(max(r['window_error_1s_pp'].values()), 2)}")
+                    if "window_error_10s_pp" in r:
+                        line += f", worst 10 s window pp {fmt(max(r['window_error_10s_pp'].values()), 2)}"
+                if r.get("handoff_gap_us_p50") is not None and run.startswith("gemini"):
+                    line += f", handoff gap p50/p99 {fmt(r['handoff_gap_us_p50'])}/{fmt(r['handoff_gap_us_p99'])} us"
+                lines.append(line)
+        elif name == "reaction":
+            lines.append(f"save -> new shares on the GPU: {res['reactions_ms']} ms (median {res['median_ms']})")
+        elif name == "infer":
+            for key in ("alone_native", "alone_gemini", "with_train_native", "with_train_gemini"):
+                r = res[key]
+                lines.append(f"- {key}: p50 {fmt(r['p50_ms'], 2)} ms, p99 {fmt(r['p99_ms'], 2)} ms"
+                             + (f", p99 x{fmt(r['p99_inflation'], 2)}" if "p99_inflation" in r else ""))
+        elif name == "soak":
+            lines.append(f"{res['span_s']:.0f} s, 8 processes in 4 groups: shares "
+                         f"{ {k: round(v, 3) for k, v in res['shares'].items()} }, error pp "
+                         f"{fmt(max(res['share_error_pp'].values()), 2)}, worst 10 s window pp "
+                         f"{fmt(max(res.get('window_error_10s_pp', {'-': 0}).values()), 2)}, errors {res['errors']}")
         elif name == "train":
             lines.append(f"ResNet-18 steps/s native {fmt(res['native_median'], 2)}, hooked {fmt(res['hooked_median'], 2)}"
                          f": overhead {fmt(res['overhead_pct'], 2)}% (rounds {res['native']} / {res['hooked']})")
@@ -228,8 +278,23 @@ def main(argv=None) -> int:
               f"({ctx.durations[name]:.0f} s)", flush=True)
         (ctx.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
         write_report(ctx, results)
+    bundle(ctx.out)
     print((ctx.out / "report.md").read_text())
     return 0 if all(not r.get("error") for r in results.values()) else 1
+
+
+def bundle(out: Path) -> None:
+    """Traces, kernel logs and plots go into one artifacts.tgz (a device call returns few files)."""
+    import shutil
+    import tarfile
+    extra = [p for p in out.iterdir() if p.name.startswith("share-") or p.suffix == ".png"]
+    if not extra:
+        return
+    with tarfile.open(out / "artifacts.tgz", "w:gz") as tar:
+        for p in extra:
+            tar.add(p, arcname=p.name)
+    for p in extra:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 if __name__ == "__main__":
