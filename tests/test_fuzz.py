@@ -396,6 +396,39 @@ def test_fuzz_hook_frames_against_a_live_pod_manager(fresh_baseline, ops):
     live.good.check()
 
 
+def test_pod_manager_under_abusive_connections(fresh_baseline):
+    """Stalled half frames, 200 idle connections, and a client that never reads its replies: the others are served
+    throughout, the reader is dropped, and everything is given back."""
+    live = fresh_baseline
+    port = live.be.ports["good"]
+    stalled = socket.create_connection(("127.0.0.1", port))
+    idle: list[Frames] = []
+    deaf = socket.socket()
+    try:
+        stalled.sendall(hp.encode(hp.Hello(pid=1, pod_name="good"), 1)[:100])
+        idle = [Frames(port) for _ in range(200)]
+        for conn in idle[::20]:
+            assert isinstance(conn.call(hp.Hello(pid=2, pod_name="good")), hp.HelloAck)
+        live.good.check()
+
+        # A small receive window, set before connecting (shrinking it on a live connection stalls TCP itself).
+        deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        deaf.connect(("127.0.0.1", port))
+        deaf.sendall(hp.encode(hp.Hello(pid=3, pod_name="good"), 1))
+        request = hp.encode(hp.MemInfo(), 2) * 1000
+        deaf.settimeout(10)
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            for _ in range(200):                # up to 50 MB of requests, never reading a reply
+                deaf.sendall(request)
+        live.good.check()
+        assert "does not read its replies: closing it" in live.log("good")
+    finally:
+        deaf.close()
+        for conn in idle:
+            conn.close()
+        stalled.close()
+
+
 # --- pod manager -> gem-schd zmq frames -------------------------------------------------------------------------
 
 I64_OR_U64 = st.integers(-(2**63), 2**64 - 1)
@@ -517,7 +550,7 @@ class Dealer:
 def zctx():
     ctx = zmq.Context()
     yield ctx
-    ctx.term()
+    ctx.destroy(linger=0)       # closes whatever a failed test left open
 
 
 @fuzz_settings(150)
@@ -754,3 +787,257 @@ def test_pod_manager_survives_unparsable_json_from_the_scheduler(tmp_path, zctx)
         proc.terminate()
         proc.wait(10)
         sched.close()
+
+
+# --- resource-config.txt through the running scheduler --------------------------------------------------------------
+#
+# A model of the v2 format predicts, for a generated file, either the groups it defines or the line of its first
+# error; the running scheduler must agree: apply the groups, or keep the last good config and log file:line.
+
+NAME_OK = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.!$%&()*+,/:<>?@^`{|}~'\""
+NAME_BAD = " \t\x7féü名\x00\x1b" + "[]=#;"
+
+
+def _name_valid(name: str) -> bool:
+    return 1 <= len(name) <= 63 and all(0x21 <= ord(c) <= 0x7E and c not in "[]=#;" for c in name)
+
+
+NAMES = st.one_of(
+    st.text(NAME_OK, min_size=1, max_size=63),
+    st.text(NAME_OK, min_size=64, max_size=300),                                     # too long
+    st.builds(lambda a, bad, b: a + bad + b, st.text(NAME_OK, min_size=1, max_size=10),
+              st.sampled_from(NAME_BAD), st.text(NAME_OK, min_size=1, max_size=10)),  # a bad character inside
+    st.just(""),
+)
+
+UTILS = st.one_of(
+    st.sampled_from([("0", 0.0), ("1", 1.0), ("0.5", 0.5), ("1.0", 1.0), (".25", 0.25), ("1e-3", 0.001),
+                     ("-0", 0.0), ("1e-400", 0.0), ("0.3 # why", 0.3), ("0.2 ; why", 0.2),
+                     ("-0.1", None), ("1.0001", None), ("nan", None), ("inf", None), ("-inf", None), ("1e309", None),
+                     ("abc", None), ("", None), ("0x1", None), ("2", None), ("0." + "0" * 70, None),
+                     ("½", None), ("1,5", None)]),
+    st.floats(-2, 2).map(lambda x: (repr(x), x if 0.0 <= x <= 1.0 else None)),
+)
+MEMS = st.one_of(
+    st.sampled_from([("1", 1), ("4096", 4096), ("1GiB", 1 << 30), ("1.5G", 1_500_000_000), ("512MiB", 512 << 20),
+                     ("2 TiB", 2 << 40), ("1KB", 1000), ("0.5K", 500), ("8Ti", 8 << 40), ("1gib", 1 << 30),
+                     (str(MAX_MEMORY), MAX_MEMORY), ("0", None), ("-1", None), ("1e9", None),
+                     (str(MAX_MEMORY + 1), None), ("9" * 30, None), ("8EiB", None), ("abc", None), ("", None),
+                     ("0.0001", None), ("1.5.5G", None), ("1" * 65, None)]),
+    st.integers(-(2**70), 2**70).map(lambda n: (str(n), n if 0 < n <= MAX_MEMORY else None)),
+)
+KEYS = {"min_util": ["MinUtil", "minutil", "MINUTIL"], "max_util": ["MaxUtil", "maxutil"],
+        "mem_limit": ["MemoryLimit", "memorylimit"]}
+
+
+@dataclass
+class ModelGroup:
+    name: str
+    line: int
+    min_util: float = 0.0
+    max_util: float = 1.0
+    mem_limit: int = 1 << 30
+
+
+@dataclass
+class ModelFile:
+    text: str
+    groups: list[ModelGroup]
+    error_line: int | None       # the line gem-schd must name, or None: the file is good
+
+
+@st.composite
+def config_files(draw) -> ModelFile:
+    lines: list[str] = []
+    first_bad: int | None = None
+    groups: list[ModelGroup] = []
+
+    def add(text: str, ok: bool) -> int:
+        nonlocal first_bad
+        lines.append(text)
+        if not ok and first_bad is None:
+            first_bad = len(lines)
+        return len(lines)
+
+    for _ in range(draw(st.integers(0, 4))):
+        if draw(st.booleans()):
+            add(draw(st.sampled_from(["", "# a comment", "; another", "   ", "\t# indented"])), True)
+        name = draw(NAMES)
+        line = add(f"[{name}]", _name_valid(name))
+        group = ModelGroup(name, line)
+        groups.append(group)
+        given_keys = draw(st.permutations(list(KEYS)))[:draw(st.integers(0, 3))]
+        for attr in given_keys:
+            key = draw(st.sampled_from(KEYS[attr]))
+            sep = draw(st.sampled_from([" = ", "=", ": ", " :"]))
+            text, value = draw(MEMS if attr == "mem_limit" else UTILS)
+            add(f"{key}{sep}{text}", value is not None)
+            if value is not None:
+                setattr(group, attr, value)
+        extra = draw(st.sampled_from([None, None, None, "unknown", "twice", "no-separator"]))
+        if extra == "unknown":
+            add("Priority = 3", False)
+        elif extra == "twice":       # an error only if the group gave MaxUtil already
+            if add("MaxUtil = 1", "max_util" not in given_keys) and "max_util" not in given_keys:
+                group.max_util = 1.0
+        elif extra == "no-separator":
+            add("MinUtil 0.5", False)
+    text = "\n".join(lines) + draw(st.sampled_from(["", "\n", "\r\n"]))
+    if draw(st.booleans()):
+        text = text.replace("\n", "\r\n")
+    error = first_bad
+    if "\0" in text:           # a NUL anywhere is refused before parsing, at its line
+        error = text[:text.index("\0")].count("\n") + 1
+    elif error is None:
+        if not groups:
+            significant = [i for i, ln in enumerate(lines, 1) if ln.split("#")[0].split(";")[0].strip()]
+            error = significant[0] if significant else max(len(text.replace("\r\n", "\n").split("\n"))
+                                                           - (1 if text.endswith("\n") else 0), 1)
+        else:
+            seen: set[str] = set()
+            for g in groups:
+                if g.name in seen or g.min_util > g.max_util:
+                    error = g.line
+                    break
+                seen.add(g.name)
+    return ModelFile(text, groups, error)
+
+
+class LogRecords(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def config_daemon(tmp_path_factory):
+    """gem-schd in this process, on a config file; reloads are triggered by the test (the watcher's own timers are
+    set far off, so each reload reads exactly the file the test wrote)."""
+    path = tmp_path_factory.mktemp("config") / "resource-config.txt"
+    path.write_text("[base]\nMinUtil = 0.1\n")
+    from gemini.config import load_config
+    records = LogRecords()
+    logger = logging.getLogger("gemini.scheduler.reload")
+    logger.addHandler(records)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    daemon = DaemonThread(load_config(path), config_path=str(path), debounce_s=30.0, settle_s=30.0).start()
+    peer = FakePodManager(daemon.endpoint)
+    try:
+        yield daemon, path, peer, records
+    finally:
+        peer.close()
+        daemon.stop()
+        logger.removeHandler(records)
+        logger.setLevel(old_level)
+
+
+def in_force(peer: FakePodManager) -> list[tuple]:
+    reply = peer.request(sm.StatusRequest(), 5)
+    assert isinstance(reply, sm.StatusReply), reply
+    return [(g["name"], g["min_util"], g["max_util"], g["mem_limit"]) for g in reply.groups]
+
+
+def reload(daemon: DaemonThread, path: Path, data: bytes, records: LogRecords) -> list[str]:
+    """Write the file, reload it on the daemon's loop; the reloader's error lines."""
+    path.write_bytes(data)
+    records.records.clear()
+    daemon.call(daemon.daemon.reloader.reload_now)
+    return [r.getMessage() for r in records.records if r.levelno >= logging.ERROR]
+
+
+def last_good(daemon, path, peer, records, tag: int) -> list[tuple]:
+    """Put a known good config in force (a different one each time)."""
+    reload(daemon, path, f"[base{tag % 7}]\nMaxUtil = 0.{tag % 9 + 1}\n".encode(), records)
+    good = in_force(peer)
+    assert good == [(f"base{tag % 7}", 0.0, float(f"0.{tag % 9 + 1}"), 1 << 30)], good
+    return good
+
+
+COUNTER = iter(range(10**9))
+
+
+@fuzz_settings(200)
+@given(model=config_files())
+def test_fuzz_config_files_through_the_running_scheduler(config_daemon, model):
+    daemon, path, peer, records = config_daemon
+    before = last_good(daemon, path, peer, records, next(COUNTER))
+    errors = reload(daemon, path, model.text.encode(), records)
+    after = in_force(peer)
+    if model.error_line is None:
+        assert not errors, (model, errors)
+        assert after == [(g.name, g.min_util, g.max_util, g.mem_limit) for g in model.groups], model
+    else:
+        assert after == before, "a bad file changed the config in force"
+        assert len(errors) == 1, (model, errors)
+        assert f": {path}:{model.error_line}: " in errors[0], (model.text, errors[0])
+        assert len(errors[0]) < 400, "a hostile value was not cut in the message"
+
+
+@fuzz_settings(100)
+@given(data=st.one_of(st.binary(max_size=400), config_files().flatmap(
+    lambda m: st.integers(0, len(m.text.encode())).map(lambda n: m.text.encode()[:n]))))
+def test_fuzz_random_and_truncated_config_bytes_through_the_running_scheduler(config_daemon, data):
+    daemon, path, peer, records = config_daemon
+    before = last_good(daemon, path, peer, records, next(COUNTER))
+    errors = reload(daemon, path, data, records)
+    after = in_force(peer)
+    if errors:
+        assert after == before
+        where = errors[0].split(f"{path}:", 1)[1].split(":", 1)[0]
+        assert where.isdigit() and int(where) <= data.count(b"\n") + 1, errors[0]
+    else:
+        assert after, "a config without groups was applied"
+
+
+def test_hostile_saves_through_the_watcher_of_a_live_gem_schd(tmp_path, zctx):
+    path = tmp_path / "resource-config.txt"
+    path.write_text("[keep]\nMaxUtil = 0.5\n")
+    log_path = tmp_path / "gem-schd.log"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "gemini.scheduler.cli", "-P", "0", "-p", str(tmp_path),
+                                 "--log-level", "info"], stdout=log, stderr=log, env=env)
+    try:
+        assert settle(lambda: "listening on tcp://" in log_path.read_text() or proc.poll() is not None, 15)
+        endpoint = log_path.read_text().split("listening on ")[1].split()[0]
+        peer = FakePodManager(endpoint, ctx=zctx)
+        keep = [("keep", 0.0, 0.5, 1 << 30)]
+        assert in_force(peer) == keep
+
+        def save(data: bytes | None, expect: str) -> str:
+            seen = log_path.read_text(errors="replace").count(expect)
+            if data is None:
+                path.unlink()
+            else:
+                path.write_bytes(data)
+            assert settle(lambda: log_path.read_text(errors="replace").count(expect) > seen, 5), expect
+            assert proc.poll() is None and in_force(peer) == keep
+            return [ln for ln in log_path.read_text(errors="replace").splitlines() if expect in ln][-1]
+
+        save(b"\xff\xfe[keep]\x00\xff", f"{path}:1: file is not valid UTF-8")
+        save(b"[keep]\n\x00\n", f"{path}:2: file contains a NUL byte")
+        save(b"[keep]\n\xff\xfe MaxUtil = 1\n", f"{path}:2: file is not valid UTF-8")
+        line = save(b"[" + b"n" * 100_000 + b"]\n", f"{path}:1: group name 'nnnnnnnnnnnnnnnnnnnn'...")
+        assert len(line) < 400, line
+        line = save(b"[" * 1_000_000, f"{path}:1: ")
+        assert len(line) < 400, line
+        save(b"[keep]\nMemoryLimit = 99999999999999999999999999 GiB\n", f"{path}:2: MemoryLimit: size")
+        save(b"[keep]\nMinUtil = 0.9\nMaxUtil = 0.1\n", f"{path}:1: group 'keep': MinUtil 0.9 is above MaxUtil")
+        save(b"[keep]\n[keep]\n", f"{path}:2: group 'keep' is defined twice")
+        save(b"[keep]\nMaxUtil = -1e308\n", f"{path}:2: MaxUtil '-1e308' must be a number between 0 and 1")
+        save(None, "was removed; keeping the last good config")
+        path.mkdir()            # a directory where the file was: the watcher ignores it, nothing changes
+        time.sleep(0.2)
+        assert proc.poll() is None and in_force(peer) == keep
+        path.rmdir()
+        path.write_text("[new]\nMinUtil = 0.25\n")
+        assert settle(lambda: in_force(peer) == [("new", 0.25, 1.0, 1 << 30)], 5)
+        peer.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+    assert "Traceback" not in log_path.read_text(errors="replace")
