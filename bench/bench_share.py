@@ -34,10 +34,24 @@ from bench.harness import (Backend, Group, GroupTrace, Trace, common_span, last_
 log = logging.getLogger("bench.share")
 
 
-def workload_argv(client: Path, args, name: str, out: Path) -> list:
-    return [str(client), "--seconds", args.seconds, "--kernel-us", args.kernel_us, "--sync-every", args.sync_every,
+def workload_argv(client: Path, args, name: str, out: Path, seconds: float | None = None) -> list:
+    argv = [str(client), "--seconds", seconds or args.seconds, "--sync-every", args.sync_every,
             "--blocks", args.blocks, "--trace", out / f"{name}.trace", "--kernel-log", out / f"{name}.kernels",
             "--json"]
+    if args.work_iters:
+        return argv + ["--work-iters", args.work_iters, "--threads", args.threads]
+    return argv + ["--kernel-us", args.kernel_us]
+
+
+def calibrate_alone(client: Path, args, out: Path, env: dict) -> float:
+    """ns per gem_work kernel with the GPU to itself (the yardstick of throughput shares)."""
+    proc = subprocess.run([str(a) for a in workload_argv(client, args, "calibrate", out, seconds=3)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"calibration failed: {proc.stderr[-1500:]}")
+    tr = Trace.read(out / "calibrate.trace")
+    i0 = next(i for i, k in enumerate(tr.kernels) if k >= 5)  # past JIT and the first kernels
+    return (tr.host_ns[-1] - tr.host_ns[i0]) / max(1, tr.kernels[-1] - tr.kernels[i0])
 
 
 def handoff_gaps_us(out: Path, group_of: dict[str, str]) -> list[float]:
@@ -127,13 +141,18 @@ def run(args) -> dict:
     if failures:
         raise RuntimeError(f"tenants failed: {failures}")
     tenant_traces = {n: Trace.read(out / f"{n}.trace") for n in names}
+    ns_per_kernel = None
+    if args.work_iters:
+        ns_per_kernel = calibrate_alone(client, args, out, {k: v for k, v in env.items() if k != "GEMINI_STATS_FILE"})
+        tenant_traces = {n: t.as_throughput(ns_per_kernel) for n, t in tenant_traces.items()}
     start, end = common_span(tenant_traces, trim_s=args.trim)
     traces = {g: GroupTrace([tenant_traces[n] for n in names if group_of[n] == g]) for g in group_names}
     shares = shares_over(traces, start, end)
     gaps = handoff_gaps_us(out, group_of)
     report = {
         "mode": args.mode, "tenants": len(names), "seconds": args.seconds, "kernel_us": args.kernel_us,
-        "blocks": args.blocks, "per_group": args.per_group, "span_s": (end - start) / 1e9, "shares": shares,
+        "blocks": args.blocks, "per_group": args.per_group, "work_iters": args.work_iters,
+        "ns_per_kernel_alone": ns_per_kernel, "span_s": (end - start) / 1e9, "shares": shares,
         "useful": sum(shares.values()),
         "handoffs": len(gaps), "handoff_gap_us_p50": pct(gaps, 0.5), "handoff_gap_us_p99": pct(gaps, 0.99),
         "wall_s": time.time() - started,
@@ -174,6 +193,10 @@ def main(argv=None) -> int:
     p.add_argument("--trim", type=float, default=1.0, help="seconds dropped at both ends of the common span")
     p.add_argument("--kernel-us", type=int, default=1000)
     p.add_argument("--sync-every", type=int, default=1)
+    p.add_argument("--work-iters", type=int, default=0,
+                   help="compute-bound gem_work kernels of this many steps (shares by throughput against the "
+                        "kernel's time alone) instead of gem_spin; needed to compare with MPS")
+    p.add_argument("--threads", type=int, default=256, help="threads per block for --work-iters")
     p.add_argument("--blocks", type=int, default=132)
     p.add_argument("--quota", type=float, default=20, help="gem-schd base quota, ms")
     p.add_argument("--min-quota", type=float, default=5)

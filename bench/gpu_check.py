@@ -113,16 +113,20 @@ def step_alloc(ctx) -> dict:
     return bench(ctx, ["bench/bench_overhead.py", "alloc", "--rounds", "3"], 300)
 
 
+WORK = ["--work-iters", "30000", "--blocks", "1056"]  # compute-bound, 8 blocks of 256 threads per SM
 SHARE_RUNS = [
-    # (name, arguments, plot title or None)
+    # (name, arguments, plot title or None). Spin kernels measure on-chip time; the -work runs use
+    # compute-bound kernels measured by throughput, the only fair yardstick for MPS.
     ("native-1", ["--mode", "native", "--tenants", "1"], None),
     ("native-2", ["--mode", "native", "--tenants", "2"], "native time-slicing, 2 tenants"),
     ("native-3", ["--mode", "native", "--tenants", "3"], None),
     ("gemini-0.3-0.6", ["--mode", "gemini", "--caps", "0.3,0.6"], "gemini, MaxUtil 0.3 / 0.6"),
     ("gemini-0.4-0.6", ["--mode", "gemini", "--caps", "0.4,0.6"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
-    ("mps-0.3-0.6", ["--mode", "mps", "--caps", "0.3,0.6"], "MPS, active thread percentage 30 / 60"),
-    ("mps-3", ["--mode", "mps", "--caps", "0.2,0.3,0.5"], None),
+    ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),
+    ("gemini-0.3-0.6-work", ["--mode", "gemini", "--caps", "0.3,0.6", *WORK], None),
+    ("mps-0.3-0.6-work", ["--mode", "mps", "--caps", "0.3,0.6", *WORK], "MPS, active thread percentage 30 / 60"),
+    ("mps-3-work", ["--mode", "mps", "--caps", "0.2,0.3,0.5", *WORK], None),
 ]
 
 

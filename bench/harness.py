@@ -178,19 +178,27 @@ def last_json(text: str) -> dict:
 
 @dataclass
 class Trace:
-    """A spin workload's --trace file: at each sync, host time (ns) and cumulative on-chip time (ns)."""
+    """A spin workload's --trace file: at each sync, host time (ns), cumulative on-chip time (ns) and
+    cumulative kernels completed."""
     host_ns: list[int]
     onchip_ns: list[int]
+    kernels: list[int] = field(default_factory=list)
 
     @classmethod
     def read(cls, path: Path) -> "Trace":
-        host, onchip = [], []
+        host, onchip, kernels = [], [], []
         for line in Path(path).read_text().splitlines():
             parts = line.split()
             if len(parts) >= 2:
                 host.append(int(parts[0]))
                 onchip.append(int(parts[1]))
-        return cls(host, onchip)
+                kernels.append(int(parts[2]) if len(parts) > 2 else 0)
+        return cls(host, onchip, kernels)
+
+    def as_throughput(self, ns_per_kernel_alone: float) -> "Trace":
+        """GPU time by throughput: each kernel counts the time it takes when it has the GPU to itself.
+        (For compute-bound kernels under MPS, whose run time says nothing about the SMs they got.)"""
+        return Trace(self.host_ns, [int(k * ns_per_kernel_alone) for k in self.kernels], self.kernels)
 
     def onchip_at(self, t_ns: float) -> float:
         """Cumulative on-chip time at host time t, interpolated between syncs."""

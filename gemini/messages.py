@@ -39,6 +39,7 @@ class TokenRequest:
     group: str
     overuse_ms: float = 0.0     # worst overuse reported by the group's clients since the last request
     burst_ms: float = 0.0       # largest burst prediction of the group's clients; 0 = none
+    used_ms: float = 0.0        # GPU time the group's last slot really used (hook events); 0 = not measured
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class TokenRelease:
     group: str
     token_seq: int
     overuse_ms: float = 0.0
+    used_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,7 @@ class TokenRelease:
     token_seq: int
     overuse_ns: int = 0
     burst_ns: int = 0
+    used_ns: int = 0
 
 
 @dataclass(frozen=True)

@@ -268,8 +268,35 @@ static int stream_is_capturing(CUstream s, int ptsz) {
 
 /* ---- draining ------------------------------------------------------------------------------ */
 
-/* Wait for the process's outstanding work in ctx; returns the time it was done. */
-static int64_t drain(CUcontext ctx) {
+/* The slot's first kernel is about to be launched on `stream`: mark the GPU's position with an event, so
+ * that the GPU time the slot really had (from the first kernel, after the grant travelled here and the
+ * GPU switched contexts, to the end of the drain) can be measured. Called with d->mu held, in the
+ * launching thread, only while no stream of the process captures (never record into a capture). */
+static void mark_slot_start(struct gem_device *d, CUstream stream, int ptsz) {
+    d->slot_measured = 0;
+    if (!HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuEventElapsedTime) ||
+        atomic_load(&gem_active_captures) > 0)
+        return;
+    CUcontext ctx = NULL;
+    if (!HAVE_REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
+        return;
+    if (d->ev_ctx != ctx) { /* events belong to a context; the old ones (if any) are left to it */
+        d->ev_start = d->ev_end = NULL;
+        if (REAL(cuEventCreate)(&d->ev_start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+            REAL(cuEventCreate)(&d->ev_end, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+            return;
+        d->ev_ctx = ctx;
+    }
+    CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
+    d->slot_measured = REAL(cuEventRecord)(d->ev_start, s) == CUDA_SUCCESS;
+}
+
+/* Wait for the process's outstanding work in ctx; returns the time it was done. If the slot's start was
+ * marked, *used_ns gets the GPU time from the slot's first kernel to now (0 if unknown). */
+static int64_t drain(struct gem_device *d, CUcontext ctx, int64_t *used_ns) {
+    *used_ns = 0;
+    int measured = d->slot_measured;
+    d->slot_measured = 0;
     if (atomic_load(&gem_active_captures) > 0) {
         /* A context-wide synchronise would break the capture; captured work is
          * not running anyway, and other streams' work is charged next time. */
@@ -283,6 +310,15 @@ static int64_t drain(CUcontext ctx) {
     int pushed = ctx && HAVE_REAL(cuCtxPushCurrent_v2) && REAL(cuCtxPushCurrent_v2)(ctx) == CUDA_SUCCESS;
     if (HAVE_REAL(cuCtxSynchronize))
         REAL(cuCtxSynchronize)(); /* the real one: the hook's own sync is not a burst boundary */
+    if (measured && ctx == d->ev_ctx && REAL(cuEventRecord)(d->ev_end, NULL) == CUDA_SUCCESS &&
+        REAL(cuEventSynchronize)(d->ev_end) == CUDA_SUCCESS) {
+        float ms = 0;
+        if (REAL(cuEventElapsedTime)(&ms, d->ev_start, d->ev_end) == CUDA_SUCCESS && ms > 0) {
+            *used_ns = (int64_t)((double)ms * 1e6);
+            atomic_fetch_add(&gem_stats.slots_measured, 1);
+            atomic_fetch_add(&gem_stats.used_ns, (unsigned long long)*used_ns);
+        }
+    }
     if (pushed) {
         CUcontext popped;
         REAL(cuCtxPopCurrent_v2)(&popped);
@@ -303,8 +339,10 @@ static void expire_locked(struct gem_device *d) {
     int was_in_burst = atomic_exchange(&d->in_burst, 0);
     int64_t last_sync = atomic_load(&d->last_sync_ns);
     pthread_mutex_unlock(&d->mu);
-    int64_t done = drain(ctx);
+    int64_t used = 0;
+    int64_t done = drain(d, ctx, &used);
     pthread_mutex_lock(&d->mu);
+    d->pending_used_ns = used;
     /* Not in a burst: everything had finished by the last synchronisation. */
     int64_t finished = was_in_burst ? done : last_sync;
     int64_t overuse = finished > deadline ? finished - deadline : 0;
@@ -336,7 +374,8 @@ static int request_locked(struct gem_device *d) {
     int64_t overuse = d->pending_overuse_ns;
     req.u.token_request.overuse_ns = overuse;
     req.u.token_request.burst_ns = atomic_load(&d->predicted_burst_ns);
-    req.u.token_request.used_ns = d->quota_ns;
+    int64_t used = d->pending_used_ns;
+    req.u.token_request.used_ns = used;
     atomic_fetch_add(&gem_stats.token_requests, 1);
     pthread_mutex_unlock(&d->mu);
     int rc = gem_conn_call(&d->conn, &req, &reply, gem_cfg.token_timeout_ns);
@@ -347,11 +386,14 @@ static int request_locked(struct gem_device *d) {
         if (quota < 100000)
             quota = 100000; /* never a slot too short to launch in */
         d->pending_overuse_ns -= overuse;
+        if (d->pending_used_ns == used)
+            d->pending_used_ns = 0;
         d->token_seq = reply.u.token_grant.token_seq;
         d->quota_ns = quota;
         d->granted_ns = now;
         d->slot_deadline_ns = now + quota;
         d->bursts_in_slot = 0;
+        d->slot_unmarked = 1; /* the next launch through the slow path marks the slot's start */
         if (HAVE_REAL(cuCtxGetCurrent)) {
             CUcontext ctx = NULL;
             if (REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx)
@@ -376,11 +418,13 @@ static int request_locked(struct gem_device *d) {
 }
 
 /* Give the slot back (idle, or to renew before a burst). Called without d->mu. */
-static void send_release(struct gem_device *d, uint64_t token_seq, int64_t overuse) {
+static void send_release(struct gem_device *d, uint64_t token_seq, int64_t overuse, int64_t used) {
+    /* (a failed release loses `used`: the slot is then charged in full, the conservative side) */
     struct gem_msg req, reply;
     gemhook_msg_init(&req, GEM_MSG_TOKEN_RELEASE, 0);
     req.u.token_release.token_seq = token_seq;
     req.u.token_release.overuse_ns = overuse;
+    req.u.token_release.used_ns = used;
     req.u.token_release.burst_ns = atomic_load(&d->predicted_burst_ns);
     int rc = gem_conn_call(&d->conn, &req, &reply, 5 * GEM_NS_PER_S);
     if (rc != GEM_CALL_OK) {
@@ -448,6 +492,9 @@ CUresult gem_gate_slow(struct gem_device *d, CUstream stream, int ptsz, int64_t 
     int64_t t = gem_now_ns();
     if (!atomic_exchange(&d->in_burst, 1))
         atomic_store(&d->burst_start_ns, t);
+    if (d->bursts_in_slot == 0 && !d->slot_measured && d->slot_unmarked)
+        mark_slot_start(d, stream, ptsz);
+    d->slot_unmarked = 0;
     pthread_mutex_unlock(&d->mu);
     if (waited) {
         atomic_fetch_add(&gem_stats.waits, 1);
@@ -471,11 +518,11 @@ CUresult gem_burst_begin(struct gem_device *d, CUstream stream, int ptsz, int64_
             uint64_t seq = d->token_seq;
             d->slot_deadline_ns = now;
             expire_locked(d);
-            int64_t overuse = d->pending_overuse_ns;
-            d->pending_overuse_ns = 0;
+            int64_t overuse = d->pending_overuse_ns, used = d->pending_used_ns;
+            d->pending_overuse_ns = d->pending_used_ns = 0;
             d->state = GEM_TOKEN_REQUESTING; /* keep other launchers waiting while we release */
             pthread_mutex_unlock(&d->mu);
-            send_release(d, seq, overuse);
+            send_release(d, seq, overuse, used);
             pthread_mutex_lock(&d->mu);
             d->state = GEM_TOKEN_NONE;
             pthread_cond_broadcast(&d->cv);
@@ -525,10 +572,10 @@ static int64_t watch_device(struct gem_device *d, int64_t now) {
         if (d->waiters == 0) {
             /* Nobody wants to launch: report the overuse and let the group's slot go. */
             uint64_t seq = d->token_seq;
-            int64_t overuse = d->pending_overuse_ns;
-            d->pending_overuse_ns = 0;
+            int64_t overuse = d->pending_overuse_ns, used = d->pending_used_ns;
+            d->pending_overuse_ns = d->pending_used_ns = 0;
             pthread_mutex_unlock(&d->mu);
-            send_release(d, seq, overuse);
+            send_release(d, seq, overuse, used);
             return next;
         }
         pthread_mutex_unlock(&d->mu); /* a waiting launcher asks, carrying the overuse */
@@ -546,7 +593,8 @@ static int64_t watch_device(struct gem_device *d, int64_t now) {
             atomic_store(&d->deadline_ns, 0);
             CUcontext ctx = d->ctx;
             pthread_mutex_unlock(&d->mu);
-            drain(ctx);
+            int64_t used = 0;
+            drain(d, ctx, &used);
             pthread_mutex_lock(&d->mu);
             int64_t t = gem_now_ns();
             if ((atomic_load(&d->in_burst) || d->waiters > 0) && t < d->slot_deadline_ns) {
@@ -562,7 +610,7 @@ static int64_t watch_device(struct gem_device *d, int64_t now) {
             d->pending_overuse_ns = 0;
             d->state = GEM_TOKEN_REQUESTING; /* launchers wait until the release is sent */
             pthread_mutex_unlock(&d->mu);
-            send_release(d, seq, overuse);
+            send_release(d, seq, overuse, used);
             pthread_mutex_lock(&d->mu);
             d->state = GEM_TOKEN_NONE;
             pthread_cond_broadcast(&d->cv);

@@ -98,7 +98,7 @@ struct gem_stats {
     atomic_ullong grants, token_requests, waits, wait_ns, expiries, early_releases, overuse_ns,
         drains, drain_skipped_capture, gate_errors, capture_passthrough, burst_renewals,
         mem_allocs, mem_frees, mem_denied, mem_rollbacks, mem_errors, dlsym_routed, procaddr_routed,
-        reconnects;
+        reconnects, slots_measured, used_ns;
 };
 extern struct gem_stats gem_stats;
 /* Launches are counted per thread so the launch path never touches a shared cache line. */
@@ -205,6 +205,11 @@ struct gem_device {
     struct gemhook_burst_est est;
     int64_t pending_overuse_ns; /* measured at the last expiry, not yet reported */
     CUcontext ctx;              /* the context launches were made in, drained at expiry */
+    CUevent ev_start, ev_end;   /* measure the GPU time a slot really had (in ev_ctx) */
+    CUcontext ev_ctx;
+    int slot_measured;          /* ev_start was recorded before the slot's first kernel */
+    int slot_unmarked;          /* a fresh grant whose first kernel has not been marked yet */
+    int64_t pending_used_ns;    /* measured at the last expiry, not yet reported */
     uint64_t mem_in_use;        /* bytes this process holds on the device (memory.c) */
     struct gem_conn conn;
 };

@@ -96,7 +96,7 @@ struct gem_hello_ack {
 struct gem_token_request {
     int64_t overuse_ns;         /* GPU time used past the last slot's deadline */
     int64_t burst_ns;           /* predicted kernel burst (p90 over 3 s); 0 if none */
-    int64_t used_ns;            /* GPU time the last slot really used, for statistics */
+    int64_t used_ns;            /* GPU time the last slot really used (events), 0 if not measured */
 };
 
 struct gem_token_grant {
@@ -108,6 +108,7 @@ struct gem_token_release {
     uint64_t token_seq;
     int64_t overuse_ns;
     int64_t burst_ns;
+    int64_t used_ns;            /* GPU time the slot really used (events), 0 if not measured */
 };
 
 struct gem_mem_request {

@@ -139,6 +139,9 @@
                                             CUdevice dev))                                                \
     GEM_REAL(cuMipmappedArrayGetMemoryRequirements, (CUDA_ARRAY_MEMORY_REQUIREMENTS *req,                \
                                                      CUmipmappedArray arr, CUdevice dev))                 \
+    GEM_REAL(cuEventCreate, (CUevent *phEvent, unsigned int flags))                                       \
+    GEM_REAL(cuEventRecord, (CUevent hEvent, CUstream hStream))                                           \
+    GEM_REAL(cuEventElapsedTime, (float *pMilliseconds, CUevent hStart, CUevent hEnd))                    \
     GEM_REAL(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value))           \
     GEM_REAL(cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev))                                      \
     /* ---- NVML: what nvidia-smi and pynvml report inside a group (memory.c) ------------------ */     \

@@ -649,3 +649,50 @@ def test_caps_are_never_exceeded_in_random_mixes(specs):
     if any(isinstance(behaviour[n], Busy) and cap >= 1.0 for n, _, cap in groups):
         total = sum(sim.share(n, sim.now - W, sim.now) for n, _, _ in groups)
         assert total >= 0.999
+
+
+def test_measured_use_shrinks_the_charge_but_only_by_the_credit():
+    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 20, 5, W, 0, max_used_credit_ms=2.0)
+    (ga,) = grants(policy.request("a", now=0.0))
+    policy.request("b", now=1.0)
+    (gb,) = grants(policy.tick(20.0))                  # a's slot [0, 20] ends, b gets the token
+    assert gb.group == "b"
+    # a's hooks measured 19.7 ms of GPU time in its slot: the 0.3 ms handoff is not charged to a
+    policy.request("a", now=20.5, used_ms=19.7)
+    assert policy.usage("a", 20.5) == pytest.approx(19.7)
+    # b under-reports wildly: it is charged its slot less the credit, never less
+    policy.release("b", gb.token_seq, now=40.0, used_ms=1.0)
+    assert policy.usage("b", 40.0) == pytest.approx(20.0 - 2.0)
+
+
+def test_busy_groups_with_handoff_gaps_reach_their_caps_when_they_report_use():
+    """Each slot starts 0.3 ms late (grant travel + context switch); with measured use reported the shares
+    still reach the caps, without it they fall short (as seen on the GPU)."""
+    def run(report):
+        policy = Policy(make_config(("a", 0, 0.3), ("b", 0, 0.6)), 20, 5, W, 0)
+        used: dict = {}
+        t, end = 0.0, 30_000.0
+        decisions = policy.request("a", now=t) + policy.request("b", now=t)
+        pending = []  # (time, group) of the next request
+        on_gpu = {"a": 0.0, "b": 0.0}
+        while t < end:
+            for d in decisions:
+                if isinstance(d, GrantDecision):
+                    start, stop = t + 0.3, t + d.quota_ms          # the GPU is busy for the holder from start
+                    if stop > 20_000.0:
+                        on_gpu[d.group] += max(0.0, stop - max(start, 20_000.0))
+                    used[d.group] = stop - start
+                    heapq.heappush(pending, (t + d.quota_ms, d.group))
+            wake = policy.next_wakeup(t)
+            tn = min([pending[0][0]] if pending else [math.inf] + [wake or math.inf])
+            tn = min(tn, wake if wake is not None else math.inf)
+            t = tn
+            decisions = []
+            while pending and pending[0][0] <= t:
+                _, g = heapq.heappop(pending)
+                decisions += policy.request(g, now=t, used_ms=used[g] if report else 0.0)
+            decisions += policy.tick(t)
+        return {g: v / 10_000.0 for g, v in on_gpu.items()}
+    without, with_use = run(False), run(True)
+    assert without["b"] < 0.6 - 0.005                  # the shortfall the GPU showed
+    assert abs(with_use["a"] - 0.3) <= 0.005 and abs(with_use["b"] - 0.6) <= 0.005, with_use

@@ -215,9 +215,10 @@ def test_client_short_workload(shm, tmp_path, name, args):
     assert {r[0] for r in rows} == {d["pid"]} and {r[4] for r in rows} == {"gem_spin"}
     assert all(r[3] - r[2] >= us * 1000 for r in rows)
     if not name.endswith(".py"):
-        lines = synctrace.read_text().split()
-        assert len(lines) == 2 * d["syncs"]
-        assert int(lines[-1]) == d["onchip_ns"]
+        lines = synctrace.read_text().splitlines()
+        assert len(lines) == d["syncs"]
+        host_ns, onchip_ns, kernels = (int(x) for x in lines[-1].split())
+        assert onchip_ns == d["onchip_ns"] and kernels == d["kernels_done"]
 
 
 def test_pyclient_ptx_is_workload_ptx():

@@ -126,6 +126,7 @@ class PodManager:
         self.waiting: list[tuple[int, int]] = []  # (client_id, seq) of TOKEN_REQUESTs not answered yet
         self._upstream: _Upstream | None = None
         self._overuse_ms = 0.0                    # worst overuse reported since the last upstream request
+        self._used_ms = 0.0                       # largest GPU time used in the last slot, likewise
         self._burst_ms = 0.0                      # largest burst reported since the last upstream request
 
     # --- helpers -----------------------------------------------------------------------------
@@ -140,9 +141,11 @@ class PodManager:
         self.holders.clear()    # the slot ran out: nobody holds it any more
         return False
 
-    def _note_report(self, overuse_ns: int, burst_ns: int) -> None:
+    def _note_report(self, overuse_ns: int, burst_ns: int, used_ns: int = 0) -> None:
         self._overuse_ms = max(self._overuse_ms, _ms(overuse_ns))
         self._burst_ms = max(self._burst_ms, _ms(burst_ns))
+        # The slot is charged for what the busiest process used (the others ran inside the same slot).
+        self._used_ms = max(self._used_ms, _ms(used_ns))
 
     def _greeted(self) -> list[Client]:
         return [c for c in self.clients.values() if c.greeted]
@@ -245,7 +248,7 @@ class PodManager:
     # --- token -------------------------------------------------------------------------------
 
     def _on_token_request(self, client: Client, seq: int, msg: hp.TokenRequest, now: float) -> list[Action]:
-        self._note_report(msg.overuse_ns, msg.burst_ns)
+        self._note_report(msg.overuse_ns, msg.burst_ns, msg.used_ns)
         if self.unknown_reason:
             return [_error(client.id, seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text())]
         if self._token_valid(now):
@@ -259,8 +262,8 @@ class PodManager:
         if self._upstream is not None:
             return []       # one outstanding upstream request serves every waiting hook
         self._upstream = _Upstream(sm.TokenRequest(group=self.group, overuse_ms=self._overuse_ms,
-                                                   burst_ms=self._burst_ms))
-        self._overuse_ms = self._burst_ms = 0.0
+                                                   burst_ms=self._burst_ms, used_ms=self._used_ms))
+        self._overuse_ms = self._burst_ms = self._used_ms = 0.0
         return self._send_upstream()
 
     def _send_upstream(self) -> list[Action]:
@@ -270,7 +273,7 @@ class PodManager:
         return [ToScheduler(self._upstream.msg)]
 
     def _on_token_release(self, client: Client, seq: int, msg: hp.TokenRelease, now: float) -> list[Action]:
-        self._note_report(msg.overuse_ns, msg.burst_ns)
+        self._note_report(msg.overuse_ns, msg.burst_ns, msg.used_ns)
         actions: list[Action] = [ToHook(client.id, seq, hp.Ack())]
         if msg.token_seq == self.token_seq and client.id in self.holders:
             self.holders.discard(client.id)
@@ -282,8 +285,9 @@ class PodManager:
         """Early release: nobody holds the valid token and nobody waits -> give the slot back now."""
         if self.holders or self.waiting or not self._token_valid(now):
             return []
-        release = sm.TokenRelease(group=self.group, token_seq=self.token_seq, overuse_ms=self._overuse_ms)
-        self._overuse_ms = 0.0
+        release = sm.TokenRelease(group=self.group, token_seq=self.token_seq, overuse_ms=self._overuse_ms,
+                                  used_ms=self._used_ms)
+        self._overuse_ms = self._used_ms = 0.0
         self.deadline = now     # the slot is over for us too: the next request goes upstream
         log.debug("token %d released early", release.token_seq)
         return [ToScheduler(release)] if self.registered else []

@@ -315,11 +315,11 @@ class SchedulerDaemon:
             if self._check_registered(identity, msg.group, envelope):
                 now = self.now_ms()
                 self._waiting_since.setdefault(msg.group, now)
-                self._dispatch(self.policy.request(msg.group, msg.overuse_ms, msg.burst_ms, now), now)
+                self._dispatch(self.policy.request(msg.group, msg.overuse_ms, msg.burst_ms, now, msg.used_ms), now)
         elif isinstance(msg, TokenRelease):
             if self._check_registered(identity, msg.group, envelope):
                 now = self.now_ms()
-                self._dispatch(self.policy.release(msg.group, msg.token_seq, msg.overuse_ms, now), now)
+                self._dispatch(self.policy.release(msg.group, msg.token_seq, msg.overuse_ms, now, msg.used_ms), now)
         elif isinstance(msg, StatusRequest):
             self._send(identity, self.status_reply(), envelope)
 

@@ -97,6 +97,63 @@ static const char gem_spin_ptx[] =
     "    ret;\n"
     "}\n";
 
+/* gem_work(out, iterations): every thread runs 4 independent FMA chains for `iterations` steps, so a
+ * grid much wider than the GPU is compute-bound and its throughput follows the SMs it gets (MPS
+ * partitions); thread 0 of block 0 writes (its run time, start, end) like gem_spin. */
+static const char gem_work_ptx[] =
+    ".version 7.0\n"
+    ".target sm_70\n"
+    ".address_size 64\n"
+    "\n"
+    ".visible .entry gem_work(\n"
+    "    .param .u64 gem_work_param_0,\n"
+    "    .param .u64 gem_work_param_1\n"
+    ")\n"
+    "{\n"
+    "    .reg .pred %p<5>;\n"
+    "    .reg .b32 %r<4>;\n"
+    "    .reg .b64 %rd<10>;\n"
+    "    .reg .f32 %f<8>;\n"
+    "\n"
+    "    ld.param.u64 %rd1, [gem_work_param_0];\n"
+    "    ld.param.u64 %rd2, [gem_work_param_1];\n"
+    "    cvta.to.global.u64 %rd9, %rd1;\n"
+    "    mov.u64 %rd3, %globaltimer;\n"
+    "    mov.u32 %r1, %tid.x;\n"
+    "    cvt.rn.f32.u32 %f1, %r1;\n"
+    "    add.f32 %f2, %f1, 0f3F800000;\n"
+    "    add.f32 %f3, %f1, 0f40000000;\n"
+    "    add.f32 %f4, %f1, 0f40400000;\n"
+    "    mov.u64 %rd4, 0;\n"
+    "    setp.eq.u64 %p1, %rd2, 0;\n"
+    "    @%p1 bra WDONE;\n"
+    "WLOOP:\n"
+    "    fma.rn.f32 %f1, %f1, 0f3F7FFFFE, 0f3A83126F;\n"
+    "    fma.rn.f32 %f2, %f2, 0f3F7FFFFE, 0f3A83126F;\n"
+    "    fma.rn.f32 %f3, %f3, 0f3F7FFFFE, 0f3A83126F;\n"
+    "    fma.rn.f32 %f4, %f4, 0f3F7FFFFE, 0f3A83126F;\n"
+    "    add.u64 %rd4, %rd4, 1;\n"
+    "    setp.lt.u64 %p2, %rd4, %rd2;\n"
+    "    @%p2 bra WLOOP;\n"
+    "WDONE:\n"
+    "    add.f32 %f5, %f1, %f2;\n"
+    "    add.f32 %f6, %f3, %f4;\n"
+    "    add.f32 %f7, %f5, %f6;\n"
+    "    setp.eq.f32 %p4, %f7, 0fBF800000;\n"   /* never true; keeps the chains alive */
+    "    @%p4 st.global.f32 [%rd9+24], %f7;\n"
+    "    mov.u32 %r2, %ctaid.x;\n"
+    "    or.b32 %r3, %r1, %r2;\n"
+    "    setp.ne.u32 %p3, %r3, 0;\n"
+    "    @%p3 bra WEXIT;\n"
+    "    mov.u64 %rd8, %globaltimer;\n"
+    "    sub.u64 %rd5, %rd8, %rd3;\n"
+    "    st.global.u64 [%rd9], %rd5;\n"
+    "    st.global.u64 [%rd9+8], %rd3;\n"
+    "    st.global.u64 [%rd9+16], %rd8;\n"
+    "WEXIT:\n"
+    "    ret;\n"
+    "}\n";
+
 /*
  * The entry points used: X(field, base name, version (0: --cuda-version),
  * exact name, exact per-thread-stream name, parameter types).
@@ -211,7 +268,8 @@ static struct {
     int cuda_version;
     const char *trace;
     const char *kernel_log;
-} opt = {1000, -1, 0, 0, ST_LEGACY, LA_KERNEL, SY_CTX, AL_DEVICE, 0, 0, 0, 0, 0, 0, 0, 1, 32, 0, 12000, NULL, NULL};
+    unsigned long long work_iters; /* 0: gem_spin */
+} opt = {1000, -1, 0, 0, ST_LEGACY, LA_KERNEL, SY_CTX, AL_DEVICE, 0, 0, 0, 0, 0, 0, 0, 1, 32, 0, 12000, NULL, NULL, 0};
 
 static struct {
     long launches, kernels_done, syncs, errors;
@@ -323,7 +381,8 @@ static void usage(FILE *f)
             "  --alloc BYTES        allocate once at start (K/M/G suffixes), free at the end\n"
             "  --alloc-kind {device,pitch,managed,async,pool,vmm,array}\n"
             "  --meminfo            print cuMemGetInfo_v2 / cuDeviceTotalMem_v2 (after --alloc)\n"
-            "  --trace FILE         one line per sync: host CLOCK_MONOTONIC ns, cumulative on-chip ns\n"
+            "  --trace FILE         one line per sync: host CLOCK_MONOTONIC ns, cumulative on-chip ns, kernels done\n"
+            "  --work-iters N       run gem_work (compute-bound FMA chains, N steps per thread) instead of gem_spin\n"
             "  --kernel-log FILE    one line per kernel: start, end (device clock ns: %%globaltimer on a GPU), on-chip ns\n"
             "  --json               final line is a JSON summary\n"
             "  --ptsz               per-thread default stream entry points\n"
@@ -375,7 +434,7 @@ static void parse(int argc, char **argv)
 {
     enum {
         O_KUS = 256, O_KERNELS, O_SECONDS, O_SYNCEVERY, O_SYNC, O_STREAM, O_LAUNCH, O_GSIZE, O_BLOCKS, O_THREADS,
-        O_ALLOC, O_AKIND, O_MEMINFO, O_TRACE, O_KERNEL_LOG, O_JSON, O_PTSZ, O_CTX, O_DEVICE, O_CUDAVER, O_KEEP, O_HELP
+        O_ALLOC, O_AKIND, O_MEMINFO, O_TRACE, O_KERNEL_LOG, O_WORK_ITERS, O_JSON, O_PTSZ, O_CTX, O_DEVICE, O_CUDAVER, O_KEEP, O_HELP
     };
     static const struct option longopts[] = {
         {"kernel-us", required_argument, 0, O_KUS},   {"kernels", required_argument, 0, O_KERNELS},
@@ -386,6 +445,7 @@ static void parse(int argc, char **argv)
         {"alloc", required_argument, 0, O_ALLOC},     {"alloc-kind", required_argument, 0, O_AKIND},
         {"meminfo", no_argument, 0, O_MEMINFO},       {"trace", required_argument, 0, O_TRACE},
         {"kernel-log", required_argument, 0, O_KERNEL_LOG},
+        {"work-iters", required_argument, 0, O_WORK_ITERS},
         {"json", no_argument, 0, O_JSON},             {"ptsz", no_argument, 0, O_PTSZ},
         {"ctx", required_argument, 0, O_CTX},         {"device", required_argument, 0, O_DEVICE},
         {"cuda-version", required_argument, 0, O_CUDAVER}, {"keep-going", no_argument, 0, O_KEEP},
@@ -418,6 +478,7 @@ static void parse(int argc, char **argv)
         case O_MEMINFO: opt.meminfo = 1; break;
         case O_TRACE: opt.trace = optarg; break;
         case O_KERNEL_LOG: opt.kernel_log = optarg; break;
+        case O_WORK_ITERS: opt.work_iters = strtoull(optarg, NULL, 10); break;
         case O_JSON: opt.json = 1; break;
         case O_PTSZ: opt.ptsz = 1; break;
         case O_CTX: opt.create_ctx = pick(optarg, ctx_names, "--ctx"); break;
@@ -562,7 +623,7 @@ static struct {
 static void launch_one(long slot)
 {
     CUdeviceptr out = run.out + (CUdeviceptr)slot * SLOT_BYTES;
-    uint64_t dur = opt.kernel_us * 1000ull;
+    uint64_t dur = opt.work_iters ? (uint64_t)opt.work_iters : opt.kernel_us * 1000ull; /* gem_work: iterations */
     void *params[] = {&out, &dur};
     switch (opt.launch) {
     case LA_KERNEL:
@@ -638,7 +699,8 @@ static void sync_and_read(void)
         }
         run.pending = 0;
     }
-    if (run.trace) fprintf(run.trace, "%" PRIu64 " %" PRIu64 "\n", now_ns(), res.onchip_ns);
+    if (run.trace)
+        fprintf(run.trace, "%" PRIu64 " %" PRIu64 " %ld\n", now_ns(), res.onchip_ns, res.kernels_done);
 }
 
 static void print_json(void)
@@ -704,8 +766,8 @@ int main(int argc, char **argv)
         CALL(CtxSetCurrent, ctx);
     }
     CUmodule mod;
-    CALL(ModuleLoadData, &mod, gem_spin_ptx);
-    CALL(ModuleGetFunction, &run.fn, mod, "gem_spin");
+    CALL(ModuleLoadData, &mod, opt.work_iters ? gem_work_ptx : gem_spin_ptx);
+    CALL(ModuleGetFunction, &run.fn, mod, opt.work_iters ? "gem_work" : "gem_spin");
 
     switch (opt.stream) {
     case ST_LEGACY: run.stream = NULL; break;

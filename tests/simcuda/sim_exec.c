@@ -209,6 +209,7 @@ void sim_ctx_drain(struct sim_ctx *c)
 struct sim_func {
     struct sim_module *mod;
     char *name;
+    int work; /* gem_work: like gem_spin, dur_ns = iterations x 33 ns */
     int spin;
     struct sim_func *next;
 };
@@ -238,6 +239,7 @@ static struct sim_func *func_new(struct sim_module *m, const char *name)
     }
     f->mod = m;
     f->spin = strcmp(name, "gem_spin") == 0;
+    f->work = strcmp(name, "gem_work") == 0; /* gem_work(out, iterations): runs like gem_spin, 33 ns each */
     f->next = m->funcs;
     m->funcs = f;
     sim_handle_add(f, H_FUNC);
@@ -447,10 +449,11 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     memset(&op, 0, sizeof op);
     op.kind = OP_KERNEL;
     snprintf(op.u.k.name, sizeof op.u.k.name, "%s", fn->name);
-    if (fn->spin) {
+    if (fn->spin || fn->work) {
         op.u.k.spin = 1;
         rc = spin_params(params, extra, &op.u.k.out, &op.u.k.dur_ns);
         if (rc) return rc;
+        if (fn->work) op.u.k.dur_ns *= 33;
     }
     return sim_submit(s, &op, NULL);
 }
