@@ -232,7 +232,7 @@ def hello(name_st) -> st.SearchStrategy:
 
 REQUESTS = st.one_of(
     st.builds(hp.TokenRequest, overuse_ns=I64, burst_ns=I64, used_ns=I64),
-    st.builds(hp.TokenRelease, token_seq=U64, overuse_ns=I64, burst_ns=I64),
+    st.builds(hp.TokenRelease, token_seq=U64, overuse_ns=I64, burst_ns=I64, used_ns=I64),
     st.builds(hp.MemAlloc, bytes=U64, kind=U32),
     st.builds(hp.MemFree, bytes=U64, kind=U32),
     st.just(hp.MemInfo()),
@@ -438,8 +438,8 @@ FINITE = st.floats(allow_nan=False, allow_infinity=False)
 SCHED_GROUPS = st.one_of(st.sampled_from(["fuzz", "nope", ""]), st.text(max_size=30)).filter(lambda g: g != "good")
 TO_SCHEDULER = st.one_of(
     st.builds(sm.Hello, group=SCHED_GROUPS, pid=I64_OR_U64, mem_used=I64_OR_U64, clients=I64_OR_U64),
-    st.builds(sm.TokenRequest, group=SCHED_GROUPS, overuse_ms=FINITE, burst_ms=FINITE),
-    st.builds(sm.TokenRelease, group=SCHED_GROUPS, token_seq=I64_OR_U64, overuse_ms=FINITE),
+    st.builds(sm.TokenRequest, group=SCHED_GROUPS, overuse_ms=FINITE, burst_ms=FINITE, used_ms=FINITE),
+    st.builds(sm.TokenRelease, group=SCHED_GROUPS, token_seq=I64_OR_U64, overuse_ms=FINITE, used_ms=FINITE),
     st.builds(sm.Heartbeat, group=SCHED_GROUPS, mem_used=I64_OR_U64, clients=I64_OR_U64),
     st.just(sm.StatusRequest()),
 )
