@@ -198,7 +198,7 @@ def main(argv=None) -> int:
                         "kernel's time alone) instead of gem_spin; needed to compare with MPS")
     p.add_argument("--threads", type=int, default=256, help="threads per block for --work-iters")
     p.add_argument("--blocks", type=int, default=132)
-    p.add_argument("--quota", type=float, default=20, help="gem-schd base quota, ms")
+    p.add_argument("--quota", type=float, default=50, help="gem-schd base quota, ms")
     p.add_argument("--min-quota", type=float, default=5)
     p.add_argument("--window", type=float, default=10000)
     p.add_argument("--out")

@@ -121,6 +121,7 @@ SHARE_RUNS = [
     ("native-2", ["--mode", "native", "--tenants", "2"], "native time-slicing, 2 tenants"),
     ("native-3", ["--mode", "native", "--tenants", "3"], None),
     ("gemini-0.3-0.6", ["--mode", "gemini", "--caps", "0.3,0.6"], "gemini, MaxUtil 0.3 / 0.6"),
+    ("gemini-0.3-0.6-q20", ["--mode", "gemini", "--caps", "0.3,0.6", "--quota", "20"], None),
     ("gemini-0.4-0.6", ["--mode", "gemini", "--caps", "0.4,0.6"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),
@@ -130,11 +131,12 @@ SHARE_RUNS = [
 ]
 
 
-def step_share(ctx) -> dict:
+def step_share(ctx, only: str | None = None) -> dict:
     secs = "8" if ctx.args.quick else "14"
     out = {}
     for name, extra, title in SHARE_RUNS:
-        argv = ["bench/bench_share.py", *extra, "--seconds", secs, "--quota", str(ctx.args.quota),
+        quota = [] if "--quota" in extra else ["--quota", str(ctx.args.quota)]
+        argv = ["bench/bench_share.py", *extra, "--seconds", secs, *quota,
                 "--window", str(ctx.args.window), "--out", ctx.out / f"share-{name}"]
         if title:
             argv += ["--plot", ctx.out / f"share-{name}.png", "--title", title]
@@ -260,8 +262,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", default=",".join(ALL_STEPS))
     p.add_argument("-k", help="pytest -k expression for the tests step")
     p.add_argument("--tests-timeout", type=float, default=420)
-    p.add_argument("--quota", type=float, default=20, help="gem-schd base quota (ms) for the share benchmark")
+    p.add_argument("--quota", type=float, default=50, help="gem-schd base quota (ms) for the share benchmarks")
     p.add_argument("--window", type=float, default=10000)
+    p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
     args = p.parse_args(argv)
     ctx = Ctx()
     ctx.args = args
