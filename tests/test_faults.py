@@ -339,13 +339,13 @@ def test_config_deleted_or_truncated_keeps_the_last_good_one(tmp_path):
     groups = [Group("a", 0.2, 0.6, "512MiB"), Group("b", 0.0, 1.0, "1GiB")]
     with Backend(tmp_path / "be", groups, quota_ms=20, min_quota_ms=10, window_ms=2000) as be:
         env = sim_env(tmp_path)
-        procs = {g.name: be.spawn(g.name, workload_argv(3.0, tmp_path / f"{g.name}.trace"), env=env)
+        procs = {g.name: be.spawn(g.name, workload_argv(2.6, tmp_path / f"{g.name}.trace"), env=env)
                  for g in groups}
         wait_for(lambda: all(g["grants"] > 0 for g in group_status(be).values()), 10, "both groups granted")
         settings = {n: (g["min_util"], g["max_util"], g["mem_limit"]) for n, g in group_status(be).items()}
 
         def still_in_force(since_ns: int) -> None:
-            time.sleep(0.5)
+            time.sleep(0.35)
             now = group_status(be)
             assert {n: (g["min_util"], g["max_util"], g["mem_limit"]) for n, g in now.items()} == settings
             for name in settings:
