@@ -68,8 +68,12 @@ def main(argv=None) -> int:
     with Backend(work / "backend", groups, quota_ms=args.quota, min_quota_ms=args.min_quota,
                  window_ms=args.window, env=env) as be:
         henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
-        results["alone_gemini"] = run(be.command("infer", infer))
-        results["with_train_gemini"] = with_trainer(be.command("train", train), be.command("infer", infer), henv)
+        try:
+            results["alone_gemini"] = run(be.command("infer", infer))
+            results["with_train_gemini"] = with_trainer(be.command("train", train), be.command("infer", infer),
+                                                        henv)
+        except Exception as exc:
+            raise RuntimeError(f"{exc}\nbackend ports {be.ports}; logs:\n{be.logs()}") from exc
     base = results["alone_native"]["p99_ms"]
     for key in ("alone_gemini", "with_train_native", "with_train_gemini"):
         results[key]["p99_inflation"] = results[key]["p99_ms"] / base

@@ -43,7 +43,8 @@ def point(clients: int, max_groups: int, seconds: float, model: LoadModel, quota
         "clients": run["clients"], "groups": groups, "clients_per_group": per_group,
         "duration_s": result["duration_s"], "grants": result["grants"], "lost_grants": result["lost_grants"],
         "grants_per_s": result["grants_per_s"], "slots_per_s": result["slots_per_s"],
-        "gem_schd_cpu_ms_per_slot": result["gem_schd_cpu_ms_per_slot"], "latency": result["latency"], "cpu_share": result["cpu_share"],
+        "gem_schd_cpu_ms_per_slot": result["gem_schd_cpu_ms_per_slot"], "latency": result["latency"],
+        "cpu_share": result["cpu_share"],
         "gem_schd_rss_mib": result["rss"]["gem-schd"]["end_mib"],
         "accounting_back_to_zero": result["accounting_back_to_zero"], "problems": result["problems"],
     }

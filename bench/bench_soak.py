@@ -228,8 +228,9 @@ def percentile(values, q: float) -> float:
 
 
 def latency_summary(values) -> dict:
-    return {"n": len(values), "p50_ms": round(percentile(values, 0.50), 3), "p99_ms": round(percentile(values, 0.99), 3),
-            "p999_ms": round(percentile(values, 0.999), 3), "max_ms": round(max(values), 3) if values else None}
+    return {"n": len(values), "p50_ms": round(percentile(values, 0.50), 3),
+            "p99_ms": round(percentile(values, 0.99), 3), "p999_ms": round(percentile(values, 0.999), 3),
+            "max_ms": round(max(values), 3) if values else None}
 
 
 # --- one run -----------------------------------------------------------------------------------------------------
@@ -373,7 +374,8 @@ def markdown(result: dict) -> str:
         f"| RSS flat | {'yes' if result['rss_flat'] else 'NO'} |",
         f"| CPU (share of one core): gem-schd / all gem-pmgr / load generator | {cpu['gem-schd']:.3f} / "
         f"{cpu['gem-pmgr_total']:.3f} / {cpu['load_generator']:.3f} |",
-        f"| memory accounted after the clients left | {'0 in every group' if result['accounting_back_to_zero'] else result['memory_after']} |",
+        f"| memory accounted after the clients left | "
+        f"{'0 in every group' if result['accounting_back_to_zero'] else result['memory_after']} |",
         "",
         "| t (s) | grants/s | p50 (ms) | p99 (ms) | gem-schd RSS (MiB) | gem-schd CPU (s) |",
         "|---|---|---|---|---|---|",

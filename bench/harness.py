@@ -129,6 +129,14 @@ class Backend:
         if getattr(self, "_log", None):
             self._log.close()
 
+    def logs(self, tail: int = 3000) -> str:
+        """The backend's output and each daemon's log, cut to their ends (for error messages)."""
+        parts = []
+        for path in [getattr(self, "log_path", None), *sorted((self.workdir / "logs").glob("*.log"))]:
+            if path and Path(path).exists():
+                parts.append(f"--- {Path(path).name}\n{Path(path).read_text()[-tail:]}")
+        return "\n".join(parts)
+
     def __enter__(self) -> "Backend":
         return self.start()
 

@@ -44,8 +44,7 @@ static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t watch_cv;
 static int watcher_started;
 static int watcher_stop;
-static atomic_llong watcher_wakes_at; /* when the watcher looks next (INT64_MAX while it scans) */
-static int watcher_nudged;            /* under watch_mu: scan again before sleeping */
+
 static atomic_int fail_open_active;
 
 CUresult gem_unavailable_result(void) {
@@ -139,18 +138,6 @@ static void start_watcher(void) {
         pthread_attr_destroy(&attr);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
-    pthread_mutex_unlock(&watch_mu);
-}
-
-/* Wake the watcher if it sleeps past `by`. A burst that just ended must be seen within the idle
- * threshold, not at the slot's deadline; this costs one signal per burst, off the launch path. */
-static void nudge_watcher(int64_t by) {
-    if (atomic_load_explicit(&watcher_wakes_at, memory_order_relaxed) <= by)
-        return;
-    pthread_mutex_lock(&watch_mu);
-    watcher_nudged = 1; /* a signal is lost if the watcher is scanning: it checks this before sleeping */
-    if (watcher_started)
-        pthread_cond_signal(&watch_cv);
     pthread_mutex_unlock(&watch_mu);
 }
 
@@ -373,7 +360,7 @@ static int request_locked(struct gem_device *d) {
     gemhook_msg_init(&req, GEM_MSG_TOKEN_REQUEST, 0);
     int64_t overuse = d->pending_overuse_ns;
     req.u.token_request.overuse_ns = overuse;
-    req.u.token_request.burst_ns = atomic_load(&d->predicted_burst_ns);
+    req.u.token_request.burst_ns = gemhook_burst_predict(&d->est, gem_now_ns()); /* fresh, for the quota */
     int64_t used = d->pending_used_ns;
     req.u.token_request.used_ns = used;
     atomic_fetch_add(&gem_stats.token_requests, 1);
@@ -550,11 +537,14 @@ void gem_on_sync(void) {
         return;
     pthread_mutex_lock(&d->mu);
     gemhook_burst_record(&d->est, atomic_load(&d->burst_start_ns), now);
-    atomic_store(&d->predicted_burst_ns, gemhook_burst_predict(&d->est, now));
+    /* The p90 sorts every burst of the last 3 s; a program that synchronises every millisecond would
+     * pay for that each time, so the prediction is refreshed at most every 5 ms. */
+    if (now - d->predicted_at_ns >= 5 * GEM_NS_PER_MS) {
+        atomic_store(&d->predicted_burst_ns, gemhook_burst_predict(&d->est, now));
+        d->predicted_at_ns = now;
+    }
     d->bursts_in_slot++;
     pthread_mutex_unlock(&d->mu);
-    if (gem_cfg.idle_release_ns > 0)
-        nudge_watcher(now + gem_cfg.idle_release_ns);
 }
 
 /* ---- the watcher ------------------------------------------------------------------------------ */
@@ -583,6 +573,8 @@ static int64_t watch_device(struct gem_device *d, int64_t now) {
     }
     if (d->slot_deadline_ns < next)
         next = d->slot_deadline_ns;
+    if (gem_cfg.idle_release_ns > 0 && atomic_load(&d->in_burst) && now + gem_cfg.idle_release_ns < next)
+        next = now + gem_cfg.idle_release_ns; /* look again: the burst may end and the process go idle */
     if (gem_cfg.idle_release_ns > 0 && !atomic_load(&d->in_burst)) {
         int64_t idle_since = atomic_load(&d->last_sync_ns);
         if (idle_since < d->granted_ns)
@@ -636,8 +628,6 @@ static void *watcher_main(void *arg) {
     }
     pthread_mutex_lock(&watch_mu);
     while (!watcher_stop) {
-        watcher_nudged = 0;
-        atomic_store(&watcher_wakes_at, INT64_MAX); /* bursts ending during the scan nudge */
         pthread_mutex_unlock(&watch_mu);
         int64_t now = gem_now_ns();
         int64_t next = now + 100 * GEM_NS_PER_MS;
@@ -650,9 +640,8 @@ static void *watcher_main(void *arg) {
         pthread_mutex_lock(&watch_mu);
         if (watcher_stop)
             break;
-        if (!watcher_nudged && next > gem_now_ns()) {
+        if (next > gem_now_ns()) {
             struct timespec ts = {.tv_sec = next / GEM_NS_PER_S, .tv_nsec = next % GEM_NS_PER_S};
-            atomic_store(&watcher_wakes_at, next);
             pthread_cond_timedwait(&watch_cv, &watch_mu, &ts);
         }
     }
@@ -668,8 +657,6 @@ void gem_gate_reset_after_fork(void) {
     pthread_mutex_init(&capture_mu, NULL);
     watcher_started = 0;
     watcher_stop = 0;
-    watcher_nudged = 0;
-    atomic_store(&watcher_wakes_at, 0);
     ncaptures = 0;
     atomic_store(&gem_active_captures, 0);
     atomic_store(&fail_open_active, 0);

@@ -202,6 +202,7 @@ struct gem_device {
     atomic_llong last_sync_ns;
     int bursts_in_slot;
     atomic_llong predicted_burst_ns;
+    int64_t predicted_at_ns;    /* when the prediction was last refreshed */
     struct gemhook_burst_est est;
     int64_t pending_overuse_ns; /* measured at the last expiry, not yet reported */
     CUcontext ctx;              /* the context launches were made in, drained at expiry */
