@@ -71,6 +71,43 @@ def handoff_gaps_us(out: Path, group_of: dict[str, str]) -> list[float]:
     return gaps
 
 
+def time_shares(out: Path, group_of: dict[str, str], start_ns: float, end_ns: float) -> dict[str, float]:
+    """Each group's share of GPU *time*: the union of its processes' kernel spans (device clock) in
+    [start, end] (host clock), over the span. With several processes in a group this counts the time
+    they spend switching between each other, which on-chip time does not; it is what the token gives."""
+    spans: dict[str, list[tuple[float, float]]] = {g: [] for g in set(group_of.values())}
+    for name, group in group_of.items():
+        kpath, tpath = out / f"{name}.kernels", out / f"{name}.trace"
+        if not kpath.exists() or not tpath.exists():
+            continue
+        rows = [tuple(int(x) for x in line.split()) for line in kpath.read_text().splitlines() if line.strip()]
+        if not rows:
+            continue
+        # device clock -> host clock: each kernel ended just before its sync returned (one sync per kernel);
+        # the closest such pair bounds the offset best (the first sync alone is late by start-up work)
+        host = Trace.read(tpath).host_ns
+        shift = min(h - r[1] for h, r in zip(host, rows))
+        spans[group] += [(s + shift, e + shift) for s, e, _ in rows]
+    result = {}
+    for group, iv in spans.items():
+        iv.sort()
+        total, cur_s, cur_e = 0.0, None, None
+        for s, e in iv:
+            s, e = max(s, start_ns), min(e, end_ns)
+            if e <= s:
+                continue
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    total += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        if cur_e is not None:
+            total += cur_e - cur_s
+        result[group] = total / (end_ns - start_ns)
+    return result
+
+
 def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -159,6 +196,8 @@ def run(args) -> dict:
         "results": {n: last_json(o) for n, (o, _) in results.items()},
         "errors": sum(last_json(o).get("errors", 0) for o, _ in results.values()),
     }
+    if args.per_group > 1:
+        report["time_shares"] = time_shares(out, group_of, start, end)
     if args.mode in ("gemini", "mps"):
         targets = dict(zip(group_names, caps))
         report.update({
@@ -169,6 +208,8 @@ def run(args) -> dict:
         })
         if end - start >= 10e9:
             report["window_error_10s_pp"] = window_errors(traces, targets, 10.0, start, end)
+        if "time_shares" in report:
+            report["time_share_error_pp"] = {n: abs(report["time_shares"][n] - targets[n]) * 100 for n in group_names}
         if args.mode == "gemini":
             report["hook_stats"] = {str(pid): s for pid, s in read_stats(stats_file).items()}
     (out / "share.json").write_text(json.dumps(report, indent=1))
