@@ -17,7 +17,6 @@ from time.monotonic_ns() (the same clock) at the moment of the fault.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -310,7 +309,6 @@ def test_sigkill_of_the_scheduler(tmp_path):
         held = {g: mem_used(be.ports[g], g) for g in allocs}    # the pod managers' accounts
         time.sleep(0.2)
         old = daemon_pid(be)
-        t_kill = time.monotonic_ns()
         os.kill(old, signal.SIGKILL)
         wait_for(lambda: daemon_pid(be) != old, 10, "gem-schd restarted")
 

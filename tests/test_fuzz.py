@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import struct
@@ -37,7 +36,7 @@ from hypothesis import strategies as st
 from bench.harness import Backend, Group
 from gemini import messages as sm
 from gemini import protocol as hp
-from gemini.config import Config, GroupConfig, MAX_MEMORY
+from gemini.config import MAX_MEMORY
 from gemini.scheduler.testing import DaemonThread, FakePodManager
 
 RANDOM = bool(os.environ.get("GEMINI_FUZZ_RANDOM"))
@@ -257,6 +256,7 @@ class Op:
     msg: hp.Message | None = None
     error: hp.ErrorCode | None = None
     partial: bool = False           # not a whole frame: the server waits for the rest (or EOF)
+    logged: bool = True             # gem-pmgr writes a log line about it (see the xfail test for the others)
 
 
 @st.composite
@@ -291,15 +291,16 @@ def bad_frame(draw, first: bool) -> Op:
     if kind == "short":        # a good frame cut short (the rest never comes)
         frame = hp.encode(draw(REQUESTS if not first else hello(st.just("good"))), draw(SEQ))
         return Op(frame[:draw(st.integers(1, hp.MSG_SIZE - 1))], error=hp.ErrorCode.PROTOCOL, partial=True)
+        # (followed by more frames, the stream is out of step: what the pod manager reads then is anyone's guess)
     if kind == "not-hello-first":
-        return Op(base, error=hp.ErrorCode.NOT_HELLO)
+        return Op(base, error=hp.ErrorCode.NOT_HELLO, logged=False)
     if kind == "second-hello":
-        return Op(hp.encode(draw(hello(st.just("good"))), draw(SEQ)), error=hp.ErrorCode.PROTOCOL)
+        return Op(hp.encode(draw(hello(st.just("good"))), draw(SEQ)), error=hp.ErrorCode.PROTOCOL, logged=False)
     # a HELLO for a group this pod manager does not serve
     other = draw(c_text(hp.NAME_LEN).filter(lambda s: s not in ("", "good")))
     if first:
         return Op(hp.encode(draw(hello(st.just(other))), draw(SEQ)), error=hp.ErrorCode.GROUP_MISMATCH)
-    return Op(hp.encode(draw(hello(st.just(other))), draw(SEQ)), error=hp.ErrorCode.PROTOCOL)
+    return Op(hp.encode(draw(hello(st.just(other))), draw(SEQ)), error=hp.ErrorCode.PROTOCOL, logged=False)
 
 
 @st.composite
@@ -336,7 +337,8 @@ def recv_all(sock: socket.socket, timeout: float) -> tuple[list[tuple[int, hp.Me
             buf = buf[hp.MSG_SIZE:]
 
 
-def run_session(port: int, ops: list[Op]) -> None:
+def run_session(port: int, ops: list[Op]) -> Op | None:
+    """Send one connection's worth; check the replies, or the ERROR and the close. Returns the bad op, if any."""
     bad = next((i for i, op in enumerate(ops) if op.error is not None), None)
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
@@ -368,7 +370,7 @@ def run_session(port: int, ops: list[Op]) -> None:
                     got[seq] = msg
             for seq, reply in got.items():
                 assert isinstance(reply, want[seq]), (reply, want[seq])
-            return
+            return None
         try:
             sock.shutdown(socket.SHUT_WR)   # a partial frame's rest never comes: EOF in the middle of it
         except OSError:
@@ -382,6 +384,7 @@ def run_session(port: int, ops: list[Op]) -> None:
             expected = None     # the bytes that follow complete the header: bad magic, size, ... anything
         assert expected is None or errors[-1].code == expected, (errors[-1], ops[bad])
         assert errors[-1].message, errors[-1]
+        return ops[bad] if not (ops[bad].partial and bad < len(ops) - 1) else None
     finally:
         sock.close()
 
@@ -390,7 +393,10 @@ def run_session(port: int, ops: list[Op]) -> None:
 @given(ops=sessions())
 def test_fuzz_hook_frames_against_a_live_pod_manager(fresh_baseline, ops):
     live = fresh_baseline
-    run_session(live.be.ports["good"], ops)
+    warnings = live.log("good").count(" WARNING: ")
+    bad = run_session(live.be.ports["good"], ops)
+    if bad is not None and bad.logged:         # the bad peer is dropped with a log line
+        assert settle(lambda: live.log("good").count(" WARNING: ") > warnings, 3), f"no log line for {bad}"
     # whatever the connection held is given back once it is gone, and the good peer works
     assert settle(lambda: live.good.used() == GOOD_BYTES, timeout=3), live.good.used()
     live.good.check()
@@ -557,16 +563,12 @@ def zctx():
 @given(frame=SCHED_FRAMES, envelope=st.booleans(), extra=st.lists(st.binary(max_size=20), max_size=2))
 def test_fuzz_scheduler_frames_against_a_live_gem_schd(fresh_baseline, zctx, frame, envelope, extra):
     live = fresh_baseline
+    frames = ([b""] if envelope else []) + [frame] + extra
     peer = Dealer(zctx, f"tcp://127.0.0.1:{live.be.port}")
     try:
-        if extra:
-            # more than one frame (and not a REQ envelope): dropped with a log line, nothing answered
-            peer.send([frame, *extra])
-            for msg in peer.replies(0.02):
-                assert not isinstance(msg, sm.Error), msg
-        else:
-            peer.send([b"", frame] if envelope else [frame])
-            kind, code = expected_reply(frame)
+        peer.send(frames)
+        if len(frames) == 1 or (len(frames) == 2 and frames[0] == b""):    # a message (maybe in a REQ envelope)
+            kind, code = expected_reply(frames[-1])
             if kind is not None:
                 reply = peer.wait_for(kind)
                 if code is not None:
@@ -575,6 +577,10 @@ def test_fuzz_scheduler_frames_against_a_live_gem_schd(fresh_baseline, zctx, fra
                 for msg in peer.replies(0.02):
                     assert not isinstance(msg, sm.Error) or msg.code in (sm.ERR_NOT_REGISTERED,
                                                                          sm.ERR_UNKNOWN_GROUP), msg
+        else:
+            # more frames than that: dropped with a log line, nothing answered
+            for msg in peer.replies(0.02):
+                assert not isinstance(msg, sm.Error), msg
     finally:
         peer.close()
     live.good.check()
@@ -745,6 +751,28 @@ def test_hello_overflowing_the_groups_total_is_a_protocol_error(fresh_baseline):
         bad.close()
         live.good.check()
         assert "Traceback" not in live.log("good")
+
+
+@pytest.mark.xfail(strict=True, reason="gem-pmgr closes a connection whose first frame is not HELLO, or that sends "
+                   "HELLO twice, without a log line: PodManager.on_hook returns the ERROR and the close silently "
+                   "(only frames that fail to decode are logged, by the server)")
+@pytest.mark.parametrize("first,second", [(hp.MemInfo(), None), (hp.Hello(pid=1, pod_name="good"),
+                                                                  hp.Hello(pid=1, pod_name="good"))],
+                         ids=["request-before-hello", "hello-twice"])
+def test_every_dropped_hook_connection_is_logged(fresh_baseline, first, second):
+    live = fresh_baseline
+    warnings = live.log("good").count(" WARNING: ")
+    conn = Frames(live.be.ports["good"])
+    try:
+        conn.send(first)
+        if second is not None:
+            assert isinstance(conn.read()[1], hp.HelloAck)
+            conn.send(second)
+        frames, eof = recv_all(conn.sock, timeout=3)
+        assert eof and isinstance(frames[-1][1], hp.Error)
+    finally:
+        conn.close()
+    assert settle(lambda: live.log("good").count(" WARNING: ") > warnings, 1), "dropped without a log line"
 
 
 @pytest.mark.xfail(strict=True, reason="messages.decode lets ValueError (an integer of more than 4300 digits) and "
