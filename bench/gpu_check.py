@@ -135,6 +135,8 @@ def step_share(ctx, only: str | None = None) -> dict:
     secs = "8" if ctx.args.quick else "14"
     out = {}
     for name, extra, title in SHARE_RUNS:
+        if ctx.args.share_runs and name not in ctx.args.share_runs.split(","):
+            continue
         quota = [] if "--quota" in extra else ["--quota", str(ctx.args.quota)]
         argv = ["bench/bench_share.py", *extra, "--seconds", secs, *quota,
                 "--window", str(ctx.args.window), "--out", ctx.out / f"share-{name}"]
@@ -216,32 +218,34 @@ def write_report(ctx, results: dict) -> None:
                          f"{hk['alloc_us_p50']}/{hk['alloc_us_p99']} us; cuMemFree: native {nat['free_us_p50']}/"
                          f"{nat['free_us_p99']} us, hooked {hk['free_us_p50']}/{hk['free_us_p99']} us")
         elif name == "share":
-            for run, r in res.items():
-                if r.get("error"):
-                    lines.append(f"- {run}: FAILED {r['error'][-300:]}")
+            for run, one in res.items():
+                if one.get("error"):
+                    lines.append(f"- {run}: FAILED {one['error'][-300:]}")
                     continue
-                shares = ", ".join(f"{k}: {v:.3f}" for k, v in r["shares"].items())
-                line = f"- {run}: shares {{{shares}}}, useful {r['useful']:.3f}"
-                if "share_error_pp" in r:
-                    line += (f", error pp {fmt(max(r['share_error_pp'].values()), 2)}, worst 1 s window pp "
-                             f"{fmt(max(r['window_error_1s_pp'].values()), 2)}")
-                    if "window_error_10s_pp" in r:
-                        line += f", worst 10 s window pp {fmt(max(r['window_error_10s_pp'].values()), 2)}"
-                if r.get("handoff_gap_us_p50") is not None and run.startswith("gemini"):
-                    line += f", handoff gap p50/p99 {fmt(r['handoff_gap_us_p50'])}/{fmt(r['handoff_gap_us_p99'])} us"
+                shares = ", ".join(f"{k}: {v:.3f}" for k, v in one["shares"].items())
+                line = f"- {run}: shares {{{shares}}}, useful {one['useful']:.3f}"
+                if "share_error_pp" in one:
+                    line += (f", error pp {fmt(max(one['share_error_pp'].values()), 2)}, worst 1 s window pp "
+                             f"{fmt(max(one['window_error_1s_pp'].values()), 2)}")
+                    if "window_error_10s_pp" in one:
+                        line += f", worst 10 s window pp {fmt(max(one['window_error_10s_pp'].values()), 2)}"
+                if one.get("handoff_gap_us_p50") is not None and run.startswith("gemini"):
+                    line += (f", handoff gap p50/p99 {fmt(one['handoff_gap_us_p50'])}/"
+                             f"{fmt(one['handoff_gap_us_p99'])} us")
                 lines.append(line)
         elif name == "reaction":
             lines.append(f"save -> new shares on the GPU: {res['reactions_ms']} ms (median {res['median_ms']})")
         elif name == "infer":
             for key in ("alone_native", "alone_gemini", "with_train_native", "with_train_gemini"):
-                r = res[key]
-                lines.append(f"- {key}: p50 {fmt(r['p50_ms'], 2)} ms, p99 {fmt(r['p99_ms'], 2)} ms"
-                             + (f", p99 x{fmt(r['p99_inflation'], 2)}" if "p99_inflation" in r else ""))
+                one = res[key]
+                lines.append(f"- {key}: p50 {fmt(one['p50_ms'], 2)} ms, p99 {fmt(one['p99_ms'], 2)} ms"
+                             + (f", p99 x{fmt(one['p99_inflation'], 2)}" if "p99_inflation" in one else ""))
         elif name == "soak":
-            lines.append(f"{res['span_s']:.0f} s, 8 processes in 4 groups: shares "
-                         f"{ {k: round(v, 3) for k, v in res['shares'].items()} }, error pp "
-                         f"{fmt(max(res['share_error_pp'].values()), 2)}, worst 10 s window pp "
-                         f"{fmt(max(res.get('window_error_10s_pp', {'-': 0}).values()), 2)}, errors {res['errors']}")
+            lines.append(f"{res['span_s']:.0f} s, 8 processes in 4 groups: on-chip shares "
+                         f"{ {k: round(v, 3) for k, v in res['shares'].items()} } (error pp "
+                         f"{fmt(max(res['share_error_pp'].values()), 2)}); shares of GPU time "
+                         f"{ {k: round(v, 3) for k, v in res.get('time_shares', {}).items()} } (error pp "
+                         f"{fmt(max(res.get('time_share_error_pp', {'-': 0}).values()), 2)}); errors {res['errors']}")
         elif name == "train":
             lines.append(f"ResNet-18 steps/s native {fmt(res['native_median'], 2)}, hooked {fmt(res['hooked_median'], 2)}"
                          f": overhead {fmt(res['overhead_pct'], 2)}% (rounds {res['native']} / {res['hooked']})")

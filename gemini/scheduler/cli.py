@@ -61,10 +61,8 @@ def setup_logging(verbose: int, level_name: str | None) -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write every slot (grant to release) and config reload to this file as a Chrome trace "
                    "(open it in ui.perfetto.dev, or plot it with gem-ctl plot).")
-@click.option("--timer-early-ms", type=click.FloatRange(0, 20), default=1.5, hidden=True,
-              help="Arm deadline timers this early and wait the rest precisely (0: plain asyncio timers).")
 def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose, log_level, metrics_port,
-         trace_path, timer_early_ms):
+         trace_path):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     setup_logging(verbose, log_level)
     if metrics_port is not None:
@@ -82,7 +80,7 @@ def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose
         click.echo(f"gem-schd: bad config: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     daemon = SchedulerDaemon(config, ip=ip, port=port, base_quota_ms=quota, min_quota_ms=min_quota,
-                             window_ms=window, config_path=str(path), timer_early_s=timer_early_ms / 1000.0,
+                             window_ms=window, config_path=str(path),
                              metrics_port=metrics_port, trace_path=trace_path)
 
     async def run() -> int:

@@ -14,8 +14,10 @@ loop, after the grant has been sent, and an observer's exception is logged, neve
 
 Timer precision: asyncio's epoll timeouts are rounded UP to whole milliseconds, so a grant due at a slot's
 deadline would go out 0-1 ms (plus wakeup latency) late, and every handoff would leave the GPU idle for that
-long. The timer is therefore armed `timer_early_s` (1.5 ms) early and the last stretch is waited precisely
-(a short sleep, then a spin of at most ~0.2 ms). `timer_stats()` reports the measured lateness.
+long. Waiting precisely inside the loop (sleep, spin) would instead stall every message that arrives meanwhile,
+up to a millisecond or more per slot. So a small thread (`PreciseTimer`) sleeps until the deadline with the
+kernel's microsecond timers and hands it to the loop with call_soon_threadsafe; the loop never blocks.
+`timer_stats()` reports the measured lateness.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import collections
 import errno
 import ipaddress
 import logging
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -43,6 +46,46 @@ log = logging.getLogger("gemini.scheduler")
 
 DEFAULT_PORT = 50051
 HEARTBEAT_TIMEOUT_S = 5.0
+
+
+class PreciseTimer:
+    """Call `callback(when)` on the event loop at monotonic time `when`, to a fraction of a millisecond.
+    One pending time at a time: arming again replaces it; arming None cancels."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback):
+        self._loop, self._callback = loop, callback
+        self._cond = threading.Condition()
+        self._when: Optional[float] = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="gem-schd-timer", daemon=True)
+        self._thread.start()
+
+    def arm(self, when: Optional[float]) -> None:
+        with self._cond:
+            self._when = when
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                if self._when is None:
+                    self._cond.wait()
+                    continue
+                delay = self._when - time.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)      # futex with a timeout: wakes within tens of microseconds
+                    continue                    # re-check: re-armed, cancelled, or due
+                when, self._when = self._when, None
+                try:
+                    self._loop.call_soon_threadsafe(self._callback, when)
+                except RuntimeError:            # the loop is closed: we are shutting down
+                    return
 
 
 class BindError(RuntimeError):
@@ -106,7 +149,7 @@ class SchedulerDaemon:
     def __init__(self, config: Config, *, ip: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  base_quota_ms: float = 250.0, min_quota_ms: float = 100.0, window_ms: float = 10000.0,
                  config_path: Optional[str] = None, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-                 debounce_s: float = 0.05, settle_s: float = 0.005, timer_early_s: float = 0.0015,
+                 debounce_s: float = 0.05, settle_s: float = 0.005,
                  metrics_port: Optional[int] = None, trace_path: Optional[str] = None):
         self.config = config
         self.ip = ip
@@ -115,7 +158,6 @@ class SchedulerDaemon:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.debounce_s = debounce_s
         self.settle_s = settle_s
-        self.timer_early_s = timer_early_s
         self.metrics_port = metrics_port      # serve Prometheus metrics there (0: any free port); see metrics.py
         self.trace_path = trace_path          # write a Chrome trace of the slots there; see trace.py
         self.scheduler_id = f"{uuid.uuid4().hex[:12]}"
@@ -128,7 +170,7 @@ class SchedulerDaemon:
         self._sock: Optional[zmq.asyncio.Socket] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._recv_task: Optional[asyncio.Task] = None
-        self._timer: Optional[asyncio.TimerHandle] = None
+        self._timer: Optional[PreciseTimer] = None
         self._wake_target: Optional[float] = None
         self._sweep_handle: Optional[asyncio.TimerHandle] = None
         self._closed: Optional[asyncio.Event] = None  # created in start(), on the loop
@@ -236,9 +278,11 @@ class SchedulerDaemon:
         log.info("gem-schd stopping")
         if self.reloader is not None:
             self.reloader.stop()
-        for handle in (self._timer, self._sweep_handle):
-            if handle is not None:
-                handle.cancel()
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
         if self._recv_task is not None:
             self._recv_task.cancel()
         now = self.now_ms()
@@ -449,28 +493,18 @@ class SchedulerDaemon:
         if self._loop is None or self._closed is None or self._closed.is_set():
             return
         wake = self.policy.next_wakeup(self.now_ms())
-        if wake is None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self._wake_target = None
+        if self._timer is None:
+            self._timer = PreciseTimer(self._loop, self._on_timer)
+        if wake == self._wake_target:
             return
-        if self._timer is not None and self._wake_target == wake:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
         self._wake_target = wake
-        self._timer = self._loop.call_at(self._t0 + wake / 1000.0 - self.timer_early_s, self._on_timer)
+        self._timer.arm(None if wake is None else self._t0 + wake / 1000.0)
 
-    def _on_timer(self) -> None:
-        self._timer = None
+    def _on_timer(self, when: float) -> None:
         target = self._wake_target
-        if target is not None:
-            remaining = target - self.now_ms()
-            if remaining > 0.3:
-                time.sleep((remaining - 0.2) / 1000.0)
-            while self.now_ms() < target:
-                pass
+        if target is None or abs((self._t0 + target / 1000.0) - when) > 1e-9:
+            return                              # re-armed or cancelled after this one fired
+        self._wake_target = None
         now = self.now_ms()
         decisions = self.policy.tick(now)
         if target is not None and any(isinstance(d, GrantDecision) for d in decisions):
