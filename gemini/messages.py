@@ -177,6 +177,8 @@ def decode(frame: bytes, allowed: frozenset[type] | None = None) -> Message:
         body = json.loads(frame)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MessageError(f"not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:   # a number of thousands of digits, nesting too deep
+        raise MessageError(f"unparsable JSON: {type(exc).__name__}: {str(exc)[:80]}") from None
     if not isinstance(body, dict):
         raise MessageError("message is not a JSON object")
     mtype = body.pop("type", None)

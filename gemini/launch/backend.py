@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -138,7 +140,10 @@ class Child:
 
     def spawn(self, env: dict) -> None:
         if self._log_file is None and self.log_path is not None:
-            self._log_file = open(self.log_path, "ab", buffering=0)
+            # 0640 whatever the umask: logs name groups, ports and processes
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+            os.fchmod(fd, 0o640)
+            self._log_file = os.fdopen(fd, "ab", buffering=0)
         out = self._log_file if self._log_file is not None else sys.stderr
         self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                      start_new_session=True,   # terminal Ctrl-C reaches us; we stop them
@@ -228,7 +233,15 @@ class Backend:
     def _log_path(self, label: str) -> Path | None:
         if self.log_dir is None:
             return None
-        return self.log_dir / ("gem-schd.log" if label == "gem-schd" else f"gem-pmgr-{label}.log")
+        if label == "gem-schd":
+            return self.log_dir / "gem-schd.log"
+        # A group name may hold '/', '..' and the like: such a name gets a safe part and a short hash, so that
+        # no name points outside the log directory and two names never share a file.
+        if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", label):
+            return self.log_dir / f"gem-pmgr-{label}.log"
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", label).lstrip(".")[:40] or "group"
+        digest = hashlib.sha1(label.encode()).hexdigest()[:8]
+        return self.log_dir / f"gem-pmgr-{safe}-{digest}.log"
 
     def _scheduler_child(self) -> Child:
         argv = self.schd_cmd + ["--ip", self.ip, "-P", str(self.port), "-f", str(self.config_path),
@@ -272,7 +285,8 @@ class Backend:
             raise BackendError(f"port(s) already in use on {self.ip}: {what}; stop whatever holds them or "
                                "choose another --port")
         if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self.log_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            os.chmod(self.log_dir, 0o750)   # mkdir's mode is filtered by the umask
         self.scheduler = self._scheduler_child()
         self.scheduler.spawn(self.env)
         await wait_listening(self.scheduler, self.ip, self.stop)

@@ -31,6 +31,7 @@ HEARTBEAT_S = 1.0
 HELLO_RETRY_S = 1.0
 LINK_SILENT_S = 3.0         # no word from gem-schd for this long: log that it is unreachable (once)
 NS_PER_MS = 1_000_000
+MAX_BYTES = 2**63 - 1         # a group's count must stay encodable (uint64 on the wire) with room to spare
 
 
 # --- actions ---------------------------------------------------------------------------------
@@ -200,10 +201,13 @@ class PodManager:
         now = self.clock()
         if not client.greeted:
             if not isinstance(msg, hp.Hello):
+                log.warning("client %d (%s) sent %s before HELLO: connection closed", client_id, client.peer,
+                            msg.TYPE.name)
                 return [_error(client_id, seq, hp.ErrorCode.NOT_HELLO,
                                f"the first message must be HELLO, got {msg.TYPE.name}"), CloseHook(client_id)]
             return self._on_hello(client, seq, msg, now)
         if isinstance(msg, hp.Hello):
+            log.warning("client %d (pid %d) sent HELLO twice: connection closed", client_id, client.pid)
             return [_error(client_id, seq, hp.ErrorCode.PROTOCOL, "HELLO sent twice on one connection"),
                     CloseHook(client_id)]
         if isinstance(msg, hp.TokenRequest):
@@ -234,6 +238,11 @@ class PodManager:
                     CloseHook(client.id)]
         if self.unknown_reason:
             return [_error(client.id, seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text()), CloseHook(client.id)]
+        if self.mem_used + msg.mem_in_use > MAX_BYTES:
+            log.warning("hook %s (pid %d) claims %d bytes already in use: more than any GPU holds, refused",
+                        client.peer, msg.pid, msg.mem_in_use)
+            return [_error(client.id, seq, hp.ErrorCode.PROTOCOL,
+                           f"HELLO claims {msg.mem_in_use} bytes in use, which no GPU holds"), CloseHook(client.id)]
         client.greeted = True
         client.pid = msg.pid
         client.mem = msg.mem_in_use

@@ -202,6 +202,10 @@ class PodManagerServer:
             except sm.MessageError as exc:
                 log.warning("bad message from gem-schd dropped: %s", exc)
                 continue
+            except Exception as exc:   # never let one frame end the link to the scheduler
+                log.warning("undecodable message from gem-schd dropped: %s: %s", type(exc).__name__,
+                            str(exc)[:120])
+                continue
             try:
                 self._dispatch(self.manager.on_scheduler(msg))
             except Exception:   # a bug must not take the group down
