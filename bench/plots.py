@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Trace  # noqa: E402
+from bench.harness import GroupTrace, Trace  # noqa: E402
 
 
 def plot_run(run_dir: Path, output: Path, window_s: float = 1.0, title: str | None = None) -> Path:
@@ -25,10 +25,13 @@ def plot_run(run_dir: Path, output: Path, window_s: float = 1.0, title: str | No
 
     run_dir = Path(run_dir)
     report = json.loads((run_dir / "share.json").read_text())
-    names = sorted(p.stem for p in run_dir.glob("t*.trace"))
-    traces = {n: Trace.read(run_dir / f"{n}.trace") for n in names}
-    t0 = min(t.host_ns[0] for t in traces.values())
-    t1 = max(t.host_ns[-1] for t in traces.values())
+    tenants = sorted(p.stem for p in run_dir.glob("t*.trace"))
+    tenant_traces = {n: Trace.read(run_dir / f"{n}.trace") for n in tenants}
+    # processes t<i>-<j> belong to group t<i>; the plot shows groups
+    names = sorted({n.split("-")[0] for n in tenants})
+    traces = {g: GroupTrace([tenant_traces[n] for n in tenants if n.split("-")[0] == g]) for g in names}
+    t0 = min(t.host_ns[0] for t in tenant_traces.values())
+    t1 = max(t.host_ns[-1] for t in tenant_traces.values())
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     caps = report.get("caps", {})
@@ -55,7 +58,7 @@ def plot_run(run_dir: Path, output: Path, window_s: float = 1.0, title: str | No
         from gemini.scheduler.trace import SchedulerTrace
         st = SchedulerTrace.load(grants)
         # the trace's clock starts with the daemon; align its first slot with the first kernel
-        first_kernel = min(_first_kernel_ns(run_dir, n) for n in names)
+        first_kernel = min(_first_kernel_ns(run_dir, n) for n in tenants)
         offset = (first_kernel - t0) / 1e9 - (st.slots[0].start_s if st.slots else 0.0)
         for s in st.slots:
             if s.group in rows:
@@ -63,9 +66,10 @@ def plot_run(run_dir: Path, output: Path, window_s: float = 1.0, title: str | No
                                    color=colors[rows[s.group] % len(colors)])
         bottom.set_ylabel("token holder")
     else:
-        for n in names:
+        for n in tenants:
+            g = n.split("-")[0]
             spans = _kernel_spans(run_dir, n, t0)
-            bottom.broken_barh(spans, (rows[n] - 0.4, 0.8), color=colors[rows[n] % len(colors)])
+            bottom.broken_barh(spans, (rows[g] - 0.4, 0.8), color=colors[rows[g] % len(colors)])
         bottom.set_ylabel("kernels on GPU")
     bottom.set_yticks(range(len(names)), names)
     bottom.set_xlabel("seconds")
