@@ -393,12 +393,3 @@ int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply
         return GEM_CALL_REFUSED;
     return w.result;
 }
-
-void gem_conn_close(struct gem_conn *c) {
-    pthread_mutex_lock(&c->mu);
-    if (c->fd >= 0) {
-        close(c->fd);
-        c->fd = -1;
-    }
-    pthread_mutex_unlock(&c->mu);
-}

@@ -175,7 +175,6 @@ void gem_conn_init(struct gem_conn *c, const char *ip, int port, int ordinal, co
 void gem_conn_reset_after_fork(struct gem_conn *c);
 /* Send `req` and wait for its reply (any type). timeout_ns 0 = wait forever (token waits). */
 int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns);
-void gem_conn_close(struct gem_conn *c);
 
 /* ---- devices and gating (gate.c) ---------------------------------------------------------- */
 
@@ -228,7 +227,6 @@ static inline struct gem_device *gem_current_device(void) {
     return gem_current_device_multi();
 }
 struct gem_device *gem_device_by_ordinal(CUdevice dev);
-int gem_device_ready(struct gem_device *d); /* connection parameters set up */
 CUresult gem_gate_slow(struct gem_device *d, CUstream stream, int ptsz, int64_t now);
 CUresult gem_burst_begin(struct gem_device *d, CUstream stream, int ptsz, int64_t now);
 void gem_on_sync(void);
