@@ -34,9 +34,9 @@ $(HOOK_LIB): $(HOOK_SRC) $(HOOK_HDR)
 
 # Native benchmark programs (plain C against libcuda.so.1, no toolkit).
 BENCH_BIN := $(BUILD)/bench/launch_cost $(BUILD)/bench/alloc_cost
-$(BUILD)/bench/%: bench/%.c hook/cuda_types.h
+$(BUILD)/bench/%: bench/%.c bench/bench_common.h hook/cuda_types.h
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 -O2 -Wall -Wextra -Ihook -o $@ $< -ldl
+	$(CC) -std=gnu11 -O2 -Wall -Wextra -Ihook -Ibench -o $@ $< -ldl
 bench-native: $(BENCH_BIN)
 
 $(VENV)/.installed: pyproject.toml setup.py

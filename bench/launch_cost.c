@@ -10,32 +10,12 @@
  * usage: launch_cost [BATCHES [BATCH]]   prints one JSON line:
  *   {"ns_per_launch_median": ..., "ns_per_launch_p10": ..., "ns_per_launch_p90": ..., ...}
  */
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
-#include "cuda_types.h"
-
+#include "bench_common.h"
 static const char empty_ptx[] =
     ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry gem_empty()\n{\n    ret;\n}\n";
 
-typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
-
-static gpa_t gpa;
-static void *get(const char *name) {
-    void *p = NULL;
-    CUdriverProcAddressQueryResult st;
-    if (gpa(name, &p, 12000, 0, &st) != 0 || !p) {
-        fprintf(stderr, "launch_cost: no entry point %s\n", name);
-        exit(2);
-    }
-    return p;
-}
 
 #define CHECK(call)                                                   \
     do {                                                              \
@@ -46,34 +26,18 @@ static void *get(const char *name) {
         }                                                             \
     } while (0)
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int main(int argc, char **argv) {
     int batches = argc > 1 ? atoi(argv[1]) : 2000;
     int batch = argc > 2 ? atoi(argv[2]) : 128;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
-    if (!h) {
-        fprintf(stderr, "launch_cost: %s\n", dlerror());
-        return 2;
-    }
-    gpa = (gpa_t)dlsym(h, "cuGetProcAddress_v2");
-    CUresult (*init)(unsigned) = get("cuInit");
-    CUresult (*dev_get)(CUdevice *, int) = get("cuDeviceGet");
-    CUresult (*retain)(CUcontext *, CUdevice) = get("cuDevicePrimaryCtxRetain");
-    CUresult (*set_current)(CUcontext) = get("cuCtxSetCurrent");
-    CUresult (*load)(CUmodule *, const void *) = get("cuModuleLoadData");
-    CUresult (*get_fn)(CUfunction *, CUmodule, const char *) = get("cuModuleGetFunction");
-    CUresult (*sync)(void) = get("cuCtxSynchronize");
-    launch_t launch = (launch_t)get("cuLaunchKernel");
+    bench_open_driver("launch_cost");
+    CUresult (*init)(unsigned) = bench_get("launch_cost", "cuInit");
+    CUresult (*dev_get)(CUdevice *, int) = bench_get("launch_cost", "cuDeviceGet");
+    CUresult (*retain)(CUcontext *, CUdevice) = bench_get("launch_cost", "cuDevicePrimaryCtxRetain");
+    CUresult (*set_current)(CUcontext) = bench_get("launch_cost", "cuCtxSetCurrent");
+    CUresult (*load)(CUmodule *, const void *) = bench_get("launch_cost", "cuModuleLoadData");
+    CUresult (*get_fn)(CUfunction *, CUmodule, const char *) = bench_get("launch_cost", "cuModuleGetFunction");
+    CUresult (*sync)(void) = bench_get("launch_cost", "cuCtxSynchronize");
+    launch_t launch = (launch_t)bench_get("launch_cost", "cuLaunchKernel");
     CUdevice dev;
     CUcontext ctx;
     CUmodule mod;
@@ -89,23 +53,23 @@ int main(int argc, char **argv) {
     CHECK(sync());
     double *per = malloc(sizeof(double) * (size_t)batches);
     for (int b = 0; b < batches; b++) {
-        int64_t t0 = now_ns();
+        int64_t t0 = bench_now_ns();
         for (int i = 0; i < batch; i++)
             CHECK(launch(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
-        int64_t t1 = now_ns();
+        int64_t t1 = bench_now_ns();
         CHECK(sync());
         per[b] = (double)(t1 - t0) / batch;
     }
-    qsort(per, (size_t)batches, sizeof *per, cmp);
+    qsort(per, (size_t)batches, sizeof *per, bench_cmp_double);
     /* What the hook's clock reads cost on this machine, for the record. */
     struct timespec ts, res;
-    int64_t c0 = now_ns();
+    int64_t c0 = bench_now_ns();
     for (int i = 0; i < 1000000; i++)
         clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t c1 = now_ns();
+    int64_t c1 = bench_now_ns();
     for (int i = 0; i < 1000000; i++)
         clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    int64_t c2 = now_ns();
+    int64_t c2 = bench_now_ns();
     clock_getres(CLOCK_MONOTONIC_COARSE, &res);
     printf("{\"ns_per_launch_median\": %.1f, \"ns_per_launch_p10\": %.1f, \"ns_per_launch_p90\": %.1f, "
            "\"batches\": %d, \"batch\": %d, \"clock_monotonic_ns\": %.1f, \"clock_coarse_ns\": %.1f, "

@@ -422,6 +422,18 @@ static void send_release(struct gem_device *d, uint64_t token_seq, int64_t overu
     }
 }
 
+/* Give the slot back, keeping launchers waiting until the release has gone out. Called with d->mu held;
+ * returns with it released. */
+static void release_slot_unlock(struct gem_device *d, uint64_t seq, int64_t overuse, int64_t used) {
+    d->state = GEM_TOKEN_REQUESTING;
+    pthread_mutex_unlock(&d->mu);
+    send_release(d, seq, overuse, used);
+    pthread_mutex_lock(&d->mu);
+    d->state = GEM_TOKEN_NONE;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
 int gem_fail_open_active(void) { return atomic_load(&fail_open_active); }
 
 void gem_enter_fail_open(void) {
@@ -507,13 +519,7 @@ CUresult gem_burst_begin(struct gem_device *d, CUstream stream, int ptsz, int64_
             expire_locked(d);
             int64_t overuse = d->pending_overuse_ns, used = d->pending_used_ns;
             d->pending_overuse_ns = d->pending_used_ns = 0;
-            d->state = GEM_TOKEN_REQUESTING; /* keep other launchers waiting while we release */
-            pthread_mutex_unlock(&d->mu);
-            send_release(d, seq, overuse, used);
-            pthread_mutex_lock(&d->mu);
-            d->state = GEM_TOKEN_NONE;
-            pthread_cond_broadcast(&d->cv);
-            pthread_mutex_unlock(&d->mu);
+            release_slot_unlock(d, seq, overuse, used);
             atomic_fetch_add(&gem_stats.burst_renewals, 1);
             return gem_gate_slow(d, stream, ptsz, gem_now_ns());
         }
@@ -600,13 +606,7 @@ static int64_t watch_device(struct gem_device *d, int64_t now) {
             uint64_t seq = d->token_seq;
             int64_t overuse = d->pending_overuse_ns;
             d->pending_overuse_ns = 0;
-            d->state = GEM_TOKEN_REQUESTING; /* launchers wait until the release is sent */
-            pthread_mutex_unlock(&d->mu);
-            send_release(d, seq, overuse, used);
-            pthread_mutex_lock(&d->mu);
-            d->state = GEM_TOKEN_NONE;
-            pthread_cond_broadcast(&d->cv);
-            pthread_mutex_unlock(&d->mu);
+            release_slot_unlock(d, seq, overuse, used);
             atomic_fetch_add(&gem_stats.early_releases, 1);
             GEM_LOG(GEM_LOG_DEBUG, "GPU %d: idle for %.1f ms, token %llu given back early", d->ordinal,
                     (double)(t - idle_since) / 1e6, (unsigned long long)seq);

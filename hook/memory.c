@@ -564,14 +564,15 @@ static uint64_t array_actual(CUarray arr, struct gem_device *d, uint64_t estimat
     return estimate;
 }
 
-GEM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc) {
-    NEED_REAL(cuArrayCreate_v2);
-    if (!pHandle || !desc || !accounting())
-        return REAL(cuArrayCreate_v2)(pHandle, desc);
+/* Adapters so both array kinds go through create_array. */
+static CUresult create_2d(CUarray *p, const void *desc) { return REAL(cuArrayCreate_v2)(p, desc); }
+static CUresult create_3d(CUarray *p, const void *desc) { return REAL(cuArray3DCreate_v2)(p, desc); }
+
+static CUresult create_array(CUarray *pHandle, const void *desc, uint64_t estimate,
+                             CUresult (*create)(CUarray *, const void *)) {
     struct gem_device *d = gem_current_device();
-    uint64_t estimate = array_estimate(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
     RESERVE_OR_RETURN(d, estimate, GEM_MEM_DEVICE);
-    CUresult rc = REAL(cuArrayCreate_v2)(pHandle, desc);
+    CUresult rc = create(pHandle, desc);
     if (rc != CUDA_SUCCESS) {
         unreserve(d, estimate, GEM_MEM_DEVICE);
         return rc;
@@ -583,23 +584,20 @@ GEM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPT
     return rc;
 }
 
+GEM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    NEED_REAL(cuArrayCreate_v2);
+    if (!pHandle || !desc || !accounting())
+        return REAL(cuArrayCreate_v2)(pHandle, desc);
+    return create_array(pHandle, desc, array_estimate(desc->Width, desc->Height, 1, desc->Format,
+                                                      desc->NumChannels), create_2d);
+}
+
 GEM_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
     NEED_REAL(cuArray3DCreate_v2);
     if (!pHandle || !desc || !accounting())
         return REAL(cuArray3DCreate_v2)(pHandle, desc);
-    struct gem_device *d = gem_current_device();
-    uint64_t estimate = array_estimate(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
-    RESERVE_OR_RETURN(d, estimate, GEM_MEM_DEVICE);
-    CUresult rc = REAL(cuArray3DCreate_v2)(pHandle, desc);
-    if (rc != CUDA_SUCCESS) {
-        unreserve(d, estimate, GEM_MEM_DEVICE);
-        return rc;
-    }
-    uint64_t key = (uint64_t)(uintptr_t)*pHandle;
-    rc = array_finish(d, SPACE_ARRAY, key, estimate, array_actual(*pHandle, d, estimate), destroy_array);
-    if (rc != CUDA_SUCCESS)
-        *pHandle = NULL;
-    return rc;
+    return create_array(pHandle, desc, array_estimate(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                                      desc->NumChannels), create_3d);
 }
 
 GEM_EXPORT CUresult cuArrayDestroy(CUarray hArray) {
