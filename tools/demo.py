@@ -112,8 +112,8 @@ def main(argv=None) -> int:
         log.info("matplotlib is not installed: no plot (pip install matplotlib, then gem-ctl plot %s)", trace_file)
     else:
         png = REPO / "demo-share.png"
-        plot = subprocess.run([sys.executable, "-m", "gemini.cli", "plot", str(trace_file), "-o", str(png),
-                               "--config", args.config], cwd=REPO, capture_output=True, text=True)
+        plot = subprocess.run([sys.executable, "-m", "gemini.cli", "plot", str(trace_file), "-o", str(png)],
+                              cwd=REPO, capture_output=True, text=True)
         log.info("share plot: %s" if plot.returncode == 0 else "plot failed: %s",
                  png if plot.returncode == 0 else plot.stderr.strip()[-300:])
     return 0
