@@ -37,15 +37,17 @@ def cumulative_usage(slots: Sequence[SlotEvent], times: Sequence[float]) -> list
     return out
 
 
-def share_series(slots: Sequence[SlotEvent], times: Sequence[float], window_s: float) -> list[float]:
-    """The share over the sliding window ending at each time t (window min(window_s, t), as gem-schd measures),
-    for one group's slots. `times` must be sorted."""
+def share_series(slots: Sequence[SlotEvent], times: Sequence[float], window_s: float,
+                 opened_s: float = 0.0) -> list[float]:
+    """The share over the sliding window ending at each time t, for one group's slots, as gem-schd measures it:
+    the window is min(window_s, t - opened_s), opened_s being when it opened (the first slot of any group).
+    `times` must be sorted."""
     ends = cumulative_usage(slots, times)
-    starts_t = [max(0.0, t - window_s) for t in times]
+    starts_t = [max(opened_s, t - window_s) for t in times]
     begins = cumulative_usage(slots, starts_t)
     out = []
     for t, u_end, u_begin in zip(times, ends, begins):
-        w = min(window_s, t)
+        w = min(window_s, t - opened_s)
         out.append((u_end - u_begin) / w if w > 0 else 0.0)
     return out
 
@@ -87,7 +89,8 @@ def plot_trace(path: str | os.PathLike, output: str | os.PathLike, points: int =
                                              gridspec_kw={"height_ratios": [3, max(1, 0.35 * len(groups))]})
     for k, group in enumerate(groups):
         color = colors[k % len(colors)]
-        ax_share.plot(times, share_series(by_group[group], times, window), color=color, lw=1.4,
+        opened = min((sl.start_s for sl in trace.slots), default=0.0)
+        ax_share.plot(times, share_series(by_group[group], times, window, opened), color=color, lw=1.4,
                       label=f"{group} share")
         for key, style in (("max_util", "--"), ("min_util", ":")):
             xs, ys = limit_series(trace, group, key, end)
