@@ -178,29 +178,8 @@ class FakeHook:
 
 # --- daemon probes -----------------------------------------------------------------------------------------------
 
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
 
 
-def daemon_pids(be: Backend) -> dict[str, int]:
-    """{"gem-schd": pid, "pmgr:<group>": pid}."""
-    out = {}
-    for pid in children_of(be.proc.pid):
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        if "--name" in argv:
-            out["pmgr:" + argv[argv.index("--name") + 1]] = pid
-        elif any("gem-schd" in a or "gemini.scheduler" in a for a in argv):
-            out["gem-schd"] = pid
-    return out
 
 
 def rss_bytes(pid: int) -> int:
@@ -284,7 +263,7 @@ async def group_memory(ports: dict[str, int]) -> dict[str, int]:
 
 async def drive(be: Backend, groups: int, per_group: int, seconds: float, sample_s: float, model: LoadModel,
                 seed: int) -> dict:
-    pids = daemon_pids(be)
+    pids = {(k if k == 'gem-schd' else 'pmgr:' + k): v for k, v in be.daemon_pids().items()}
     stats = LoadStats()
     rng = random.Random(seed)
     start = time.monotonic()

@@ -129,6 +129,17 @@ class Backend:
         if getattr(self, "_log", None):
             self._log.close()
 
+    def daemon_pids(self) -> dict[str, int]:
+        """{"gem-schd": pid, <group>: pid of its gem-pmgr}, among launch-backend's children."""
+        out = {}
+        for pid in children_of(self.proc.pid):
+            argv = cmdline(pid)
+            if "--name" in argv:
+                out[argv[argv.index("--name") + 1]] = pid
+            elif any("gem-schd" in a or "gemini.scheduler" in a for a in argv):
+                out["gem-schd"] = pid
+        return out
+
     def logs(self, tail: int = 3000) -> str:
         """The backend's output and each daemon's log, cut to their ends (for error messages)."""
         parts = []
@@ -156,6 +167,31 @@ class Backend:
         full_env.setdefault("PYTHONPATH", str(REPO_ROOT))
         return subprocess.Popen(self.command(group, argv, timeout), env=full_env, stdin=stdin, stdout=stdout,
                                 stderr=stderr, text=True)
+
+
+# --- processes ---------------------------------------------------------------------------------------
+
+def children_of(pid: int) -> list[int]:
+    """Live (not zombie) children of a process, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def cmdline(pid: int) -> list[str]:
+    """A process's argv ([] once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").rstrip("\0").split("\0")
 
 
 # --- what the hook and the workloads report -----------------------------------------------------

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import Backend, Group, Trace, last_json, read_stats
+from bench.harness import Backend, Group, Trace, children_of, cmdline, last_json, read_stats
 from gemini import protocol as hp
 from gemini.messages import StatusReply, StatusRequest
 from gemini.scheduler.testing import FakePodManager
@@ -45,27 +45,6 @@ def _built():
 
 # --- helpers -----------------------------------------------------------------------------------------------
 
-def children_of(pid: int) -> list[int]:
-    """Live child pids of `pid` (from /proc/*/stat)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry))
-    return out
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
 
 
 def daemon_pid(be: Backend, group: str | None = None, timeout: float = 10.0) -> int:

@@ -59,29 +59,8 @@ def threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
 
 
-def daemon_pids(be: Backend) -> dict[str, int]:
-    """{"gem-schd": pid, <group>: pid of its gem-pmgr}."""
-    out = {}
-    for pid in children_of(be.proc.pid):
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        if "--name" in argv:
-            out[argv[argv.index("--name") + 1]] = pid
-        elif any("gem-schd" in a or "gemini.scheduler" in a for a in argv):
-            out["gem-schd"] = pid
-    return out
 
 
 def settle(predicate, timeout: float = 5.0, step: float = 0.02) -> bool:
@@ -171,7 +150,7 @@ class Live:
         ok = settle(lambda: all(now[0] <= self.baseline[n][0] and now[1] <= self.baseline[n][1]
                                 for n, now in self.snapshot().items()), timeout=5)
         assert ok, f"daemon fds/threads {self.snapshot()} vs baseline {self.baseline}"
-        assert all(pid in daemon_pids(self.be).values() for pid in self.pids.values()), "a daemon restarted"
+        assert all(pid in self.be.daemon_pids().values() for pid in self.pids.values()), "a daemon restarted"
 
     def log(self, name: str) -> str:
         fname = "gem-schd.log" if name == "gem-schd" else f"gem-pmgr-{name}.log"
@@ -188,7 +167,7 @@ def live(tmp_path_factory):
     try:
         good = GoodPeer(be.ports["good"])
         good.check()
-        state = Live(be, daemon_pids(be), good)
+        state = Live(be, be.daemon_pids(), good)
         assert set(state.pids) == {"gem-schd", "good", "fuzz"}, state.pids
         yield state
     finally:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import LAUNCH_BACKEND, LAUNCH_COMMAND, REPO_ROOT, Backend, Group, free_port_base, read_stats
+from bench.harness import (LAUNCH_BACKEND, LAUNCH_COMMAND, REPO_ROOT, Backend, Group, children_of, cmdline,
+                           free_port_base, read_stats)
 from gemini import protocol as hp
 from gemini.hookpath import hook_path
 from gemini.messages import StatusReply, StatusRequest
@@ -75,21 +76,6 @@ def is_loopback(addr: str) -> bool:
                               and ip.ipv4_mapped.is_loopback)
 
 
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
-
-
-def argv_of(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
 
 
 def clean_env(**extra: str) -> dict:
@@ -129,9 +115,9 @@ def test_every_daemon_listens_on_loopback_by_default(backend):
     assert len(daemons) == 3
     for pid in daemons:
         sockets = listening_sockets(pid)
-        assert sockets, f"{argv_of(pid)} listens on nothing?"
-        assert all(is_loopback(addr) for addr, _ in sockets), (argv_of(pid), sockets)
-        assert "--ip" in argv_of(pid) and argv_of(pid)[argv_of(pid).index("--ip") + 1] == "127.0.0.1"
+        assert sockets, f"{cmdline(pid)} listens on nothing?"
+        assert all(is_loopback(addr) for addr, _ in sockets), (cmdline(pid), sockets)
+        assert "--ip" in cmdline(pid) and cmdline(pid)[cmdline(pid).index("--ip") + 1] == "127.0.0.1"
 
 
 DAEMONS = {
@@ -322,8 +308,8 @@ def test_launch_backend_passes_group_names_verbatim(tmp_path):
             lines.append(line.rstrip("\n"))
         table = {line.rsplit(None, 1)[0].strip(): int(line.rsplit(None, 1)[1]) for line in lines[2:-1]}
         assert table == {name: port + i for i, name in enumerate(NASTY_GROUPS, 1)}
-        names = {argv_of(pid)[argv_of(pid).index("--name") + 1] for pid in children_of(proc.pid)
-                 if "--name" in argv_of(pid)}
+        names = {cmdline(pid)[cmdline(pid).index("--name") + 1] for pid in children_of(proc.pid)
+                 if "--name" in cmdline(pid)}
         assert names == set(NASTY_GROUPS)
         for name, gport in table.items():
             hook = Hook(gport, name)
