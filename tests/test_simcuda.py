@@ -6,13 +6,10 @@ with the simulator on LD_LIBRARY_PATH, so this process never loads a libcuda.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
