@@ -491,7 +491,7 @@ CUresult gem_gate_slow(struct gem_device *d, CUstream stream, int ptsz, int64_t 
     int64_t t = gem_now_ns();
     if (!atomic_exchange(&d->in_burst, 1))
         atomic_store(&d->burst_start_ns, t);
-    if (d->bursts_in_slot == 0 && !d->slot_measured && d->slot_unmarked)
+    if (d->slot_unmarked)
         mark_slot_start(d, stream, ptsz);
     d->slot_unmarked = 0;
     pthread_mutex_unlock(&d->mu);

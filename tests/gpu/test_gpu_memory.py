@@ -74,12 +74,14 @@ def test_nvml_inside_the_group_shows_the_limit(backend, tmp_path):
 
 
 def test_nvidia_smi_inside_the_group(backend, tmp_path):
-    """nvidia-smi's own reading inside a group, recorded for the docs (it may not go through dlsym)."""
+    """nvidia-smi inside a group reports the group's limit as the GPU's memory (it reaches NVML through dlsym)."""
     proc = backend.spawn("mem", ["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"],
                          stdin=subprocess.DEVNULL)
     out, err = proc.communicate(timeout=60)
     record("nvidia-smi", output=out.strip()[:100], rc=proc.returncode)
     assert proc.returncode == 0, err
+    total_mib = int(out.strip().splitlines()[0].split(",")[0])
+    assert total_mib == LIMIT >> 20, out
 
 
 def test_two_processes_of_one_group_share_its_limit(backend, tmp_path):
