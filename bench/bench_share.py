@@ -8,6 +8,7 @@ from on-chip time, never from nvidia-smi.
     python bench/bench_share.py --mode native --tenants 2 --seconds 12
     python bench/bench_share.py --mode mps --caps 0.3,0.6 --seconds 12   # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
     python bench/bench_share.py --mode native --tenants 1                 # the reference for useful time
+    python bench/bench_share.py --mode gemini --caps 0.1,0.2,0.3,0.4 --per-group 2 --turns --seconds 120
 
 Prints one JSON object: per-tenant shares over the common span, the worst share error over 1 s and
 10 s windows (gemini), total useful GPU time, and handoff gaps between tenants on the GPU clock.
@@ -153,7 +154,7 @@ def run(args) -> dict:
     env["GEMINI_STATS_FILE"] = str(stats_file)
     started = time.time()
     if args.mode == "gemini":
-        groups = [Group(n, mn, cap) for n, mn, cap in zip(group_names, mins, caps)]
+        groups = [Group(n, mn, cap, turns=args.turns) for n, mn, cap in zip(group_names, mins, caps)]
         backend = Backend(out / "backend", groups, quota_ms=args.quota, min_quota_ms=args.min_quota,
                           window_ms=args.window, env=env, extra_args=[f"--schd-arg=--trace={out / 'grants.json'}"])
         backend.start()
@@ -187,7 +188,7 @@ def run(args) -> dict:
     shares = shares_over(traces, start, end)
     gaps = handoff_gaps_us(out, group_of)
     report = {
-        "mode": args.mode, "tenants": len(names), "seconds": args.seconds, "kernel_us": args.kernel_us,
+        "mode": args.mode, "turns": args.turns, "tenants": len(names), "seconds": args.seconds, "kernel_us": args.kernel_us,
         "blocks": args.blocks, "per_group": args.per_group, "work_iters": args.work_iters,
         "ns_per_kernel_alone": ns_per_kernel, "span_s": (end - start) / 1e9, "shares": shares,
         "useful": sum(shares.values()),
@@ -230,6 +231,8 @@ def main(argv=None) -> int:
     p.add_argument("--mins", default="", help="MinUtil per tenant (gemini mode; default 0)")
     p.add_argument("--tenants", type=int, default=2, help="number of tenants (native mode)")
     p.add_argument("--per-group", type=int, default=1, help="processes per group (gemini mode)")
+    p.add_argument("--turns", action="store_true",
+                   help="gemini mode: ProcessSharing = turns (a group's processes hold its token one at a time)")
     p.add_argument("--seconds", type=float, default=12)
     p.add_argument("--trim", type=float, default=1.0, help="seconds dropped at both ends of the common span")
     p.add_argument("--kernel-us", type=int, default=1000)

@@ -10,6 +10,9 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   launch   host cost per launch, native vs hooked, interleaved
   alloc    cuMemAlloc/cuMemFree latency through the pod manager, native vs hooked
   share    always-busy spin tenants: native time-slicing, then gemini with MaxUtil 0.3 / 0.6
+  reaction how fast a config edit shows on the GPU
+  infer    inference latency alone and next to a trainer
+  soak     8 processes in 4 groups for 2 minutes, ProcessSharing = turns and together
   train    ResNet-18 single-tenant overhead, native vs hooked, interleaved
 
 Writes OUT/report.md (human), OUT/results.json (everything), OUT/gpu-tests.log.
@@ -165,13 +168,22 @@ def step_infer(ctx) -> dict:
 
 
 def step_soak(ctx) -> dict:
-    secs = "30" if ctx.args.quick else "120"
-    r = bench(ctx, ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.1,0.2,0.3,0.4", "--per-group", "2",
-                    "--seconds", secs, "--quota", str(ctx.args.quota), "--window", str(ctx.args.window),
-                    "--out", ctx.out / "share-soak", "--plot", ctx.out / "share-soak.png",
-                    "--title", "gemini, 8 processes in 4 groups, MaxUtil 0.1 / 0.2 / 0.3 / 0.4"], 400)
-    r.pop("results", None)
-    return r
+    """8 always-busy processes in 4 groups, once per ProcessSharing mode."""
+    secs = "30" if ctx.args.quick else str(ctx.args.soak_seconds)
+    out = {}
+    for sharing in ctx.args.soak_sharing.split(","):
+        argv = ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.1,0.2,0.3,0.4", "--per-group", "2",
+                "--seconds", secs, "--quota", str(ctx.args.quota), "--window", str(ctx.args.window),
+                "--out", ctx.out / f"share-soak-{sharing}", "--plot", ctx.out / f"share-soak-{sharing}.png",
+                "--title", f"gemini, 8 processes in 4 groups (ProcessSharing = {sharing}), "
+                           "MaxUtil 0.1 / 0.2 / 0.3 / 0.4"]
+        try:
+            r = bench(ctx, argv + (["--turns"] if sharing == "turns" else []), float(secs) + 280)
+            r.pop("results", None)
+            out[sharing] = r
+        except Exception as exc:  # noqa: BLE001 -- one mode failing keeps the other
+            out[sharing] = {"error": str(exc)[-1000:]}
+    return out
 
 
 def step_train(ctx) -> dict:
@@ -241,11 +253,16 @@ def write_report(ctx, results: dict) -> None:
                 lines.append(f"- {key}: p50 {fmt(one['p50_ms'], 2)} ms, p99 {fmt(one['p99_ms'], 2)} ms"
                              + (f", p99 x{fmt(one['p99_inflation'], 2)}" if "p99_inflation" in one else ""))
         elif name == "soak":
-            lines.append(f"{res['span_s']:.0f} s, 8 processes in 4 groups: on-chip shares "
-                         f"{ {k: round(v, 3) for k, v in res['shares'].items()} } (error pp "
-                         f"{fmt(max(res['share_error_pp'].values()), 2)}); shares of GPU time "
-                         f"{ {k: round(v, 3) for k, v in res.get('time_shares', {}).items()} } (error pp "
-                         f"{fmt(max(res.get('time_share_error_pp', {'-': 0}).values()), 2)}); errors {res['errors']}")
+            for sharing, one in res.items():
+                if one.get("error"):
+                    lines.append(f"- {sharing}: FAILED {one['error'][-300:]}")
+                    continue
+                lines.append(f"- ProcessSharing = {sharing}, {one['span_s']:.0f} s, 8 processes in 4 groups: on-chip "
+                             f"shares { {k: round(v, 3) for k, v in one['shares'].items()} } (error pp "
+                             f"{fmt(max(one['share_error_pp'].values()), 2)}, worst 10 s window pp "
+                             f"{fmt(max(one.get('window_error_10s_pp', {'-': None}).values()), 2)}); shares of GPU "
+                             f"time { {k: round(v, 3) for k, v in one.get('time_shares', {}).items()} }; errors "
+                             f"{one['errors']}")
         elif name == "train":
             lines.append(f"ResNet-18 steps/s native {fmt(res['native_median'], 2)}, hooked {fmt(res['hooked_median'], 2)}"
                          f": overhead {fmt(res['overhead_pct'], 2)}% (rounds {res['native']} / {res['hooked']})")
@@ -269,6 +286,8 @@ def main(argv=None) -> int:
     p.add_argument("--quota", type=float, default=50, help="gem-schd base quota (ms) for the share benchmarks")
     p.add_argument("--window", type=float, default=10000)
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
+    p.add_argument("--soak-sharing", default="turns,together", help="ProcessSharing modes the soak step runs")
+    p.add_argument("--soak-seconds", type=float, default=120)
     args = p.parse_args(argv)
     ctx = Ctx()
     ctx.args = args

@@ -35,9 +35,11 @@ class Group:
     min_util: float = 0.0
     max_util: float = 1.0
     mem_limit: str = "8GiB"
+    turns: bool = False     # ProcessSharing = turns
 
     def ini(self) -> str:
-        return f"[{self.name}]\nMinUtil = {self.min_util}\nMaxUtil = {self.max_util}\nMemoryLimit = {self.mem_limit}\n"
+        return (f"[{self.name}]\nMinUtil = {self.min_util}\nMaxUtil = {self.max_util}\nMemoryLimit = {self.mem_limit}\n"
+                + ("ProcessSharing = turns\n" if self.turns else ""))
 
 
 def write_config(path: Path, groups: list[Group]) -> Path:

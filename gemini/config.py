@@ -16,6 +16,7 @@ v2 (INI)::
     MinUtil = 0.3        # default 0
     MaxUtil = 0.5        # default 1
     MemoryLimit = 1GiB   # default 1GiB; K/M/G/T = 10^3.., Ki/Mi/Gi/Ti = 2^10..
+    ProcessSharing = together   # or turns; default together (v1 cannot say)
 
 Every error is a ConfigError whose text starts with ``file:line:``.
 """
@@ -52,6 +53,8 @@ class GroupConfig:
     min_util: float = 0.0
     max_util: float = 1.0
     mem_limit: int = DEFAULT_MEMORY_LIMIT
+    # together: the group's processes share its token at once, as in Gemini; turns: one at a time
+    turns: bool = False
     line: int = 0  # where the group is defined, for messages
 
 
@@ -160,12 +163,13 @@ def _parse_v1(lines: list[str], path: str) -> list[GroupConfig]:
         name, request, limit, mem = parts
         _check_name(name, path, number)
         groups.append(GroupConfig(name, _parse_util(request, "REQUEST", path, number),
-                                  _parse_util(limit, "LIMIT", path, number), _parse_mem(mem, path, number), number))
+                                  _parse_util(limit, "LIMIT", path, number), _parse_mem(mem, path, number), line=number))
     return groups
 
 
 _SECTION_RE = re.compile(r"^\[([^\]]*)\]$")
-_KEYS = {"minutil": "min_util", "maxutil": "max_util", "memorylimit": "mem_limit"}
+_KEYS = {"minutil": "min_util", "maxutil": "max_util", "memorylimit": "mem_limit", "processsharing": "turns"}
+_SHARING = {"together": False, "turns": True}
 
 
 def _parse_v2(lines: list[str], path: str) -> list[GroupConfig]:
@@ -195,12 +199,17 @@ def _parse_v2(lines: list[str], path: str) -> list[GroupConfig]:
         key, value = key.strip(), value.strip()
         attr = _KEYS.get(key.lower())
         if attr is None:
-            raise ConfigError(path, number, f"unknown key {_shown(key)} (expected MinUtil, MaxUtil or MemoryLimit)")
+            raise ConfigError(path, number, f"unknown key {_shown(key)} (expected MinUtil, MaxUtil, MemoryLimit "
+                                            "or ProcessSharing)")
         if attr in seen_keys:
             raise ConfigError(path, number, f"{key} given twice in [{current['name']}]")
         seen_keys.add(attr)
         if attr == "mem_limit":
             current[attr] = _parse_mem(value, path, number)
+        elif attr == "turns":
+            if value.lower() not in _SHARING:
+                raise ConfigError(path, number, f"ProcessSharing {_shown(value)} must be 'together' or 'turns'")
+            current[attr] = _SHARING[value.lower()]
         else:
             current[attr] = _parse_util(value, key, path, number)
     finish()

@@ -76,6 +76,7 @@ class Welcome:
     max_util: float
     mem_limit: int
     scheduler_id: str           # changes when gem-schd restarts
+    turns: bool = False         # ProcessSharing = turns: the group's processes hold the token one at a time
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class ConfigUpdate:
     min_util: float
     max_util: float
     mem_limit: int
+    turns: bool = False
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,11 @@ def test_v2_defaults():
     assert (g.min_util, g.max_util, g.mem_limit) == (0.0, 1.0, DEFAULT_MEMORY_LIMIT)
 
 
+def test_v2_process_sharing():
+    cfg = parse_config("[a]\nProcessSharing = turns\n[b]\nprocesssharing = Together\n[c]\n")
+    assert [g.turns for g in cfg.groups] == [True, False, False]
+
+
 def test_v2_crlf_tabs_and_blank_lines():
     cfg = parse_config("\r\n\t[a]\r\n\tMaxUtil\t=\t0.5\r\n\r\n[b]\r\n")
     assert cfg.names == ["a", "b"] and cfg.groups[0].max_util == 0.5
@@ -110,6 +115,8 @@ ERROR_CASES = [
     ("[a]\nMemoryLimit = lots\n", 2, "bad size"),
     ("[a]\nMemoryLimit = 10000000000Ti\n", 2, "too large"),
     ("[a]\nColour = red\n", 2, "unknown key"),
+    ("[a]\nProcessSharing = sometimes\n", 2, "'together' or 'turns'"),
+    ("[a]\nProcessSharing = turns\nProcessSharing = turns\n", 3, "twice"),
     ("[a]\nMinUtil = 0.1\nminutil = 0.2\n", 3, "twice"),
     ("[a]\njust words\n", 2, "Key = value"),
     ("[a]\n[a]\n", 2, "defined twice"),

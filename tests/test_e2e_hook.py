@@ -251,6 +251,32 @@ def test_processes_of_one_group_share_its_token(tmp_path, hook_lib, backends):
     assert b_stats["waits"] > 5 and b_stats["wait_ms"] > 200, b_stats
 
 
+def test_processes_of_a_turns_group_take_turns(tmp_path, hook_lib, backends):
+    """ProcessSharing = turns: the two processes of A run one at a time (a run of A's kernels comes from one
+    process), and each gets about half of A's time."""
+    sim = Sim(tmp_path / "sim", hook_lib, trace=tmp_path / "kernels.trace")
+    be = backends([Group("A", 0.0, 1.0, turns=True), Group("B", 0.0, 1.0)], quota_ms=20, min_quota_ms=20)
+    argv = workload("workload-linked", "--seconds", 1.5, "--sync-every", 2)
+    procs = [start(argv, sim.hooked(be, g)) for g in ("A", "A", "B")]
+    results = [finish(p) for p in procs]
+    for r in results:
+        assert r.rc == 0, r
+    pids = [r.json["pid"] for r in results]
+    # split A into its two processes: runs of one pid show who held the device
+    group_of = {pids[0]: "A0", pids[1]: "A1", pids[2]: "B"}
+    rows = [row for row in native.read_trace(sim.trace) if row[4] == "gem_spin" and row[0] in group_of]
+    first = max(min(r[2] for r in rows if r[0] == pid) for pid in group_of)
+    last = min(max(r[3] for r in rows if r[0] == pid) for pid in group_of)
+    rows = [r for r in rows if first <= r[2] and r[3] <= last]
+    assert len(rows) > 300, len(rows)
+    runs = group_runs(rows, group_of)
+    a_runs = [r for r in runs if r[0] != "B"]
+    mean_a_run = sum(r[2] for r in a_runs) / len(a_runs)
+    assert mean_a_run >= 6, f"A's processes alternate every {mean_a_run:.1f} kernels: not turn by turn"
+    a_kernels = {g: sum(r[2] for r in a_runs if r[0] == g) for g in ("A0", "A1")}
+    assert min(a_kernels.values()) >= 0.35 * sum(a_kernels.values()), a_kernels
+
+
 def test_capped_groups_get_their_shares(sim, backends):
     """Two always-busy groups capped at 0.3 and 0.6 get close to their caps, and never far above them."""
     be = backends([Group("low", 0.0, 0.3), Group("high", 0.0, 0.6)], quota_ms=20, min_quota_ms=5, window_ms=1000)

@@ -28,8 +28,8 @@ MS = 1_000_000  # ns
 # manager.py on simulated time
 # =============================================================================================
 
-def welcome(limit: int = 1000, sid: str = "s1", group: str = GROUP) -> sm.Welcome:
-    return sm.Welcome(group=group, min_util=0.1, max_util=0.9, mem_limit=limit, scheduler_id=sid)
+def welcome(limit: int = 1000, sid: str = "s1", group: str = GROUP, turns: bool = False) -> sm.Welcome:
+    return sm.Welcome(group=group, min_util=0.1, max_util=0.9, mem_limit=limit, scheduler_id=sid, turns=turns)
 
 
 def upstream(actions) -> list:
@@ -47,12 +47,13 @@ def closes(actions) -> list[int]:
 class Rig:
     """A PodManager that has said hello and got its Welcome, plus helpers to connect hooks."""
 
-    def __init__(self, limit: int = 1000, welcomed: bool = True, **kw):
+    def __init__(self, limit: int = 1000, welcomed: bool = True, turns: bool = False, **kw):
         self.clock = FakeClock()
         self.m = PodManager(GROUP, self.clock, pid=99, **kw)
         assert upstream(self.m.start()) == [sm.Hello(group=GROUP, pid=99, mem_used=0, clients=0)]
         if welcomed:
-            assert self.m.on_scheduler(welcome(limit)) == []
+            assert self.m.on_scheduler(welcome(limit, turns=turns)) == []
+            assert self.m.turns == turns
 
     def hook(self, mem_in_use: int = 0, pid: int = 1) -> int:
         cid = self.m.connect(f"peer{pid}")
@@ -227,6 +228,116 @@ class TestTokenSharing:
         acts = r.m.on_scheduler(welcome())
         assert upstream(acts) == [sm.TokenRequest(group=GROUP, burst_ms=4.0)]
         assert to_hook(acts)[0].msg.__class__ is hp.HelloAck
+
+
+def granted(actions) -> dict[int, float]:
+    """client -> quota in ms of the TOKEN_GRANTs among the actions."""
+    return {a.client_id: a.msg.quota_ns / MS for a in to_hook(actions) if isinstance(a.msg, hp.TokenGrant)}
+
+
+class TestTurns:
+    """ProcessSharing = turns: one process of the group holds the token at a time."""
+
+    def test_one_holder_at_a_time_first_come_first_served(self):
+        r = Rig(turns=True)
+        a, b, c = r.hook(pid=1), r.hook(pid=2), r.hook(pid=3)
+        assert len(upstream(r.m.on_hook(a, 1, hp.TokenRequest()))) == 1
+        assert upstream(r.m.on_hook(b, 1, hp.TokenRequest())) == []     # one upstream request serves all
+        assert granted(r.grant(50.0, 1)) == {a: 50.0}
+        r.clock.advance(0.010)
+        acts = r.m.on_hook(c, 1, hp.TokenRequest())
+        assert to_hook(acts) == [] and upstream(acts) == []             # the group has its slot: c queues
+        # a's turn ends when its slot runs out; it asks again and goes to the back of the line
+        r.clock.advance(0.041)
+        acts = r.m.on_hook(a, 2, hp.TokenRequest(used_ns=48 * MS))
+        assert to_hook(acts) == [] and upstream(acts) == [sm.TokenRequest(group=GROUP, used_ms=48.0)]
+        assert granted(r.grant(50.0, 2)) == {b: 50.0}
+        r.clock.advance(0.051)
+        r.m.on_hook(b, 2, hp.TokenRequest())
+        assert granted(r.grant(50.0, 3)) == {c: 50.0}
+        r.clock.advance(0.051)
+        r.m.on_hook(c, 2, hp.TokenRequest())
+        assert granted(r.grant(50.0, 4)) == {a: 50.0}
+        assert [cid for cid, _ in r.m.waiting] == [b, c]
+
+    def test_an_early_release_hands_the_rest_to_the_next_and_uses_add_up(self):
+        r = Rig(turns=True)
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.m.on_hook(b, 1, hp.TokenRequest())
+        r.grant(50.0, 1)
+        r.clock.advance(0.020)
+        acts = r.m.on_hook(a, 2, hp.TokenRelease(token_seq=1, used_ns=19 * MS))
+        assert to_hook(acts, a) == [ToHook(a, 2, hp.Ack())]
+        assert granted(acts) == {b: pytest.approx(30.0, abs=1e-3)} and upstream(acts) == []
+        # b is idle too: nobody waits, so the slot goes back, charged with both turns' use
+        r.clock.advance(0.010)
+        acts = r.m.on_hook(b, 2, hp.TokenRelease(token_seq=1, used_ns=9 * MS))
+        assert upstream(acts) == [sm.TokenRelease(group=GROUP, token_seq=1, used_ms=28.0)]
+
+    def test_too_little_left_for_a_switch_goes_upstream_instead(self):
+        r = Rig(turns=True)
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.m.on_hook(b, 1, hp.TokenRequest())
+        r.grant(10.0, 1)
+        r.clock.advance(0.009)      # 1 ms left: less than a turn is worth
+        acts = r.m.on_hook(a, 2, hp.TokenRelease(token_seq=1))
+        assert granted(acts) == {} and upstream(acts) == [sm.TokenRequest(group=GROUP)]
+        assert granted(r.grant(10.0, 2)) == {b: 10.0}
+
+    def test_the_holder_asking_again_with_nobody_waiting_keeps_the_rest(self):
+        r = Rig(turns=True)
+        a = r.hook(pid=1)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(50.0, 1)
+        r.clock.advance(0.010)
+        acts = r.m.on_hook(a, 2, hp.TokenRequest())
+        assert granted(acts) == {a: pytest.approx(40.0, abs=1e-3)} and upstream(acts) == []
+
+    def test_a_holder_that_dies_hands_over_at_once(self):
+        r = Rig(turns=True)
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.m.on_hook(b, 1, hp.TokenRequest())
+        r.grant(50.0, 1)
+        r.clock.advance(0.005)
+        assert granted(r.m.disconnect(a)) == {b: pytest.approx(45.0, abs=1e-3)}
+
+    def test_a_silent_holder_is_not_waited_for_past_its_deadline(self):
+        r = Rig(turns=True)
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.m.on_hook(b, 1, hp.TokenRequest())
+        r.grant(20.0, 1)
+        r.clock.advance(0.021)      # past the deadline, but within the grace a report may still come
+        assert upstream(r.m.tick()) == []
+        r.clock.advance(0.010)      # a is stopped: it never reports
+        assert sm.TokenRequest(group=GROUP) in upstream(r.m.tick())
+        assert granted(r.grant(20.0, 2)) == {b: 20.0}
+        # a wakes up and finds its turn over: it queues like everyone else
+        acts = r.m.on_hook(a, 2, hp.TokenRequest())
+        assert granted(acts) == {} and upstream(acts) == []
+
+    def test_switching_to_together_lets_the_queue_in_and_back(self):
+        r = Rig(turns=True)
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.m.on_hook(b, 1, hp.TokenRequest())
+        r.grant(50.0, 1)
+        r.clock.advance(0.010)
+        acts = r.m.on_scheduler(sm.ConfigUpdate(group=GROUP, min_util=0, max_util=1, mem_limit=1000, turns=False))
+        assert granted(acts) == {b: pytest.approx(40.0, abs=1e-3)} and r.m.holders == {a, b}
+        assert r.m.status()["sharing"] == "together"
+        r.m.on_scheduler(sm.ConfigUpdate(group=GROUP, min_util=0, max_util=1, mem_limit=1000, turns=True))
+        r.clock.advance(0.041)
+        r.m.on_hook(a, 2, hp.TokenRequest())
+        r.m.on_hook(b, 2, hp.TokenRequest())
+        assert granted(r.grant(50.0, 2)) == {a: 50.0}
+
+    def test_together_is_the_default(self):
+        r = Rig()
+        assert r.m.status()["sharing"] == "together"
 
 
 class TestMemory:

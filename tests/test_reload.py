@@ -120,6 +120,14 @@ def test_bad_file_keeps_the_last_good_config(daemon_on_file, caplog):
         assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.6, 1 << 30)
 
 
+def test_a_process_sharing_edit_alone_is_pushed(daemon_on_file):
+    d, path = daemon_on_file
+    with FakePodManager(d.endpoint) as p:
+        assert p.request(Hello("a", pid=1)).turns is False
+        save_rename_over(path, cfg_text(0.3).replace("[a]\n", "[a]\nProcessSharing = turns\n"))
+        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.3, 1 << 30, turns=True)
+
+
 def test_deleted_file_keeps_config_until_recreated(daemon_on_file, caplog):
     d, path = daemon_on_file
     caplog.set_level(logging.WARNING, logger="gemini.scheduler.reload")

@@ -10,6 +10,13 @@ does one TokenRequest go upstream (never two outstanding), carrying the worst ov
 the group's hooks reported since the previous upstream request. When every hook that holds the token has
 released it (or gone), the rest of the slot goes back to the scheduler at once (work-conserving).
 
+With ProcessSharing = turns (per group, in resource-config.txt) the processes take turns instead: one
+holds the group's token at a time, the others queue (first come, first served). A turn lasts until the
+holder's slot runs out or it gives the token back (idle, or a burst that does not fit); the rest of the
+slot then goes to the next in line. Processes that run together inside one slot make the GPU switch
+contexts between them, and those switches are GPU time nobody uses (about 12% with two busy processes on
+an H200); taking turns costs at most one switch per turn, at the price of in-group latency.
+
 Memory for the whole group is accounted here: a hook asks before it allocates and the manager answers
 from the group's limit, which comes from the scheduler (Welcome, then ConfigUpdate pushes).
 """
@@ -30,6 +37,8 @@ WELCOME_WAIT_S = 2.0        # how long HELLO and memory requests wait for the fi
 HEARTBEAT_S = 1.0
 HELLO_RETRY_S = 1.0
 LINK_SILENT_S = 3.0         # no word from gem-schd for this long: log that it is unreachable (once)
+MIN_TURN_S = 0.002          # turns: less left than this is not worth a context switch; the slot goes back
+TURN_REPORT_GRACE_S = 0.010  # turns: how long after its deadline a silent holder is waited for
 NS_PER_MS = 1_000_000
 MAX_BYTES = 2**63 - 1         # a group's count must stay encodable (uint64 on the wire) with room to spare
 
@@ -93,8 +102,9 @@ class PodManager:
     """One group's token, its hooks and its memory. Feed it events; carry out what it returns."""
 
     def __init__(self, group: str, clock: Callable[[], float], *, device_uuid: str | None = None,
-                 pid: int | None = None, scheduler_addr: str = "gem-schd"):
+                 pid: int | None = None, scheduler_addr: str = "gem-schd", turns: bool = False):
         self.group = group
+        self.turns = turns          # ProcessSharing = turns; the scheduler's config sets it
         self.clock = clock
         self.device_uuid = device_uuid or None
         self.pid = os.getpid() if pid is None else pid
@@ -145,8 +155,12 @@ class PodManager:
     def _note_report(self, overuse_ns: int, burst_ns: int, used_ns: int = 0) -> None:
         self._overuse_ms = max(self._overuse_ms, _ms(overuse_ns))
         self._burst_ms = max(self._burst_ms, _ms(burst_ns))
-        # The slot is charged for what the busiest process used (the others ran inside the same slot).
-        self._used_ms = max(self._used_ms, _ms(used_ns))
+        # Together, the slot is charged for what the busiest process used (the others ran inside it).
+        # Taking turns, the processes used the slot one after another: their uses add up.
+        if self.turns:
+            self._used_ms += _ms(used_ns)
+        else:
+            self._used_ms = max(self._used_ms, _ms(used_ns))
 
     def _greeted(self) -> list[Client]:
         return [c for c in self.clients.values() if c.greeted]
@@ -190,7 +204,7 @@ class PodManager:
         self.waiting = [w for w in self.waiting if w[0] != client_id]
         if client_id in self.holders:
             self.holders.discard(client_id)
-            return self._maybe_release(now)
+            return self._next_turn(now) if self.turns else self._maybe_release(now)
         return []
 
     def on_hook(self, client_id: int, seq: int, msg: hp.Message) -> list[Action]:
@@ -260,12 +274,32 @@ class PodManager:
         self._note_report(msg.overuse_ns, msg.burst_ns, msg.used_ns)
         if self.unknown_reason:
             return [_error(client.id, seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text())]
+        if self.turns:
+            self.holders.discard(client.id)     # asking again: its own turn is over
+            self.waiting.append((client.id, seq))
+            return self._next_turn(now)
         if self._token_valid(now):
             self.holders.add(client.id)
             return [ToHook(client.id, seq, hp.TokenGrant(quota_ns=int((self.deadline - now) * 1e9),
                                                          token_seq=self.token_seq))]
         self.waiting.append((client.id, seq))
         return self._request_upstream()
+
+    def _next_turn(self, now: float) -> list[Action]:
+        """Turns: with nobody holding the token, hand what is left of the slot to the longest waiter; with too
+        little left (or none), ask the scheduler for the next slot; with nobody waiting, give the slot back."""
+        if self._token_valid(now):
+            if self.holders:
+                return []
+            if not self.waiting:
+                return self._maybe_release(now)
+            if self.deadline - now >= MIN_TURN_S:
+                cid, seq = self.waiting.pop(0)
+                self.holders.add(cid)
+                return [ToHook(cid, seq, hp.TokenGrant(quota_ns=int((self.deadline - now) * 1e9),
+                                                       token_seq=self.token_seq))]
+            self.deadline = now     # not worth a context switch: end the slot (the request below says so)
+        return self._request_upstream() if self.waiting else []
 
     def _request_upstream(self) -> list[Action]:
         if self._upstream is not None:
@@ -284,7 +318,11 @@ class PodManager:
     def _on_token_release(self, client: Client, seq: int, msg: hp.TokenRelease, now: float) -> list[Action]:
         self._note_report(msg.overuse_ns, msg.burst_ns, msg.used_ns)
         actions: list[Action] = [ToHook(client.id, seq, hp.Ack())]
-        if msg.token_seq == self.token_seq and client.id in self.holders:
+        if self.turns:
+            if msg.token_seq == self.token_seq:
+                self.holders.discard(client.id)
+            actions += self._next_turn(now)     # also after the slot ran out: the next one goes upstream
+        elif msg.token_seq == self.token_seq and client.id in self.holders:
             self.holders.discard(client.id)
             actions += self._maybe_release(now)
         # A release of an older token only contributes its overuse, sent with the next upstream message.
@@ -308,12 +346,36 @@ class PodManager:
         self.holders = set()
         quota_ns = int(msg.quota_ms * NS_PER_MS)
         actions: list[Action] = []
+        if self.turns and self.waiting:
+            cid, seq = self.waiting.pop(0)
+            self.holders.add(cid)
+            log.debug("token %d: %.3f ms, a turn for client %d (%d waiting)", msg.token_seq, msg.quota_ms, cid,
+                      len(self.waiting))
+            return [ToHook(cid, seq, hp.TokenGrant(quota_ns=quota_ns, token_seq=msg.token_seq))]
         for cid, seq in self.waiting:
             self.holders.add(cid)
             actions.append(ToHook(cid, seq, hp.TokenGrant(quota_ns=quota_ns, token_seq=msg.token_seq)))
         self.waiting = []
         log.debug("token %d: %.3f ms for %d client(s)", msg.token_seq, msg.quota_ms, len(self.holders))
         return actions + self._maybe_release(now)
+
+    def _set_turns(self, turns: bool, now: float) -> list[Action]:
+        if turns == self.turns:
+            return []
+        self.turns = turns
+        log.info("processes of the group now %s", "take turns" if turns else "share the token together")
+        if turns or not self.waiting:
+            return []       # the present holders finish their slot; turns start with the next hand-over
+        if not self._token_valid(now):
+            return self._request_upstream()
+        # Together from now on: whoever queued for a turn joins the holders at once.
+        actions: list[Action] = []
+        for cid, seq in self.waiting:
+            self.holders.add(cid)
+            actions.append(ToHook(cid, seq, hp.TokenGrant(quota_ns=int((self.deadline - now) * 1e9),
+                                                          token_seq=self.token_seq)))
+        self.waiting = []
+        return actions
 
     def _refuse_waiting(self) -> list[Action]:
         text = self._unknown_text()
@@ -406,7 +468,7 @@ class PodManager:
             return self._on_grant(msg, now)
         if isinstance(msg, sm.ConfigUpdate):
             self.min_util, self.max_util = msg.min_util, msg.max_util
-            return self._set_limit(msg.mem_limit)
+            return self._set_turns(msg.turns, now) + self._set_limit(msg.mem_limit)
         if isinstance(msg, sm.HeartbeatAck):
             if self.scheduler_id is not None and msg.scheduler_id != self.scheduler_id:
                 log.warning("gem-schd restarted (id %s -> %s): registering again", self.scheduler_id,
@@ -436,7 +498,7 @@ class PodManager:
         self.scheduler_id = msg.scheduler_id
         self.min_util, self.max_util = msg.min_util, msg.max_util
         self._last_heartbeat = now
-        actions = self._set_limit(msg.mem_limit)
+        actions = self._set_turns(msg.turns, now) + self._set_limit(msg.mem_limit)
         if self._upstream is not None and (not was_registered or not self._upstream.sent):
             actions += self._send_upstream()    # the (new) scheduler has not seen our request
         return actions
@@ -488,6 +550,11 @@ class PodManager:
                                                         clients=len(self._greeted()))))
             if self._upstream is not None and not self._upstream.sent:
                 actions += self._send_upstream()
+            if (self.turns and self.waiting and self._upstream is None and self.token_seq is not None
+                    and now >= self.deadline + TURN_REPORT_GRACE_S):
+                # The holder's turn ran out and it did not say so (stopped, or stuck in a long drain): the
+                # next in line must not wait on it.
+                actions += self._next_turn(now)
         last = self._started if self._last_heard is None else self._last_heard
         if not self._silence_logged and now - last > LINK_SILENT_S:
             self._silence_logged = True
@@ -503,4 +570,5 @@ class PodManager:
             "mem_limit": self.mem_limit, "token_seq": self.token_seq,
             "token_left_ms": max(0.0, self.token_left(now) * 1000), "holders": sorted(self.holders),
             "waiting": len(self.waiting), "upstream_outstanding": self._upstream is not None,
+            "sharing": "turns" if self.turns else "together",
         }

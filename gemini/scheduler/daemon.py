@@ -409,7 +409,7 @@ class SchedulerDaemon:
         info.mem_used, info.clients, info.connected = msg.mem_used, msg.clients, True
         log.info("group %s: pod manager %s (%s, pid %d) registered, %d client(s), %d bytes in use", group,
                  self._name(identity), address, msg.pid, msg.clients, msg.mem_used)
-        self._send(identity, Welcome(group, gc.min_util, gc.max_util, gc.mem_limit, self.scheduler_id), envelope)
+        self._send(identity, Welcome(group, gc.min_util, gc.max_util, gc.mem_limit, self.scheduler_id, gc.turns), envelope)
 
     def _on_heartbeat(self, identity: bytes, msg: Heartbeat, envelope: list[bytes]) -> None:
         if not self._check_registered(identity, msg.group, envelope):
@@ -556,7 +556,7 @@ class SchedulerDaemon:
             owner = self._owners.get(name)
             gc = config.group(name)
             if owner is not None and gc is not None:
-                self._send(owner, ConfigUpdate(name, gc.min_util, gc.max_util, gc.mem_limit))
+                self._send(owner, ConfigUpdate(name, gc.min_util, gc.max_util, gc.mem_limit, gc.turns))
         for name in diff.removed:
             owner = self._owners.get(name)
             if owner is not None:

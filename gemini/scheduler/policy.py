@@ -108,9 +108,10 @@ def diff_configs(old: Config, new: Config) -> ConfigDiff:
     new_groups = {g.name: g for g in new.groups}
     added = tuple(n for n in new_groups if n not in old_groups)
     removed = tuple(n for n in old_groups if n not in new_groups)
-    changed = tuple(n for n, g in new_groups.items() if n in old_groups and
-                    (g.min_util, g.max_util, g.mem_limit) != (old_groups[n].min_util, old_groups[n].max_util,
-                                                               old_groups[n].mem_limit))
+    def settings(g: GroupConfig) -> tuple:
+        return g.min_util, g.max_util, g.mem_limit, g.turns
+
+    changed = tuple(n for n, g in new_groups.items() if n in old_groups and settings(g) != settings(old_groups[n]))
     return ConfigDiff(added, changed, removed)
 
 

@@ -152,7 +152,8 @@ class ConfigReloader:
         self.current = config
         self.reloads += 1
         log.info("config reloaded from %s: %s", self.path,
-                 ", ".join(f"{g.name}(min {g.min_util:g}, max {g.max_util:g}, mem {g.mem_limit})"
+                 ", ".join(f"{g.name}(min {g.min_util:g}, max {g.max_util:g}, mem {g.mem_limit}"
+                           f"{', turns' if g.turns else ''})"
                            for g in config.groups))
         try:
             self.apply(config)
@@ -163,5 +164,5 @@ class ConfigReloader:
 
 def _same(a: Config, b: Config) -> bool:
     """Same groups with the same settings, in the same order (line numbers and comments do not matter)."""
-    key = lambda c: [(g.name, g.min_util, g.max_util, g.mem_limit) for g in c.groups]  # noqa: E731
+    key = lambda c: [(g.name, g.min_util, g.max_util, g.mem_limit, g.turns) for g in c.groups]  # noqa: E731
     return key(a) == key(b)
