@@ -79,7 +79,8 @@ def test_framework_is_gated_in_a_capped_group(backend, script, args, tmp_path):
     """MaxUtil 0.25: the process must wait for tokens, which only happens if its launches are gated."""
     rc, out, err, stats = run_hooked(backend, "capped", [sys.executable, WORKLOADS / script, *args], tmp_path)
     assert rc == 0, err[-4000:]
-    assert last_json(out)["ok"]
+    verdict = last_json(out)
+    assert verdict["ok"], verdict
     summary = check_stats(stats)
     record(f"capped:{script}", **summary)
     assert summary["waits"] > 1, f"never waited for a token: {stats}"
