@@ -383,9 +383,12 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def test_a_stopped_token_holder_is_charged_its_slot_and_blocks_nobody(tmp_path):
+@pytest.mark.parametrize("turns", [False, True], ids=["together", "turns"])
+def test_a_stopped_token_holder_is_charged_its_slot_and_blocks_nobody(tmp_path, turns):
+    """With ProcessSharing = turns a peer of the stopped holder asks while the holder's turn runs: it must get
+    the token soon after the holder's deadline although the holder never reports."""
     quota_ms, window_ms = 100, 1000
-    groups = [Group("a", 0.0, 1.0, "1GiB"), Group("b", 0.0, 1.0, "1GiB")]
+    groups = [Group("a", 0.0, 1.0, "1GiB", turns=turns), Group("b", 0.0, 1.0, "1GiB")]
     with Backend(tmp_path / "be", groups, quota_ms=quota_ms, min_quota_ms=quota_ms, window_ms=window_ms) as be:
         started = time.monotonic()
         env = sim_env(tmp_path)
@@ -399,7 +402,12 @@ def test_a_stopped_token_holder_is_charged_its_slot_and_blocks_nobody(tmp_path):
         holder = int(wait_for(lambda: ready.exists() and ready.read_text(), 15, "the holder got the token"))
         os.kill(holder, signal.SIGSTOP)
         t_stop = time.monotonic_ns()
+        peer = BlockingHook(be.ports["a"], timeout=5)
         try:
+            assert isinstance(peer.call(hp.Hello(pid=os.getpid(), pod_name="a")), hp.HelloAck)
+            if turns:
+                # The holder's turn is running: the peer queues behind it (sent now, answered later).
+                peer_seq, t_ask = peer.send(hp.TokenRequest()), time.monotonic()
             # The lease: the slot ends at its deadline whatever the holder does; the group is charged all of it.
             time.sleep((quota_ms + 60) / 1000)
             a = group_status(be)["a"]
@@ -407,16 +415,19 @@ def test_a_stopped_token_holder_is_charged_its_slot_and_blocks_nobody(tmp_path):
             assert quota_ms * 0.9 <= charged_ms <= quota_ms * 1.1 + 5, a
             assert not a["holding"]
             # Another client of the same group is not blocked either: the group gets a fresh token.
-            peer = BlockingHook(be.ports["a"], timeout=5)
-            try:
-                assert isinstance(peer.call(hp.Hello(pid=os.getpid(), pod_name="a")), hp.HelloAck)
+            if turns:
+                seq, grant = peer.recv()
+                waited_ms = (time.monotonic() - t_ask) * 1000
+                assert seq == peer_seq
+                # at most: the rest of the holder's slot, the 10 ms grace and a 50 ms tick, b's slot of 100 ms
+                assert waited_ms <= 2 * quota_ms + 60 + 60, waited_ms
+            else:
                 grant = peer.call(hp.TokenRequest())
-                assert isinstance(grant, hp.TokenGrant) and grant.quota_ns > 0, grant
-                peer.call(hp.TokenRelease(token_seq=grant.token_seq))
-            finally:
-                peer.close()
+            assert isinstance(grant, hp.TokenGrant) and grant.quota_ns > 0, grant
+            peer.call(hp.TokenRelease(token_seq=grant.token_seq))
             time.sleep(0.2)
         finally:
+            peer.close()
             os.kill(holder, signal.SIGCONT)
         go.write_text("go")
         code, out, err = finish(holder_l)
