@@ -96,6 +96,7 @@ class Sim:
     mem_bytes: int = 1 * GiB
     kernel_us: int = 100
     trace: Path | None = None
+    devices: int = 1
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,8 @@ class Sim:
 
     def env(self, **extra) -> dict:
         """A child that sees the simulator (no hook unless LD_PRELOAD is given); extra values win, None removes."""
-        env = native.sim_env(self.shm, mem_bytes=self.mem_bytes, kernel_us=self.kernel_us, trace=self.trace)
+        env = native.sim_env(self.shm, mem_bytes=self.mem_bytes, kernel_us=self.kernel_us, trace=self.trace,
+                             devices=self.devices)
         for key in list(env):
             if key in _SCRUBBED or key.startswith("GEMINI_"):
                 del env[key]

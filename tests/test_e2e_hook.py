@@ -277,6 +277,32 @@ def test_processes_of_a_turns_group_take_turns(tmp_path, hook_lib, backends):
     assert min(a_kernels.values()) >= 0.35 * sum(a_kernels.values()), a_kernels
 
 
+def sim_uuid(ordinal: int) -> str:
+    """The UUID the simulator gives a device, as the hook writes it."""
+    b = bytes([0x51, 0x6d, 0x43, 0x75, 0x64, 0x61, 0x4a, 0x40 | (ordinal >> 8 & 0x0f),
+               0x80, 0x00, 0x73, 0x69, 0x6d, 0x67, 0x70, ordinal & 0xff]).hex()
+    return f"GPU-{b[:8]}-{b[8:12]}-{b[12:16]}-{b[16:20]}-{b[20:]}"
+
+
+def test_two_gpus_each_with_its_own_scheduler(tmp_path, hook_lib, backends):
+    """One process drives two devices at once, one thread each. Each device has its own gem-schd and pod
+    manager (GEMINI_POD_MANAGERS by UUID) with its own cap and memory limit, and each is held to its own."""
+    sim = Sim(tmp_path / "sim", hook_lib, devices=2)
+    be0 = backends([Group("g", 0.0, 0.3, "64MiB")], quota_ms=20, min_quota_ms=5, window_ms=1000)
+    be1 = backends([Group("g", 0.0, 1.0, "128MiB")], quota_ms=20, min_quota_ms=5, window_ms=1000)
+    managers = f"{sim_uuid(0)}=127.0.0.1:{be0.ports['g']},{sim_uuid(1)}=127.0.0.1:{be1.ports['g']}"
+    argv = client_argv("pyclient.py", "--devices", "0,1", "--seconds", 3, "--kernel-us", KERNEL_US,
+                       "--sync-every", 4, "--meminfo", "--alloc", "100MiB", "--json")
+    r = finish(start(argv, sim.hooked(be0, "g", GEMINI_POD_MANAGERS=managers)))
+    assert r.rc == 0, r
+    d0, d1 = r.json["devices"]["0"], r.json["devices"]["1"]
+    assert (d0["mem_total"], d1["mem_total"]) == (64 << 20, 128 << 20), (d0, d1)
+    assert d0["alloc"]["name"] == "CUDA_ERROR_OUT_OF_MEMORY" and d1["alloc"]["result"] == 0, (d0, d1)
+    share0, share1 = d0["onchip_ns"] / d0["wall_ns"], d1["onchip_ns"] / d1["wall_ns"]
+    assert 0.2 <= share0 <= 0.36 and share1 >= 0.8, (share0, share1)
+    assert sim.stats_of(r.json["pid"])["gate_errors"] == 0
+
+
 def test_capped_groups_get_their_shares(sim, backends):
     """Two always-busy groups capped at 0.3 and 0.6 get close to their caps, and never far above them."""
     be = backends([Group("low", 0.0, 0.3), Group("high", 0.0, 0.6)], quota_ms=20, min_quota_ms=5, window_ms=1000)

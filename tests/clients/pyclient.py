@@ -6,8 +6,11 @@ exact ABI names (cuMemAlloc_v2 ...), never cuGetProcAddress. A small subset of
 workload.c: init, context, alloc/free, meminfo, module load, gem_spin
 launches, synchronisation. It runs on the simulated driver and on a real one.
 
-    pyclient.py [--kernels N] [--kernel-us D] [--sync-every K] [--alloc BYTES]
-                [--meminfo] [--ctx primary|create] [--json]
+    pyclient.py [--kernels N | --seconds S] [--kernel-us D] [--sync-every K] [--alloc BYTES]
+                [--meminfo] [--ctx primary|create] [--devices 0,1] [--json]
+
+With several --devices, one thread per device does all of the above at once, and the JSON has a
+"devices" object with each device's numbers.
 
 Exit 0 on success; a failed call prints its name, code and error name and
 exits 1; a failed --alloc is reported (JSON "alloc") and the run goes on.
@@ -19,6 +22,7 @@ import ctypes
 import json
 import os
 import sys
+import threading
 import time
 
 # Identical to the PTX embedded in workload.c (a test checks they match).
@@ -106,14 +110,12 @@ def parse_bytes(s: str) -> int:
     return int(s)
 
 
-def run(args: argparse.Namespace) -> dict:
-    cu = Driver()
-    out: dict = {"pid": os.getpid(), "client": "pyclient", "launches": 0, "kernels_done": 0, "onchip_ns": 0,
-                 "syncs": 0, "errors": 0, "first_error": None, "alloc": None,
+def run_device(cu: Driver, ordinal: int, args: argparse.Namespace) -> dict:
+    """Everything the client does, on one device, in the calling thread (its own current context)."""
+    out: dict = {"device": ordinal, "launches": 0, "kernels_done": 0, "onchip_ns": 0, "syncs": 0, "alloc": None,
                  "mem_free": None, "mem_total": None, "device_total": None}
-    cu("cuInit", 0)
     dev = ctypes.c_int()
-    cu("cuDeviceGet", ctypes.byref(dev), 0)
+    cu("cuDeviceGet", ctypes.byref(dev), ordinal)
     ctx = ctypes.c_void_p()
     if args.ctx == "create":
         cu("cuCtxCreate_v2", ctypes.byref(ctx), 0, dev)
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> dict:
         rc = cu.call("cuMemAlloc_v2", ctypes.byref(held), ctypes.c_size_t(args.alloc))
         out["alloc"] = {"kind": "device", "bytes": args.alloc, "result": rc, "name": cu.name(rc)}
         if rc != 0:
-            print(f"pyclient: --alloc {args.alloc} failed: {rc} {cu.name(rc)}", file=sys.stderr)
+            print(f"pyclient: --alloc {args.alloc} on device {ordinal} failed: {rc} {cu.name(rc)}", file=sys.stderr)
     if args.meminfo:
         free, total, dtotal = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
         cu("cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
@@ -164,8 +166,10 @@ def run(args: argparse.Namespace) -> dict:
 
     dur = ctypes.c_uint64(args.kernel_us * 1000)
     t0 = time.monotonic_ns()
+    stop_at = t0 + int(args.seconds * 1e9) if args.seconds else None
     since = 0
-    for _ in range(args.kernels):
+    launched = 0
+    while (launched < args.kernels) if stop_at is None else (time.monotonic_ns() < stop_at):
         if pending == nslots:
             sync_and_read()
             since = 0
@@ -175,6 +179,7 @@ def run(args: argparse.Namespace) -> dict:
         cu("cuLaunchKernel", fn, 1, 1, 1, 32, 1, 1, 0, None, params, None)
         pending += 1
         since += 1
+        launched += 1
         out["launches"] += 1
         if args.sync_every and since >= args.sync_every:
             sync_and_read()
@@ -195,9 +200,40 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
+def run(args: argparse.Namespace) -> dict:
+    cu = Driver()
+    cu("cuInit", 0)
+    if len(args.devices) == 1:
+        return {"pid": os.getpid(), "client": "pyclient", "errors": 0, "first_error": None,
+                **run_device(cu, args.devices[0], args)}
+    # One thread per device, all at once (ctypes lets go of the GIL inside each driver call).
+    results: dict[int, dict] = {}
+    failures: list[CudaError] = []
+
+    def worker(ordinal: int) -> None:
+        try:
+            results[ordinal] = run_device(cu, ordinal, args)
+        except CudaError as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=worker, args=(d,)) for d in args.devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    total = {k: sum(r[k] for r in results.values()) for k in ("launches", "kernels_done", "onchip_ns", "syncs")}
+    return {"pid": os.getpid(), "client": "pyclient", "errors": 0, "first_error": None, **total,
+            "devices": {str(d): results[d] for d in args.devices}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", type=int, default=10)
+    p.add_argument("--seconds", type=float, default=0, help="launch for this long instead of --kernels")
+    p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")], default=[0],
+                   help="comma-separated device ordinals, one thread each (default 0)")
     p.add_argument("--kernel-us", type=int, default=1000)
     p.add_argument("--sync-every", type=int, default=0)
     p.add_argument("--alloc", type=parse_bytes, default=0)
