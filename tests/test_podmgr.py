@@ -335,6 +335,28 @@ class TestTurns:
         r.m.on_hook(b, 2, hp.TokenRequest())
         assert granted(r.grant(50.0, 2)) == {a: 50.0}
 
+    def test_a_repeated_request_keeps_its_place_and_only_the_newest_is_answered(self):
+        r = Rig(turns=True)
+        a, b, c = r.hook(pid=1), r.hook(pid=2), r.hook(pid=3)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(50.0, 1)
+        r.m.on_hook(b, 1, hp.TokenRequest())
+        r.m.on_hook(c, 1, hp.TokenRequest())
+        assert r.m.on_hook(b, 2, hp.TokenRequest()) == []      # b's hook gave up on seq 1 and asked again
+        acts = r.m.on_hook(a, 2, hp.TokenRelease(token_seq=1))
+        assert [(g.client_id, g.seq) for g in to_hook(acts) if isinstance(g.msg, hp.TokenGrant)] == [(b, 2)]
+
+    def test_a_new_scheduler_that_says_together_gets_one_request(self):
+        r = Rig(turns=True)
+        a, b = r.hook(pid=1), r.hook(pid=2)
+        r.m.on_hook(a, 1, hp.TokenRequest())
+        r.grant(50.0, 1)
+        r.m.on_hook(b, 1, hp.TokenRequest())
+        r.m.on_scheduler(sm.HeartbeatAck(scheduler_id="s2"))    # gem-schd restarted: register again
+        r.clock.advance(0.1)                                    # a's slot ran out, a said nothing
+        acts = r.m.on_scheduler(welcome(sid="s2", turns=False))
+        assert [m for m in upstream(acts) if isinstance(m, sm.TokenRequest)] == [sm.TokenRequest(group=GROUP)]
+
     def test_together_is_the_default(self):
         r = Rig()
         assert r.m.status()["sharing"] == "together"

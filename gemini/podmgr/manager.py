@@ -276,6 +276,12 @@ class PodManager:
             return [_error(client.id, seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text())]
         if self.turns:
             self.holders.discard(client.id)     # asking again: its own turn is over
+            # One request per connection at a time: a newer one replaces an older the hook gave up on (it
+            # timed out), in place, so a turn never goes to a request nobody waits for.
+            mine = [i for i, (cid, _) in enumerate(self.waiting) if cid == client.id]
+            if mine:
+                self.waiting[mine[0]] = (client.id, seq)
+                return []
             self.waiting.append((client.id, seq))
             return self._next_turn(now)
         if self._token_valid(now):
@@ -498,10 +504,11 @@ class PodManager:
         self.scheduler_id = msg.scheduler_id
         self.min_util, self.max_util = msg.min_util, msg.max_util
         self._last_heartbeat = now
-        actions = self._set_turns(msg.turns, now) + self._set_limit(msg.mem_limit)
+        actions = self._set_limit(msg.mem_limit)
         if self._upstream is not None and (not was_registered or not self._upstream.sent):
             actions += self._send_upstream()    # the (new) scheduler has not seen our request
-        return actions
+        # After the re-send: a switch to together may need a request of its own, and must not send it twice.
+        return actions + self._set_turns(msg.turns, now)
 
     def _on_error(self, msg: sm.Error, now: float) -> list[Action]:
         if msg.code == sm.ERR_NOT_REGISTERED:

@@ -40,7 +40,8 @@ SCHEDULER_TID = 0      # the track of scheduler-wide events (config, stop)
 
 
 def _groups_arg(config: Config) -> dict[str, dict[str, Any]]:
-    return {g.name: {"min_util": g.min_util, "max_util": g.max_util, "mem_limit": g.mem_limit}
+    return {g.name: {"min_util": g.min_util, "max_util": g.max_util, "mem_limit": g.mem_limit,
+                     "process_sharing": "turns" if g.turns else "together"}
             for g in config.groups}
 
 
