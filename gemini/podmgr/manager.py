@@ -278,18 +278,23 @@ class PodManager:
             self.holders.discard(client.id)     # asking again: its own turn is over
             # One request per connection at a time: a newer one replaces an older the hook gave up on (it
             # timed out), in place, so a turn never goes to a request nobody waits for.
-            mine = [i for i, (cid, _) in enumerate(self.waiting) if cid == client.id]
-            if mine:
-                self.waiting[mine[0]] = (client.id, seq)
+            mine = next((i for i, (cid, _) in enumerate(self.waiting) if cid == client.id), None)
+            if mine is not None:
+                self.waiting[mine] = (client.id, seq)
                 return []
             self.waiting.append((client.id, seq))
             return self._next_turn(now)
         if self._token_valid(now):
-            self.holders.add(client.id)
-            return [ToHook(client.id, seq, hp.TokenGrant(quota_ns=int((self.deadline - now) * 1e9),
-                                                         token_seq=self.token_seq))]
+            return [self._grant(client.id, seq, now)]
         self.waiting.append((client.id, seq))
         return self._request_upstream()
+
+    def _grant(self, client_id: int, seq: int, now: float, quota_ns: int | None = None) -> ToHook:
+        """Make the client a holder of the group's token; its quota is what is left of the slot."""
+        self.holders.add(client_id)
+        if quota_ns is None:
+            quota_ns = int((self.deadline - now) * 1e9)
+        return ToHook(client_id, seq, hp.TokenGrant(quota_ns=quota_ns, token_seq=self.token_seq))
 
     def _next_turn(self, now: float) -> list[Action]:
         """Turns: with nobody holding the token, hand what is left of the slot to the longest waiter; with too
@@ -300,10 +305,7 @@ class PodManager:
             if not self.waiting:
                 return self._maybe_release(now)
             if self.deadline - now >= MIN_TURN_S:
-                cid, seq = self.waiting.pop(0)
-                self.holders.add(cid)
-                return [ToHook(cid, seq, hp.TokenGrant(quota_ns=int((self.deadline - now) * 1e9),
-                                                       token_seq=self.token_seq))]
+                return [self._grant(*self.waiting.pop(0), now)]
             self.deadline = now     # not worth a context switch: end the slot (the request below says so)
         return self._request_upstream() if self.waiting else []
 
@@ -351,18 +353,12 @@ class PodManager:
         self.deadline = now + msg.quota_ms / 1000.0
         self.holders = set()
         quota_ns = int(msg.quota_ms * NS_PER_MS)
-        actions: list[Action] = []
-        if self.turns and self.waiting:
-            cid, seq = self.waiting.pop(0)
-            self.holders.add(cid)
-            log.debug("token %d: %.3f ms, a turn for client %d (%d waiting)", msg.token_seq, msg.quota_ms, cid,
-                      len(self.waiting))
-            return [ToHook(cid, seq, hp.TokenGrant(quota_ns=quota_ns, token_seq=msg.token_seq))]
-        for cid, seq in self.waiting:
-            self.holders.add(cid)
-            actions.append(ToHook(cid, seq, hp.TokenGrant(quota_ns=quota_ns, token_seq=msg.token_seq)))
-        self.waiting = []
-        log.debug("token %d: %.3f ms for %d client(s)", msg.token_seq, msg.quota_ms, len(self.holders))
+        # Together, every waiter holds the new slot; taking turns, the longest waiter alone.
+        served = self.waiting[:1] if self.turns else self.waiting
+        self.waiting = self.waiting[len(served):]
+        actions: list[Action] = [self._grant(cid, seq, now, quota_ns) for cid, seq in served]
+        log.debug("token %d: %.3f ms for %d client(s), %d waiting", msg.token_seq, msg.quota_ms, len(self.holders),
+                  len(self.waiting))
         return actions + self._maybe_release(now)
 
     def _set_turns(self, turns: bool, now: float) -> list[Action]:
@@ -375,11 +371,7 @@ class PodManager:
         if not self._token_valid(now):
             return self._request_upstream()
         # Together from now on: whoever queued for a turn joins the holders at once.
-        actions: list[Action] = []
-        for cid, seq in self.waiting:
-            self.holders.add(cid)
-            actions.append(ToHook(cid, seq, hp.TokenGrant(quota_ns=int((self.deadline - now) * 1e9),
-                                                          token_seq=self.token_seq)))
+        actions: list[Action] = [self._grant(cid, seq, now) for cid, seq in self.waiting]
         self.waiting = []
         return actions
 
