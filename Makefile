@@ -17,10 +17,13 @@ HOOK_SRC := hook/libgemhook.c hook/symbols.c hook/gate.c hook/memory.c hook/clie
 HOOK_HDR := hook/gemhook.h hook/hook_table.h hook/cuda_types.h hook/gemini_proto.h
 HOOK_LIB := gemini/lib/libgemhook.so.1
 # A plain C library: no libpython, no libcuda (opened at run time), no CUDA headers.
-HOOK_CFLAGS  := -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -pthread -Ihook
+# WERROR=1 (make test, CI) turns every warning into an error.
+WERROR ?=
+HOOK_CFLAGS  := -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -pthread -Ihook \
+                $(if $(WERROR),-Werror)
 HOOK_LDFLAGS := -shared -pthread -Wl,-soname,libgemhook.so.1 -Wl,--no-undefined -Wl,-z,now
 
-.PHONY: all hook venv test demo gpu-check clean bench-native
+.PHONY: all hook venv test lint demo gpu-check clean bench-native
 
 all: hook
 
@@ -47,8 +50,14 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 venv: $(VENV)/.installed
 
-test: venv hook
+test: venv
+	$(MAKE) --no-print-directory hook sim clients WERROR=1
+	$(MAKE) --no-print-directory lint
 	$(VPY) -m pytest -q
+
+lint: venv
+	$(VPY) -m ruff check .
+	$(VPY) -m mypy
 
 demo: venv hook
 	$(VPY) tools/demo.py $(DEMO_ARGS)

@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from gemini.messages import Grant, Hello, TokenRelease, TokenRequest, Welcome  # noqa: E402
-from gemini.scheduler.testing import FakePodManager  # noqa: E402
+from gemini.wire.sched import Grant, Hello, TokenRelease, TokenRequest, Welcome  # noqa: E402
+from tests.schd_inproc import FakePodManager  # noqa: E402
 
 
 def pct(values, q):

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
                                  "--sync-every", 1, "--blocks", args.blocks, "--trace", work / f"{n}.trace", "--json"])
                  for n, _ in caps}
         saves = []
-        for i in range(args.repeats):
+        for _ in range(args.repeats):
             time.sleep(args.seconds)
             caps = [(n, c) for n, c in zip((n for n, _ in caps), reversed([c for _, c in caps]))]
             tmp = be.config_path.with_suffix(".tmp")
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             saves.append((time.monotonic_ns(), max(caps, key=lambda nc: nc[1])[0]))
             os.replace(tmp, be.config_path)
         outputs = {n: p.communicate(timeout=total + 120) for n, p in procs.items()}
-    for n, (out, err) in outputs.items():
+    for n, (_out, err) in outputs.items():
         if procs[n].returncode != 0:
             raise RuntimeError(f"{n} failed: {err[-1500:]}")
     traces = {n: Trace.read(work / f"{n}.trace") for n in ("t0", "t1")}

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_grant_latency import Daemon, summary  # noqa: E402
 
-from gemini.messages import ConfigUpdate, Hello, StatusReply, StatusRequest, Welcome  # noqa: E402
-from gemini.scheduler.testing import FakePodManager  # noqa: E402
+from gemini.wire.sched import ConfigUpdate, Hello, StatusReply, StatusRequest, Welcome  # noqa: E402
+from tests.schd_inproc import FakePodManager  # noqa: E402
 
 
 def text(max_util: float) -> str:

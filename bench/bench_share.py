@@ -66,7 +66,7 @@ def handoff_gaps_us(out: Path, group_of: dict[str, str]) -> list[float]:
                 kernels.append((s, e, group))
     kernels.sort()
     gaps = []
-    for (s0, e0, n0), (s1, e1, n1) in zip(kernels, kernels[1:]):
+    for (_s0, e0, n0), (s1, _e1, n1) in zip(kernels, kernels[1:]):
         if n0 != n1:
             gaps.append((s1 - e0) / 1e3)
     return gaps
@@ -188,7 +188,8 @@ def run(args) -> dict:
     shares = shares_over(traces, start, end)
     gaps = handoff_gaps_us(out, group_of)
     report = {
-        "mode": args.mode, "turns": args.turns, "tenants": len(names), "seconds": args.seconds, "kernel_us": args.kernel_us,
+        "mode": args.mode, "turns": args.turns, "tenants": len(names), "seconds": args.seconds,
+        "kernel_us": args.kernel_us,
         "blocks": args.blocks, "per_group": args.per_group, "work_iters": args.work_iters,
         "ns_per_kernel_alone": ns_per_kernel, "span_s": (end - start) / 1e9, "shares": shares,
         "useful": sum(shares.values()),

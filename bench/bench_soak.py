@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.harness import Backend, Group  # noqa: E402
-from gemini import protocol as hp  # noqa: E402
+from gemini.wire import hook as hp  # noqa: E402
 
 log = logging.getLogger("bench.soak")
 

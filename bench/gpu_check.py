@@ -264,7 +264,8 @@ def write_report(ctx, results: dict) -> None:
                              f"time { {k: round(v, 3) for k, v in one.get('time_shares', {}).items()} }; errors "
                              f"{one['errors']}")
         elif name == "train":
-            lines.append(f"ResNet-18 steps/s native {fmt(res['native_median'], 2)}, hooked {fmt(res['hooked_median'], 2)}"
+            lines.append(f"ResNet-18 steps/s native {fmt(res['native_median'], 2)}, "
+                         f"hooked {fmt(res['hooked_median'], 2)}"
                          f": overhead {fmt(res['overhead_pct'], 2)}% (rounds {res['native']} / {res['hooked']})")
         else:
             lines.append("```\n" + json.dumps(res, indent=1)[:1500] + "\n```")

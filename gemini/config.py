@@ -148,7 +148,8 @@ def _parse_v1(lines: list[str], path: str) -> list[GroupConfig]:
     try:
         count = int(count_text)
     except ValueError:
-        raise ConfigError(path, count_line, f"first line must be the number of groups, got {_shown(count_text)}") from None
+        raise ConfigError(path, count_line,
+                          f"first line must be the number of groups, got {_shown(count_text)}") from None
     if count < 0:
         raise ConfigError(path, count_line, f"number of groups {count} is negative")
     body = rows[1:]
@@ -163,7 +164,8 @@ def _parse_v1(lines: list[str], path: str) -> list[GroupConfig]:
         name, request, limit, mem = parts
         _check_name(name, path, number)
         groups.append(GroupConfig(name, _parse_util(request, "REQUEST", path, number),
-                                  _parse_util(limit, "LIMIT", path, number), _parse_mem(mem, path, number), line=number))
+                                  _parse_util(limit, "LIMIT", path, number), _parse_mem(mem, path, number),
+                                  line=number))
     return groups
 
 

@@ -3,7 +3,7 @@
  * process) and gem-pmgr (one server per group).
  *
  * This header is the only definition of the format. The hook includes it;
- * gemini/protocol.py feeds the text between the cffi-begin and cffi-end
+ * gemini/wire/hook.py feeds the text between the cffi-begin and cffi-end
  * markers to cffi, keeping integer #defines and dropping other preprocessor
  * lines, so keep that region to plain declarations.
  *

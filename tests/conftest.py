@@ -28,3 +28,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# The end-to-end fixtures (hook_lib, sim, backends, client_script) for every test module.
+pytest_plugins = ["tests.e2e_fixtures"]

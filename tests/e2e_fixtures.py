@@ -2,8 +2,8 @@
 
 Every CUDA program runs in a child process with `libgemhook.so.1` preloaded and the simulated
 `libcuda.so.1` (tests/simcuda) on its library path, against a real backend (gem-schd + gem-pmgr
-through tools/launch-backend.py, driven by bench/harness.Backend). Import the fixtures into a test
-module by name (`from tests.e2e_fixtures import backends, client_script, hook_lib, sim`) or with `*`.
+through tools/launch-backend.py, driven by bench/harness.Backend). tests/conftest.py registers the
+fixtures for every test module (pytest_plugins).
 
     hook_lib            session: `make hook` and the simulator/clients built once; the hook's path
                         ($GEMINI_HOOK_LIB wins, so a deliberately broken build can be tested)
@@ -212,7 +212,7 @@ def finish(p: subprocess.Popen, timeout: float = 60) -> Run:
     except subprocess.TimeoutExpired:
         p.kill()
         out, err = p.communicate()
-        raise AssertionError(f"{p.args} did not finish within {timeout} s\n{out[-2000:]}\n{err[-2000:]}")
+        raise AssertionError(f"{p.args} did not finish within {timeout} s\n{out[-2000:]}\n{err[-2000:]}") from None
     return Run(list(p.args), p.returncode, out, err, time.monotonic() - p.started_at)  # type: ignore[attr-defined]
 
 
@@ -487,8 +487,8 @@ def fork(args):
     after = parent["launches"]
     check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
     ok = sum(1 for r in spin.read()[:1] if r[2])
-    print(json.dumps({"pid": os.getpid(), "children": children, "parent_launches": after, "parent_errors": parent["errors"],
-                      "parent_result_written": ok}))
+    print(json.dumps({"pid": os.getpid(), "children": children, "parent_launches": after,
+                      "parent_errors": parent["errors"], "parent_result_written": ok}))
 
 
 {"serve": serve, "chunks": chunks, "idle": idle, "capture": capture, "fork": fork}[sys.argv[1]](sys.argv[2:])

@@ -12,8 +12,8 @@ from typing import Callable
 import zmq
 import zmq.asyncio
 
-from gemini import messages as sm
-from gemini import protocol as hp
+from gemini.wire import sched as sm
+from gemini.wire import hook as hp
 from gemini.podmgr.server import PodManagerServer
 
 TIMEOUT = 5.0
@@ -324,7 +324,7 @@ def wait_port(port: int, proc=None, timeout: float = 15.0) -> None:
             return
         except OSError:
             if proc is not None and proc.poll() is not None:
-                raise AssertionError(f"process exited with {proc.returncode} before listening on {port}")
+                raise AssertionError(f"process exited with {proc.returncode} before listening on {port}") from None
             if time.monotonic() > deadline:
-                raise AssertionError(f"nothing listens on {port} after {timeout} s")
+                raise AssertionError(f"nothing listens on {port} after {timeout} s") from None
             time.sleep(0.05)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gemini.cli import HOME, format_bytes, main
+from gemini.ctl import HOME, format_bytes, main
 from gemini.config import parse_config
-from gemini.messages import Grant, Hello, StatusReply, TokenRequest, Welcome, decode
-from gemini.scheduler.testing import DaemonThread, FakePodManager
+from gemini.wire.sched import Grant, Hello, StatusReply, TokenRequest, Welcome, decode
+from tests.schd_inproc import DaemonThread, FakePodManager
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -127,7 +127,7 @@ def _env() -> dict:
 
 
 def test_watch_redraws_until_ctrl_c(busy_schd):
-    proc = subprocess.Popen([sys.executable, "-m", "gemini.cli", "--port", str(busy_schd.port), "status",
+    proc = subprocess.Popen([sys.executable, "-m", "gemini.ctl", "--port", str(busy_schd.port), "status",
                              "--watch", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     out = b""
     try:
@@ -159,7 +159,7 @@ def test_watch_redraws_until_ctrl_c(busy_schd):
 
 def test_watch_json_lines_and_no_daemon_keeps_trying():
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gemini.cli", "--port", str(port), "--timeout", "0.1", "status",
+    proc = subprocess.Popen([sys.executable, "-m", "gemini.ctl", "--port", str(port), "--timeout", "0.1", "status",
                              "--json", "--watch", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     try:
         lines = []

@@ -16,7 +16,6 @@ import pytest
 
 from bench.harness import Group, Trace, common_span, shares_over
 from tests import native
-from tests.e2e_fixtures import backends, client_script, hook_lib, sim  # noqa: F401  (fixtures)
 from tests.e2e_fixtures import (CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_SYSTEM_NOT_READY, Sim, client_argv, finish,
                                 run, spawn, start)
 

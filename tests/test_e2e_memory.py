@@ -12,8 +12,7 @@ import subprocess
 import time
 
 from bench.harness import Group, write_config
-from gemini import protocol as hp
-from tests.e2e_fixtures import backends, client_script, hook_lib, sim  # noqa: F401  (fixtures)
+from gemini.wire import hook as hp
 from tests.e2e_fixtures import (CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, Holder, Sim, client_argv, finish, read_line, run,
                                 start, wait_for)
 from tests.pmgr_helpers import BlockingHook

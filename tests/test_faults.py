@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from bench.harness import Backend, Group, Trace, children_of, cmdline, last_json, read_stats
-from gemini import protocol as hp
-from gemini.messages import StatusReply, StatusRequest
-from gemini.scheduler.testing import FakePodManager
+from gemini.wire import hook as hp
+from gemini.wire.sched import StatusReply, StatusRequest
+from tests.schd_inproc import FakePodManager
 import native
 from pmgr_helpers import BlockingHook
 
@@ -95,7 +95,7 @@ def finish(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[int, str, str
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"client still running after {timeout} s (a hang):\n{err[-3000:]}")
+        raise AssertionError(f"client still running after {timeout} s (a hang):\n{err[-3000:]}") from None
     return proc.returncode, out, err
 
 
@@ -283,7 +283,7 @@ def test_sigkill_of_the_scheduler(tmp_path):
         procs = {g: be.spawn(g, workload_argv(4.0, tmp_path / f"{g}.trace", "--alloc", n), env=env)
                  for g, n in allocs.items()}
         for g, n in allocs.items():
-            wait_for(lambda: group_status(be)[g]["mem_used"] >= n, 10, f"gem-schd sees {g}'s memory", step=0.1)
+            wait_for(lambda g=g, n=n: group_status(be)[g]["mem_used"] >= n, 10, f"gem-schd sees {g}'s memory", step=0.1)
         before = status(be)
         held = {g: mem_used(be.ports[g], g) for g in allocs}    # the pod managers' accounts
         time.sleep(0.2)

@@ -34,10 +34,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.harness import Backend, Group
-from gemini import messages as sm
-from gemini import protocol as hp
+from gemini.wire import sched as sm
+from gemini.wire import hook as hp
 from gemini.config import MAX_MEMORY
-from gemini.scheduler.testing import DaemonThread, FakePodManager
+from tests.schd_inproc import DaemonThread, FakePodManager
 
 RANDOM = bool(os.environ.get("GEMINI_FUZZ_RANDOM"))
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemini import protocol
+from gemini.wire import hook as protocol
 from gemini.config import parse_size
 from tests.hook_ffi import HOOK_LIB, hook_lib
 

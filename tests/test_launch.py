@@ -18,7 +18,7 @@ import pytest
 
 from gemini.launch import command
 from pmgr_helpers import REPO_ROOT, BackgroundPmgr, BlockingHook, free_port
-from gemini import protocol as hp
+from gemini.wire import hook as hp
 
 LAUNCH_COMMAND = str(REPO_ROOT / "tools" / "launch-command.py")
 LAUNCH_BACKEND = str(REPO_ROOT / "tools" / "launch-backend.py")
@@ -455,7 +455,7 @@ def test_backend_follows_config_edits(backend):
     tmp = b.dir / "new.txt"
     tmp.write_text(CONFIG + "\n[gamma]\nMemoryLimit = 3MiB\n")
     os.replace(tmp, b.config)
-    line = b.read_until(lambda l: l.startswith("added "))
+    line = b.read_until(lambda text: text.startswith("added "))
     assert line == f"added gamma {b.port + 3}"
     deadline = time.monotonic() + 10
     while True:     # gem-schd reloads the file by itself; the pod manager registers once it has
@@ -472,7 +472,7 @@ def test_backend_follows_config_edits(backend):
     assert isinstance(_hello(b.port + 3, "gamma"), hp.HelloAck)
     # remove a group: its pod manager stops
     b.config.write_text("[beta]\nMemoryLimit = 2MiB\n[gamma]\n")
-    assert b.read_until(lambda l: l.startswith("removed ")) == f"removed alpha {b.port + 1}"
+    assert b.read_until(lambda text: text.startswith("removed ")) == f"removed alpha {b.port + 1}"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", b.port + 1), timeout=1).close()
     assert json.loads(b.ports_file.read_text()) == {"beta": b.port + 2, "gamma": b.port + 3}

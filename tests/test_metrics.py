@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from gemini.config import parse_config
-from gemini.messages import Grant, Hello, StatusReply, StatusRequest, TokenRelease, TokenRequest, Welcome
+from gemini.wire.sched import Grant, Hello, StatusReply, StatusRequest, TokenRelease, TokenRequest, Welcome
 from gemini.scheduler.daemon import BindError
-from gemini.scheduler.testing import DaemonThread, FakePodManager
+from tests.schd_inproc import DaemonThread, FakePodManager
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from gemini import messages as sm
-from gemini import protocol as hp
+from gemini.wire import sched as sm
+from gemini.wire import hook as hp
 from gemini.podmgr.manager import (HEARTBEAT_S, WELCOME_WAIT_S, CloseHook, PodManager, ToHook, ToScheduler)
 from pmgr_helpers import (REPO_ROOT, AsyncHook, FakeClock, FakeScheduler, eventually, free_port,
                           running_pmgr, wait_port)
@@ -608,7 +608,7 @@ KILLED_HOOK = textwrap.dedent("""
     import sys, time
     sys.path[:0] = [sys.argv[2], sys.argv[3]]
     from pmgr_helpers import BlockingHook
-    from gemini import protocol as hp
+    from gemini.wire import hook as hp
     h = BlockingHook(int(sys.argv[1]))
     h.call(hp.Hello(pid=0, pod_name="g"))
     assert h.call(hp.MemAlloc(bytes=600)).verdict == 0

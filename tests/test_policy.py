@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gemini.config import parse_config
-from gemini.messages import ERR_UNKNOWN_GROUP
+from gemini.wire.sched import ERR_UNKNOWN_GROUP
 from gemini.scheduler.policy import GrantDecision, Policy, RefuseDecision, diff_configs, fair_targets
 
 W = 10_000.0

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemini import messages, protocol
+from gemini.wire import sched as messages, hook as protocol
 
 
 def test_layout_comes_from_the_header():

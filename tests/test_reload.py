@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from gemini.config import load_config
-from gemini.messages import ConfigUpdate, GroupRemoved, Hello, StatusReply, StatusRequest, Welcome
+from gemini.wire.sched import ConfigUpdate, GroupRemoved, Hello, StatusReply, StatusRequest, Welcome
 from gemini.scheduler.reload import ConfigReloader
-from gemini.scheduler.testing import DaemonThread, FakePodManager
+from tests.schd_inproc import DaemonThread, FakePodManager
 
 
 def cfg_text(max_a: float, extra: str = "") -> str:

@@ -13,10 +13,10 @@ import pytest
 import zmq
 
 from gemini.config import parse_config
-from gemini.messages import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, ConfigUpdate, Error, Grant,
+from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, ConfigUpdate, Error, Grant,
                              GroupRemoved, GroupStatus, Heartbeat, HeartbeatAck, Hello, StatusReply, StatusRequest,
                              TokenRelease, TokenRequest, Welcome, decode, encode)
-from gemini.scheduler.testing import DaemonThread, FakePodManager
+from tests.schd_inproc import DaemonThread, FakePodManager
 
 REPO = Path(__file__).resolve().parent.parent
 

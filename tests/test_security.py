@@ -26,10 +26,10 @@ import pytest
 
 from bench.harness import (LAUNCH_BACKEND, LAUNCH_COMMAND, REPO_ROOT, Backend, Group, children_of, cmdline,
                            free_port_base, read_stats)
-from gemini import protocol as hp
+from gemini.wire import hook as hp
 from gemini.hookpath import hook_path
-from gemini.messages import StatusReply, StatusRequest
-from gemini.scheduler.testing import FakePodManager
+from gemini.wire.sched import StatusReply, StatusRequest
+from tests.schd_inproc import FakePodManager
 import native
 
 MiB = 1 << 20

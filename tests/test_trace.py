@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gemini.cli import main as ctl_main
+from gemini.ctl import main as ctl_main
 from gemini.config import parse_config
-from gemini.messages import Grant, Hello, StatusReply, StatusRequest, TokenRelease, TokenRequest, Welcome
+from gemini.wire.sched import Grant, Hello, StatusReply, StatusRequest, TokenRelease, TokenRequest, Welcome
 from gemini.plot import share_series
-from gemini.scheduler.testing import DaemonThread, FakePodManager
+from tests.schd_inproc import DaemonThread, FakePodManager
 from gemini.scheduler.trace import SchedulerTrace, SlotEvent, TraceFormatError, read_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def test_one_track_per_group_and_slots_match_grants(traced_run):
         assert names[e["tid"]] == f"group {e['name']}"
     assert len(set(tids.values())) == 3 and 0 not in tids.values()         # tid 0 is the scheduler's own track
     # Each slot is the policy's entry: same start, same length (us, rounded to ns).
-    for e, (group, start, end, seq) in zip(slots, history):
+    for e, (_group, start, end, seq) in zip(slots, history):
         assert e["args"]["token_seq"] == seq
         assert e["ts"] == pytest.approx(start * 1000.0, abs=0.002)
         assert e["dur"] == pytest.approx((end - start) * 1000.0, abs=0.002)

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
             procs[g.name] = backend.spawn(g.name, argv, env=env)
         log.info("Running one always-busy client in each of %s for %.0f s ...", ", ".join(procs), seconds)
         time.sleep(max(0.0, seconds - 2.0))
-        status = subprocess.run([sys.executable, "-m", "gemini.cli", "--port", str(backend.port), "status"],
+        status = subprocess.run([sys.executable, "-m", "gemini.ctl", "--port", str(backend.port), "status"],
                                 cwd=REPO, capture_output=True, text=True, timeout=20)
         outputs = {name: proc.communicate(timeout=seconds + 60) for name, proc in procs.items()}
     finally:
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         log.info("matplotlib is not installed: no plot (pip install matplotlib, then gem-ctl plot %s)", trace_file)
     else:
         png = REPO / "demo-share.png"
-        plot = subprocess.run([sys.executable, "-m", "gemini.cli", "plot", str(trace_file), "-o", str(png)],
+        plot = subprocess.run([sys.executable, "-m", "gemini.ctl", "plot", str(trace_file), "-o", str(png)],
                               cwd=REPO, capture_output=True, text=True)
         log.info("share plot: %s" if plot.returncode == 0 else "plot failed: %s",
                  png if plot.returncode == 0 else plot.stderr.strip()[-300:])

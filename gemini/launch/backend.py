@@ -156,7 +156,7 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     def signal(self, sig: int) -> None:
-        if self.alive():
+        if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, sig)     # its own session: the daemon and anything it started
             except ProcessLookupError:

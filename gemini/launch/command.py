@@ -19,7 +19,7 @@ import sys
 import time
 from contextlib import contextmanager
 
-from gemini import protocol as hp
+from gemini.wire import hook as hp
 from gemini.hookpath import HookNotFound, hook_path
 from gemini.podmgr import DEFAULT_IP, ENV_POD_MANAGER_IP, ENV_POD_MANAGER_PORT, ENV_POD_NAME
 

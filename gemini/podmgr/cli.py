@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from gemini import protocol as hp
+from gemini.wire import hook as hp
 
 from . import (DEFAULT_IP, DEFAULT_PORT, DEFAULT_SCHEDULER_PORT, ENV_POD_MANAGER_IP, ENV_POD_MANAGER_PORT,
                ENV_POD_NAME, ENV_SCHEDULER_IP, ENV_SCHEDULER_PORT)

@@ -27,8 +27,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from gemini import messages as sm
-from gemini import protocol as hp
+from gemini.wire import sched as sm
+from gemini.wire import hook as hp
 
 log = logging.getLogger("gemini.podmgr")
 
@@ -294,6 +294,7 @@ class PodManager:
         self.holders.add(client_id)
         if quota_ns is None:
             quota_ns = int((self.deadline - now) * 1e9)
+        assert self.token_seq is not None
         return ToHook(client_id, seq, hp.TokenGrant(quota_ns=quota_ns, token_seq=self.token_seq))
 
     def _next_turn(self, now: float) -> list[Action]:
@@ -338,7 +339,7 @@ class PodManager:
 
     def _maybe_release(self, now: float) -> list[Action]:
         """Early release: nobody holds the valid token and nobody waits -> give the slot back now."""
-        if self.holders or self.waiting or not self._token_valid(now):
+        if self.holders or self.waiting or not self._token_valid(now) or self.token_seq is None:
             return []
         release = sm.TokenRelease(group=self.group, token_seq=self.token_seq, overuse_ms=self._overuse_ms,
                                   used_ms=self._used_ms)

@@ -10,13 +10,13 @@ import asyncio
 import logging
 import os
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import zmq
 import zmq.asyncio
 
-from gemini import messages as sm
-from gemini import protocol as hp
+from gemini.wire import sched as sm
+from gemini.wire import hook as hp
 
 from .manager import Action, CloseHook, PodManager, ToHook, ToScheduler
 
@@ -129,7 +129,7 @@ class PodManagerServer:
 
     def _send_scheduler(self, msg: sm.Message) -> None:
         assert self._dealer is not None
-        future = self._dealer.send(sm.encode(msg), flags=zmq.NOBLOCK)
+        future: Any = self._dealer.send(sm.encode(msg), flags=zmq.NOBLOCK)
         if future.done() and future.exception() is not None:
             log.debug("gem-schd link down: %s not sent", msg.TYPE)
             self._dispatch(self.manager.upstream_failed(msg))

@@ -5,7 +5,7 @@ Every decision comes from gemini.scheduler.policy.Policy; this module only keeps
 into policy calls and decisions into messages, keeps the timer for the policy's next wakeup, and pushes config
 changes made by a live reload.
 
-Frames: one JSON frame per message (gemini.messages) after the ROUTER's identity frame; a REQ peer's empty
+Frames: one JSON frame per message (gemini.wire.sched) after the ROUTER's identity frame; a REQ peer's empty
 delimiter frame is accepted too (gem-ctl may use REQ), and replies keep it.
 
 Observers (metrics, trace; see `observers`): after every decision the daemon tells them about slots (a grant, and
@@ -30,13 +30,13 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import zmq
 import zmq.asyncio
 
 from gemini.config import Config
-from gemini.messages import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, MAX_MESSAGE_BYTES,
+from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, MAX_MESSAGE_BYTES,
                              TO_SCHEDULER, ConfigUpdate, Error, Grant, GroupRemoved, GroupStatus, Heartbeat,
                              HeartbeatAck, Hello, Message, MessageError, StatusReply, StatusRequest, TokenRelease,
                              TokenRequest, Welcome, decode, encode)
@@ -176,14 +176,14 @@ class SchedulerDaemon:
         self._closed: Optional[asyncio.Event] = None  # created in start(), on the loop
         self._bad_log = _RateLimitedLog()
         self._lateness: collections.deque[float] = collections.deque(maxlen=4096)
-        self.reloader = None
+        self.reloader: Optional[Any] = None   # ConfigReloader, imported lazily
         self.endpoint = ""
         self.grants_sent = 0
         # Objects with any of on_grant(group, token_seq, quota_ms, start_ms, wait_ms), on_slot_end(group, token_seq,
         # quota_ms, start_ms, end_ms, wait_ms, reason), on_config(config, diff, now_ms) and on_stop(now_ms); reason
         # is "release" (ended early), "deadline" or "stop".
         self.observers: list = []
-        self.metrics_server = None
+        self.metrics_server: Optional[Any] = None   # MetricsServer (prometheus_client is optional)
         self._slot: Optional[_Slot] = None
         self._waiting_since: dict[str, float] = {}   # group -> when its pending request arrived (for wait times)
 
@@ -409,7 +409,8 @@ class SchedulerDaemon:
         info.mem_used, info.clients, info.connected = msg.mem_used, msg.clients, True
         log.info("group %s: pod manager %s (%s, pid %d) registered, %d client(s), %d bytes in use", group,
                  self._name(identity), address, msg.pid, msg.clients, msg.mem_used)
-        self._send(identity, Welcome(group, gc.min_util, gc.max_util, gc.mem_limit, self.scheduler_id, gc.turns), envelope)
+        self._send(identity, Welcome(group, gc.min_util, gc.max_util, gc.mem_limit, self.scheduler_id, gc.turns),
+                   envelope)
 
     def _on_heartbeat(self, identity: bytes, msg: Heartbeat, envelope: list[bytes]) -> None:
         if not self._check_registered(identity, msg.group, envelope):
@@ -432,7 +433,7 @@ class SchedulerDaemon:
         if self._sock is None or self._sock.closed:
             return
         try:
-            fut = self._sock.send_multipart([identity, *(envelope or []), encode(msg)])
+            fut: Any = self._sock.send_multipart([identity, *(envelope or []), encode(msg)])
         except zmq.ZMQError as exc:
             log.warning("could not send %s to %s: %s", msg.TYPE, self._name(identity), exc)
             return

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
 from gemini.config import Config
-from gemini.messages import StatusReply
+from gemini.wire.sched import StatusReply
 
 log = logging.getLogger("gemini.scheduler.metrics")
 

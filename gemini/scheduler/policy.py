@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
 from gemini.config import Config, GroupConfig
-from gemini.messages import ERR_UNKNOWN_GROUP
+from gemini.wire.sched import ERR_UNKNOWN_GROUP
 
 EPS = 1e-6  # ms; tolerance of eligibility tests against float rounding
 
@@ -362,11 +362,11 @@ class Policy:
                     out.append(RefuseDecision(name, ERR_UNKNOWN_GROUP,
                                               f"group {name!r} was removed from {config.path}"))
         for gc in config.groups:
-            g = self._groups.get(gc.name)
-            if g is None:
+            old = self._groups.get(gc.name)
+            if old is None:
                 self._groups[gc.name] = _Group(gc, self.base_quota_ms)
             else:
-                g.cfg = gc
+                old.cfg = gc
         self.config = config
         out.extend(self._schedule(now))
         return out
@@ -518,10 +518,10 @@ class Policy:
             if active and when > prev:
                 rate = 1.0 / len(active)
                 for name in active:
-                    u = self._usages.get(name)
-                    if u is None:
-                        u = self._usages[name] = _Usage()
-                    u.add(prev, when, rate)
+                    seg = self._usages.get(name)
+                    if seg is None:
+                        seg = self._usages[name] = _Usage()
+                    seg.add(prev, when, rate)
             if kind > 0:
                 active[grp] += 1
             else:

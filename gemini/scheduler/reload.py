@@ -8,7 +8,8 @@ any change in the directory triggers a reload).
 Events arrive on watchdog's thread; they are handed to the asyncio loop with call_soon_threadsafe and debounced:
 the reload runs `debounce_s` (50 ms) after the last event, so a save that produces several events is read once,
 when complete -- except that an event which says the writer is done (the file closed after writing, or a file
-renamed into place) shortens the wait to `settle_s` (5 ms), so the usual saves are in force within a few ms. The reload parses the file; a ConfigError is logged once, clearly (file:line), and the last good config
+renamed into place) shortens the wait to `settle_s` (5 ms), so the usual saves are in force within a few ms.
+The reload parses the file; a ConfigError is logged once, clearly (file:line), and the last good config
 stays in force; a deleted file is logged and the last good config kept until the file is back. A good config is
 passed to the `apply` callback on the loop.
 """

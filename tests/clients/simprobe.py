@@ -22,7 +22,8 @@ import os
 import sys
 import threading
 
-c_void_p, c_int, c_uint, c_size_t, c_u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_size_t, ctypes.c_uint64
+c_void_p, c_int, c_uint = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
+c_size_t, c_u64 = ctypes.c_size_t, ctypes.c_uint64
 CUdeviceptr = ctypes.c_ulonglong
 byref = ctypes.byref
 

@@ -20,11 +20,12 @@ SIM_SRC  := $(addprefix $(SIM_DIR)/,sim_state.c sim_ctx.c sim_exec.c sim_mem.c s
 SIM_HDR  := $(SIM_DIR)/sim_api.h $(SIM_DIR)/sim_internal.h hook/cuda_types.h
 SIM_LIB  := $(BUILD)/simcuda/libcuda.so.1
 SIM_LINK := $(BUILD)/simcuda/libcuda.so
-SIM_CFLAGS  := -std=gnu11 -O2 -g -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -pthread -Ihook
+SIM_CFLAGS  := -std=gnu11 -O2 -g -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -pthread -Ihook \
+               $(if $(WERROR),-Werror)
 SIM_LDFLAGS := -shared -pthread -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -Wl,--no-undefined
 
 CLIENT_SRC    := tests/clients/workload.c
-CLIENT_CFLAGS := -std=gnu11 -O2 -g -Wall -Wextra -pthread -Ihook
+CLIENT_CFLAGS := -std=gnu11 -O2 -g -Wall -Wextra -pthread -Ihook $(if $(WERROR),-Werror)
 CLIENTS       := $(BUILD)/clients/workload-procaddr $(BUILD)/clients/workload-linked
 
 .PHONY: sim clients

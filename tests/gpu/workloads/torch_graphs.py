@@ -20,7 +20,7 @@ g = torch.cuda.CUDAGraph()
 with torch.cuda.graph(g), torch.no_grad():
     static_out = model(static_in)
 ok = True
-for i in range(replays):
+for _ in range(replays):
     data = torch.randn(64, 512, device=dev)
     static_in.copy_(data)
     g.replay()

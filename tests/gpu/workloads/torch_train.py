@@ -18,7 +18,7 @@ x = torch.randn(256, 3, 32, 32, device=dev)
 # Labels that depend on the input, so a correct training loop must drive the loss down.
 y = torch.bucketize(x[:, 0].mean((1, 2)), torch.linspace(-0.15, 0.15, 9, device=dev))
 first = None
-for step in range(steps):
+for _ in range(steps):
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
     loss.backward()

@@ -4,7 +4,7 @@
     gem-ctl hook-path
     gem-ctl plot TRACE [-o share.png]
 
-gem-ctl reaches gem-schd on the socket the pod managers use (a zmq DEALER speaking gemini.messages). Exit codes:
+gem-ctl reaches gem-schd on the socket the pod managers use (a zmq DEALER speaking gemini.wire.sched). Exit codes:
 0 ok, 1 failure (no answer from gem-schd, missing hook, missing matplotlib, bad trace), 2 usage.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional
 import click
 import zmq
 
-from gemini.messages import (FROM_SCHEDULER, Error, MessageError, StatusReply, StatusRequest, decode, encode)
+from gemini.wire.sched import (FROM_SCHEDULER, Error, MessageError, StatusReply, StatusRequest, decode, encode)
 
 DEFAULT_IP = "127.0.0.1"
 DEFAULT_PORT = 50051
@@ -117,7 +117,7 @@ COLUMNS = ("GROUP", "MIN", "MAX", "SHARE", "MEMORY USED/LIMIT", "CLIENTS", "TOKE
 
 
 def status_rows(reply: StatusReply) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for g in reply.groups:
         rows.append((
             g["name"],

@@ -11,7 +11,7 @@ import enum
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import ClassVar, Union
+from typing import Any, ClassVar, Union
 
 from cffi import FFI
 
@@ -20,7 +20,7 @@ _HEADER_NAME = "gemini_proto.h"
 
 def header_path() -> Path:
     """Where gemini_proto.h lives: inside the installed package, else in the source tree."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the gemini package
     for candidate in (here / "hook_include" / _HEADER_NAME, here.parent / "hook" / _HEADER_NAME):
         if candidate.is_file():
             return candidate
@@ -296,7 +296,7 @@ def decode(frame: bytes, allowed: frozenset[MsgType] | None = None) -> tuple[int
     mtype = MsgType(header.type)
     if allowed is not None and mtype not in allowed:
         raise ProtocolError(ErrorCode.PROTOCOL, f"message {mtype.name} is not valid in this direction")
-    cls = _BY_TYPE[mtype]
+    cls: Any = _BY_TYPE[mtype]
     if cls.PAYLOAD is None:
         return header.seq, cls()
     msg = ffi.cast("struct gem_msg *", ffi.from_buffer(frame))

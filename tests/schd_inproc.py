@@ -1,5 +1,5 @@
 """Helpers to run gem-schd in-process (tests, benchmarks): the daemon on a background thread with its own event
-loop, and a minimal synchronous fake pod manager (a zmq DEALER speaking gemini.messages)."""
+loop, and a minimal synchronous fake pod manager (a zmq DEALER speaking gemini.wire.sched)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import zmq
 
 from gemini.config import Config
-from gemini.messages import FROM_SCHEDULER, Message, decode, encode
+from gemini.wire.sched import FROM_SCHEDULER, Message, decode, encode
 from gemini.scheduler.daemon import SchedulerDaemon
 
 
