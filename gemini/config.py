@@ -17,6 +17,11 @@ v2 (INI)::
     MaxUtil = 0.5        # default 1
     MemoryLimit = 1GiB   # default 1GiB; K/M/G/T = 10^3.., Ki/Mi/Gi/Ti = 2^10..
     ProcessSharing = together   # or turns; default together (v1 cannot say)
+    Class = batch        # or latency: claims the GPU at once, within a budget of its MinUtil
+    MemoryMode = device  # or unified: allocations are managed memory, swapped by gem-schd
+    SocketOwner = alice  # the group's Unix socket (launch-backend --ipc-dir): owner, group, mode
+    SocketGroup = ml     #   (defaults: the backend's user and group, mode 0660)
+    SocketMode = 0660
 
 Every error is a ConfigError whose text starts with ``file:line:``.
 """
@@ -55,7 +60,23 @@ class GroupConfig:
     mem_limit: int = DEFAULT_MEMORY_LIMIT
     # together: the group's processes share its token at once, as in Gemini; turns: one at a time
     turns: bool = False
+    # batch: waits for its slot like Gemini's groups; latency: claims the GPU at once (budget: MinUtil)
+    sched_class: str = "batch"
+    # device: plain device memory; unified: allocations become managed memory that gem-schd swaps
+    memory_mode: str = "device"
+    # the group's Unix socket (--ipc-dir): None = the backend's own user / group, mode 0660
+    socket_owner: str | None = None
+    socket_group: str | None = None
+    socket_mode: int | None = None
     line: int = 0  # where the group is defined, for messages
+
+    @property
+    def latency(self) -> bool:
+        return self.sched_class == "latency"
+
+    @property
+    def unified(self) -> bool:
+        return self.memory_mode == "unified"
 
 
 @dataclass(frozen=True)
@@ -170,8 +191,37 @@ def _parse_v1(lines: list[str], path: str) -> list[GroupConfig]:
 
 
 _SECTION_RE = re.compile(r"^\[([^\]]*)\]$")
-_KEYS = {"minutil": "min_util", "maxutil": "max_util", "memorylimit": "mem_limit", "processsharing": "turns"}
+_KEYS = {"minutil": "min_util", "maxutil": "max_util", "memorylimit": "mem_limit", "processsharing": "turns",
+         "class": "sched_class", "memorymode": "memory_mode", "socketowner": "socket_owner",
+         "socketgroup": "socket_group", "socketmode": "socket_mode"}
+_KEY_NAMES = "MinUtil, MaxUtil, MemoryLimit, ProcessSharing, Class, MemoryMode, SocketOwner, SocketGroup or SocketMode"
 _SHARING = {"together": False, "turns": True}
+_CHOICES = {"sched_class": ("Class", ("batch", "latency")), "memory_mode": ("MemoryMode", ("device", "unified"))}
+# A user or group name as useradd accepts it, or a numeric id.
+_ACCOUNT_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]{0,31}\$?|\d{1,10})$", re.IGNORECASE)
+
+
+def _parse_choice(attr: str, value: str, path: str, line: int) -> str:
+    key, allowed = _CHOICES[attr]
+    if value.lower() not in allowed:
+        raise ConfigError(path, line, f"{key} {_shown(value)} must be " + " or ".join(repr(a) for a in allowed))
+    return value.lower()
+
+
+def _parse_account(key: str, value: str, path: str, line: int) -> str:
+    if not _ACCOUNT_RE.match(value):
+        raise ConfigError(path, line, f"{key} {_shown(value)} is not a user or group name or a numeric id")
+    return value
+
+
+def _parse_mode(value: str, path: str, line: int) -> int:
+    if not re.fullmatch(r"0?[0-7]{3}", value):
+        raise ConfigError(path, line, f"SocketMode {_shown(value)} must be an octal mode such as 0660")
+    mode = int(value, 8)
+    if mode & 0o002:
+        raise ConfigError(path, line, f"SocketMode {value} lets any local user write to the socket "
+                                      "(act for the group); use 0660 and SocketGroup")
+    return mode
 
 
 def _parse_v2(lines: list[str], path: str) -> list[GroupConfig]:
@@ -201,8 +251,7 @@ def _parse_v2(lines: list[str], path: str) -> list[GroupConfig]:
         key, value = key.strip(), value.strip()
         attr = _KEYS.get(key.lower())
         if attr is None:
-            raise ConfigError(path, number, f"unknown key {_shown(key)} (expected MinUtil, MaxUtil, MemoryLimit "
-                                            "or ProcessSharing)")
+            raise ConfigError(path, number, f"unknown key {_shown(key)} (expected {_KEY_NAMES})")
         if attr in seen_keys:
             raise ConfigError(path, number, f"{key} given twice in [{current['name']}]")
         seen_keys.add(attr)
@@ -212,6 +261,12 @@ def _parse_v2(lines: list[str], path: str) -> list[GroupConfig]:
             if value.lower() not in _SHARING:
                 raise ConfigError(path, number, f"ProcessSharing {_shown(value)} must be 'together' or 'turns'")
             current[attr] = _SHARING[value.lower()]
+        elif attr in _CHOICES:
+            current[attr] = _parse_choice(attr, value, path, number)
+        elif attr in ("socket_owner", "socket_group"):
+            current[attr] = _parse_account(key, value, path, number)
+        elif attr == "socket_mode":
+            current[attr] = _parse_mode(value, path, number)
         else:
             current[attr] = _parse_util(value, key, path, number)
     finish()

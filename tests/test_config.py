@@ -48,6 +48,16 @@ def test_v2_process_sharing():
     assert [g.turns for g in cfg.groups] == [True, False, False]
 
 
+def test_v2_class_memory_mode_and_socket_keys():
+    cfg = parse_config("[a]\nClass = Latency\nMemoryMode = unified\nSocketOwner = alice\nSocketGroup = 1000\n"
+                       "SocketMode = 0640\n[b]\n")
+    a, b = cfg.groups
+    assert (a.sched_class, a.latency, a.memory_mode, a.unified) == ("latency", True, "unified", True)
+    assert (a.socket_owner, a.socket_group, a.socket_mode) == ("alice", "1000", 0o640)
+    assert (b.sched_class, b.latency, b.memory_mode, b.unified) == ("batch", False, "device", False)
+    assert (b.socket_owner, b.socket_group, b.socket_mode) == (None, None, None)
+
+
 def test_v2_crlf_tabs_and_blank_lines():
     cfg = parse_config("\r\n\t[a]\r\n\tMaxUtil\t=\t0.5\r\n\r\n[b]\r\n")
     assert cfg.names == ["a", "b"] and cfg.groups[0].max_util == 0.5
@@ -117,6 +127,12 @@ ERROR_CASES = [
     ("[a]\nColour = red\n", 2, "unknown key"),
     ("[a]\nProcessSharing = sometimes\n", 2, "'together' or 'turns'"),
     ("[a]\nProcessSharing = turns\nProcessSharing = turns\n", 3, "twice"),
+    ("[a]\nClass = fast\n", 2, "'batch' or 'latency'"),
+    ("[a]\nMemoryMode = swap\n", 2, "'device' or 'unified'"),
+    ("[a]\nSocketMode = 0666\n", 2, "any local user"),
+    ("[a]\nSocketMode = rw\n", 2, "octal mode"),
+    ("[a]\nSocketOwner = a/b\n", 2, "not a user or group name"),
+    ("[a]\nSocketGroup = -x\n", 2, "not a user or group name"),
     ("[a]\nMinUtil = 0.1\nminutil = 0.2\n", 3, "twice"),
     ("[a]\njust words\n", 2, "Key = value"),
     ("[a]\n[a]\n", 2, "defined twice"),
