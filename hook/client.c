@@ -27,7 +27,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "gemhook.h"
+#include "client.h"
+#include "settings.h"
+#include "stats.h"
+#include "util.h"
 
 struct gem_waiter {
     uint32_t seq;
@@ -72,11 +75,6 @@ void gem_conn_reset_after_fork(struct gem_conn *c) {
     c->waiters = NULL;
     c->next_connect_ns = 0;
     c->ever_connected = 0;
-}
-
-static void deadline_to_timespec(int64_t t, struct timespec *ts) {
-    ts->tv_sec = t / GEM_NS_PER_S;
-    ts->tv_nsec = t % GEM_NS_PER_S;
 }
 
 /* ---- raw I/O ------------------------------------------------------------------------------- */
@@ -378,7 +376,7 @@ int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply
         } else {
             struct timespec ts;
             int64_t until = now + 200 * GEM_NS_PER_MS < give_up ? now + 200 * GEM_NS_PER_MS : give_up;
-            deadline_to_timespec(until, &ts);
+            gem_ns_to_timespec(until, &ts);
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         }
     }

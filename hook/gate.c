@@ -3,7 +3,7 @@
  *
  * Each device the process uses has a token with a deadline. While the token
  * is valid the launch path is a clock read and a compare (gem_gate_launch in
- * gemhook.h). Everything else happens here, off that path:
+ * gate.h). Everything else happens here, off that path:
  *
  *   - the first launch after a synchronisation starts a kernel burst; if the
  *     predicted burst will not fit in what is left of a slot that already
@@ -31,85 +31,74 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gemhook.h"
+#include "capture.h"
+#include "client.h"
+#include "device.h"
+#include "gate.h"
+#include "real.h"
+#include "settings.h"
+#include "stats.h"
 
-struct gem_device gem_devices[GEM_MAX_DEVICES];
-atomic_int gem_device_count;
-atomic_int gem_active_captures;
+struct gem_gate gem_gates[GEM_MAX_DEVICES];
+/* Until the constructor measures the tick, the shortcut is off (never true before a real deadline). */
+int64_t gem_coarse_margin_ns = INT64_MAX / 2;
 
-static pthread_mutex_t runtime_mu = PTHREAD_MUTEX_INITIALIZER;
-static atomic_int runtime_ready;
+static pthread_mutex_t gates_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int gates_ready;
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t watch_cv;
 static int watcher_started;
 static int watcher_stop;
 
-static atomic_int fail_open_active;
-
-CUresult gem_unavailable_result(void) {
-    /* "system not yet initialized": the closest driver code to "the GPU share
-     * could not be authorised"; the hook has already printed why. */
-    return CUDA_ERROR_SYSTEM_NOT_READY;
+void gem_gate_measure_clock(void) {
+    struct timespec res;
+    /* Only trust a tick of at most 10 ms; otherwise every launch reads the precise clock. */
+    if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && res.tv_sec == 0 && res.tv_nsec > 0 &&
+        res.tv_nsec <= 10 * GEM_NS_PER_MS)
+        gem_coarse_margin_ns = 2 * (int64_t)res.tv_nsec;
+    else
+        gem_coarse_margin_ns = INT64_MAX / 2; /* the shortcut never succeeds */
 }
 
-/* ---- devices ----------------------------------------------------------------------------- */
+/* ---- the gates ------------------------------------------------------------------------------ */
 
-static void format_uuid(const CUuuid *u, char *out, size_t len) {
-    const unsigned char *b = (const unsigned char *)u->bytes;
-    snprintf(out, len,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-}
-
-/* The pod manager for a device: GEMINI_POD_MANAGERS "uuid=ip:port,..." if it names the device, else the default. */
-void gem_endpoint_for(const char *uuid, char *ip, size_t ip_len, int *port) {
-    snprintf(ip, ip_len, "%s", gem_cfg.pmgr_ip);
-    *port = gem_cfg.pmgr_port;
-    char map[sizeof gem_cfg.pmgr_map];
-    snprintf(map, sizeof map, "%s", gem_cfg.pmgr_map);
-    char *save = NULL;
-    for (char *item = strtok_r(map, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(item, '=');
-        if (!eq)
-            continue;
-        *eq = '\0';
-        if (strcmp(item, uuid) != 0)
-            continue;
-        char mip[64];
-        int mport;
-        if (gemhook_parse_endpoint(eq + 1, mip, sizeof mip, &mport) == 0) {
-            snprintf(ip, ip_len, "%s", mip);
-            *port = mport;
-        } else {
-            GEM_LOG(GEM_LOG_ERROR, "GEMINI_POD_MANAGERS: bad endpoint '%s' for %s", eq + 1, uuid);
-        }
-    }
-}
-
-static void device_setup(struct gem_device *d, int ordinal) {
+static void gate_init_sync(struct gem_gate *g) {
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_mutex_init(&d->mu, NULL);
-    pthread_cond_init(&d->cv, &ca);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, &ca);
     pthread_condattr_destroy(&ca);
-    d->ordinal = ordinal;
-    d->state = GEM_TOKEN_NONE;
-    gemhook_burst_init(&d->est, gem_cfg.burst_merge_ns, gem_cfg.burst_window_ns);
-    char uuid[GEM_UUID_LEN] = "";
-    CUdevice dev = ordinal;
-    CUuuid raw;
-    if (HAVE_REAL(cuDeviceGet) && REAL(cuDeviceGet)(&dev, ordinal) == CUDA_SUCCESS && HAVE_REAL(cuDeviceGetUuid) &&
-        REAL(cuDeviceGetUuid)(&raw, dev) == CUDA_SUCCESS)
-        format_uuid(&raw, uuid, sizeof uuid);
-    d->cudev = dev;
-    char ip[64];
-    int port;
-    gem_endpoint_for(uuid, ip, sizeof ip, &port);
-    gem_conn_init(&d->conn, ip, port, ordinal, uuid, &d->mem_in_use);
-    d->initialised = 1;
 }
+
+/* One gate per device the registry set up (gem_runtime_init has succeeded). */
+static void ensure_gates(void) {
+    if (GEM_LIKELY(atomic_load_explicit(&gates_ready, memory_order_acquire)))
+        return;
+    pthread_mutex_lock(&gates_mu);
+    if (!atomic_load(&gates_ready)) {
+        int count = atomic_load(&gem_device_count);
+        for (int i = 0; i < count; i++) {
+            struct gem_gate *g = &gem_gates[i];
+            gate_init_sync(g);
+            g->dev = &gem_devices[i];
+            g->state = GEM_TOKEN_NONE;
+            gemhook_burst_init(&g->est, gem_cfg.burst_merge_ns, gem_cfg.burst_window_ns);
+        }
+        atomic_store_explicit(&gates_ready, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&gates_mu);
+}
+
+/* GEMINI_DISABLE or failing open: every launch passes, on every device. */
+static void open_gates(void) {
+    int count = atomic_load(&gem_device_count);
+    for (int i = 0; i < (count > 0 ? count : 1); i++)
+        atomic_store(&gem_gates[i].deadline_ns, INT64_MAX);
+}
+
+/* ---- the watcher thread -------------------------------------------------------------------- */
 
 static void *watcher_main(void *arg);
 
@@ -149,141 +138,37 @@ static void wake_watcher(void) {
     pthread_mutex_unlock(&watch_mu);
 }
 
-int gem_runtime_init(void) {
-    if (GEM_LIKELY(atomic_load_explicit(&runtime_ready, memory_order_acquire)))
-        return 0;
-    pthread_mutex_lock(&runtime_mu);
-    int rc = 0;
-    if (atomic_load(&runtime_ready))
-        goto out;
-    if (gem_ensure_real() != 0) {
-        rc = -1;
-        goto out;
-    }
-    if (gem_cfg.disabled) {
-        for (int i = 0; i < GEM_MAX_DEVICES; i++)
-            atomic_store(&gem_devices[i].deadline_ns, INT64_MAX);
-        atomic_store(&gem_device_count, 1);
-        GEM_LOG(GEM_LOG_INFO, "GEMINI_DISABLE is set: passing every call through ungated");
-        atomic_store_explicit(&runtime_ready, 1, memory_order_release);
-        goto out;
-    }
-    int count = 0;
-    if (!HAVE_REAL(cuDeviceGetCount) || REAL(cuDeviceGetCount)(&count) != CUDA_SUCCESS || count <= 0) {
-        rc = -1; /* CUDA not initialised yet: the program's own call will report it; try again later */
-        goto out;
-    }
-    if (count > GEM_MAX_DEVICES) {
-        GEM_LOG(GEM_LOG_WARN, "%d devices visible; gemini manages the first %d", count, GEM_MAX_DEVICES);
-        count = GEM_MAX_DEVICES;
-    }
-    for (int i = 0; i < count; i++)
-        device_setup(&gem_devices[i], i);
-    atomic_store(&gem_device_count, count);
-    atomic_store_explicit(&runtime_ready, 1, memory_order_release);
-    GEM_LOG(GEM_LOG_DEBUG, "initialised: %d device(s), pod manager %s:%d, group '%s'", count,
-            gem_devices[0].conn.ip, gem_devices[0].conn.port, gem_cfg.pod_name);
-out:
-    pthread_mutex_unlock(&runtime_mu);
-    return rc;
-}
-
-struct gem_device *gem_current_device_multi(void) {
-    CUdevice dev = 0;
-    int count = atomic_load_explicit(&gem_device_count, memory_order_relaxed);
-    if (HAVE_REAL(cuCtxGetDevice) && REAL(cuCtxGetDevice)(&dev) == CUDA_SUCCESS && dev >= 0 && dev < count)
-        return &gem_devices[dev];
-    return &gem_devices[0];
-}
-
-struct gem_device *gem_device_by_ordinal(CUdevice dev) {
-    int count = atomic_load_explicit(&gem_device_count, memory_order_relaxed);
-    if (dev >= 0 && dev < count)
-        return &gem_devices[dev];
-    return NULL;
-}
-
-/* ---- stream capture ---------------------------------------------------------------------- */
-
-#define GEM_MAX_CAPTURES 256
-struct capture_key {
-    CUstream stream;
-    pthread_t thread; /* for per-thread default streams, whose handle is the same in every thread */
-};
-static pthread_mutex_t capture_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct capture_key captures[GEM_MAX_CAPTURES];
-static int ncaptures;
-
-static struct capture_key capture_key_of(CUstream s, int ptsz) {
-    struct capture_key k = {s, 0};
-    if ((s == NULL && ptsz) || s == CU_STREAM_PER_THREAD) {
-        k.stream = CU_STREAM_PER_THREAD;
-        k.thread = pthread_self();
-    }
-    return k;
-}
-
-void gem_capture_changed(CUstream stream, int begins, int ptsz, CUresult rc) {
-    struct capture_key k = capture_key_of(stream, ptsz);
-    pthread_mutex_lock(&capture_mu);
-    int found = -1;
-    for (int i = 0; i < ncaptures; i++)
-        if (captures[i].stream == k.stream && pthread_equal(captures[i].thread, k.thread))
-            found = i;
-    if (begins && rc == CUDA_SUCCESS && found < 0 && ncaptures < GEM_MAX_CAPTURES) {
-        captures[ncaptures++] = k;
-        atomic_fetch_add(&gem_active_captures, 1);
-    } else if (!begins && found >= 0) {
-        /* the capture is over whatever the result (an invalidated capture ends too) */
-        captures[found] = captures[--ncaptures];
-        atomic_fetch_sub(&gem_active_captures, 1);
-    }
-    pthread_mutex_unlock(&capture_mu);
-}
-
-static int stream_is_capturing(CUstream s, int ptsz) {
-    /* The legacy stream cannot be captured, and querying it during another
-     * thread's capture is itself an unsafe call: never ask about it. */
-    if ((s == NULL && !ptsz) || s == CU_STREAM_LEGACY)
-        return 0;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUstream q = (s == NULL) ? CU_STREAM_PER_THREAD : s;
-    if (!HAVE_REAL(cuStreamIsCapturing) || REAL(cuStreamIsCapturing)(q, &status) != CUDA_SUCCESS)
-        return 0;
-    return status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 /* ---- draining ------------------------------------------------------------------------------ */
 
 /* The slot's first kernel is about to be launched on `stream`: mark the GPU's position with an event, so
  * that the GPU time the slot really had (from the first kernel, after the grant travelled here and the
- * GPU switched contexts, to the end of the drain) can be measured. Called with d->mu held, in the
+ * GPU switched contexts, to the end of the drain) can be measured. Called with g->mu held, in the
  * launching thread, only while no stream of the process captures (never record into a capture). */
-static void mark_slot_start(struct gem_device *d, CUstream stream, int ptsz) {
-    d->slot_measured = 0;
+static void mark_slot_start(struct gem_gate *g, CUstream stream, int ptsz) {
+    g->slot_measured = 0;
     if (!HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuEventElapsedTime) ||
         atomic_load(&gem_active_captures) > 0)
         return;
     CUcontext ctx = NULL;
     if (!HAVE_REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
         return;
-    if (d->ev_ctx != ctx) { /* events belong to a context; the old ones (if any) are left to it */
-        d->ev_start = d->ev_end = NULL;
-        if (REAL(cuEventCreate)(&d->ev_start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-            REAL(cuEventCreate)(&d->ev_end, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+    if (g->ev_ctx != ctx) { /* events belong to a context; the old ones (if any) are left to it */
+        g->ev_start = g->ev_end = NULL;
+        if (REAL(cuEventCreate)(&g->ev_start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+            REAL(cuEventCreate)(&g->ev_end, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
             return;
-        d->ev_ctx = ctx;
+        g->ev_ctx = ctx;
     }
     CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
-    d->slot_measured = REAL(cuEventRecord)(d->ev_start, s) == CUDA_SUCCESS;
+    g->slot_measured = REAL(cuEventRecord)(g->ev_start, s) == CUDA_SUCCESS;
 }
 
 /* Wait for the process's outstanding work in ctx; returns the time it was done. If the slot's start was
  * marked, *used_ns gets the GPU time from the slot's first kernel to now (0 if unknown). */
-static int64_t drain(struct gem_device *d, CUcontext ctx, int64_t *used_ns) {
+static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns) {
     *used_ns = 0;
-    int measured = d->slot_measured;
-    d->slot_measured = 0;
+    int measured = g->slot_measured;
+    g->slot_measured = 0;
     if (atomic_load(&gem_active_captures) > 0) {
         /* A context-wide synchronise would break the capture; captured work is
          * not running anyway, and other streams' work is charged next time. */
@@ -297,10 +182,10 @@ static int64_t drain(struct gem_device *d, CUcontext ctx, int64_t *used_ns) {
     int pushed = ctx && HAVE_REAL(cuCtxPushCurrent_v2) && REAL(cuCtxPushCurrent_v2)(ctx) == CUDA_SUCCESS;
     if (HAVE_REAL(cuCtxSynchronize))
         REAL(cuCtxSynchronize)(); /* the real one: the hook's own sync is not a burst boundary */
-    if (measured && ctx == d->ev_ctx && REAL(cuEventRecord)(d->ev_end, NULL) == CUDA_SUCCESS &&
-        REAL(cuEventSynchronize)(d->ev_end) == CUDA_SUCCESS) {
+    if (measured && ctx == g->ev_ctx && REAL(cuEventRecord)(g->ev_end, NULL) == CUDA_SUCCESS &&
+        REAL(cuEventSynchronize)(g->ev_end) == CUDA_SUCCESS) {
         float ms = 0;
-        if (REAL(cuEventElapsedTime)(&ms, d->ev_start, d->ev_end) == CUDA_SUCCESS && ms > 0) {
+        if (REAL(cuEventElapsedTime)(&ms, g->ev_start, g->ev_end) == CUDA_SUCCESS && ms > 0) {
             *used_ns = (int64_t)((double)ms * 1e6);
             atomic_fetch_add(&gem_stats.slots_measured, 1);
             atomic_fetch_add(&gem_stats.used_ns, (unsigned long long)*used_ns);
@@ -315,186 +200,185 @@ static int64_t drain(struct gem_device *d, CUcontext ctx, int64_t *used_ns) {
     return gem_now_ns();
 }
 
-/* End the current slot: stop launches, drain, measure overuse. Called with d->mu held and the
- * state HELD; returns with d->mu held and the state NONE. The burst in progress is cut by the
+/* End the current slot: stop launches, drain, measure overuse. Called with g->mu held and the
+ * state HELD; returns with g->mu held and the state NONE. The burst in progress is cut by the
  * slot's end, so its length is unknown: it is discarded rather than recorded short. */
-static void expire_locked(struct gem_device *d) {
-    d->state = GEM_TOKEN_DRAINING;
-    atomic_store(&d->deadline_ns, 0);
-    int64_t deadline = d->slot_deadline_ns;
-    CUcontext ctx = d->ctx;
-    int was_in_burst = atomic_exchange(&d->in_burst, 0);
-    int64_t last_sync = atomic_load(&d->last_sync_ns);
-    pthread_mutex_unlock(&d->mu);
+static void expire_locked(struct gem_gate *g) {
+    g->state = GEM_TOKEN_DRAINING;
+    atomic_store(&g->deadline_ns, 0);
+    int64_t deadline = g->slot_deadline_ns;
+    CUcontext ctx = g->ctx;
+    int was_in_burst = atomic_exchange(&g->in_burst, 0);
+    int64_t last_sync = atomic_load(&g->last_sync_ns);
+    pthread_mutex_unlock(&g->mu);
     int64_t used = 0;
-    int64_t done = drain(d, ctx, &used);
-    pthread_mutex_lock(&d->mu);
-    d->pending_used_ns = used;
+    int64_t done = drain(g, ctx, &used);
+    pthread_mutex_lock(&g->mu);
+    g->pending_used_ns = used;
     /* Not in a burst: everything had finished by the last synchronisation. */
     int64_t finished = was_in_burst ? done : last_sync;
     int64_t overuse = finished > deadline ? finished - deadline : 0;
-    d->pending_overuse_ns += overuse;
+    g->pending_overuse_ns += overuse;
     atomic_fetch_add(&gem_stats.expiries, 1);
     atomic_fetch_add(&gem_stats.overuse_ns, (unsigned long long)overuse);
-    d->state = GEM_TOKEN_NONE;
-    pthread_cond_broadcast(&d->cv);
+    g->state = GEM_TOKEN_NONE;
+    pthread_cond_broadcast(&g->cv);
 }
 
 /* ---- talking to the pod manager ------------------------------------------------------------ */
 
-static void report_failure(struct gem_device *d, int rc, const struct gem_msg *reply) {
+static void report_failure(struct gem_gate *g, int rc, const struct gem_msg *reply) {
     atomic_fetch_add(&gem_stats.gate_errors, 1);
     if (rc == GEM_CALL_REFUSED)
-        GEM_LOG(GEM_LOG_ERROR, "GPU %d: the pod manager refused the token request: %.*s", d->ordinal,
+        GEM_LOG(GEM_LOG_ERROR, "GPU %d: the pod manager refused the token request: %.*s", g->dev->ordinal,
                 GEM_ERRMSG_LEN, reply->u.error.message);
     else if (rc == GEM_CALL_TIMEOUT)
         GEM_LOG(GEM_LOG_ERROR, "GPU %d: no token from the pod manager at %s:%d after %.0f s "
-                "(GEMINI_TOKEN_TIMEOUT_MS); failing this launch", d->ordinal, d->conn.ip, d->conn.port,
+                "(GEMINI_TOKEN_TIMEOUT_MS); failing this launch", g->dev->ordinal, g->dev->conn.ip, g->dev->conn.port,
                 (double)gem_cfg.token_timeout_ns / 1e9);
 }
 
-/* Ask for a token. Called with d->mu held and state NONE; returns with d->mu held. */
-static int request_locked(struct gem_device *d) {
-    d->state = GEM_TOKEN_REQUESTING;
+/* Ask for a token. Called with g->mu held and state NONE; returns with g->mu held. */
+static int request_locked(struct gem_gate *g) {
+    g->state = GEM_TOKEN_REQUESTING;
     struct gem_msg req, reply;
     gemhook_msg_init(&req, GEM_MSG_TOKEN_REQUEST, 0);
-    int64_t overuse = d->pending_overuse_ns;
+    int64_t overuse = g->pending_overuse_ns;
     req.u.token_request.overuse_ns = overuse;
-    req.u.token_request.burst_ns = gemhook_burst_predict(&d->est, gem_now_ns()); /* fresh, for the quota */
-    int64_t used = d->pending_used_ns;
+    req.u.token_request.burst_ns = gemhook_burst_predict(&g->est, gem_now_ns()); /* fresh, for the quota */
+    int64_t used = g->pending_used_ns;
     req.u.token_request.used_ns = used;
     atomic_fetch_add(&gem_stats.token_requests, 1);
-    pthread_mutex_unlock(&d->mu);
-    int rc = gem_conn_call(&d->conn, &req, &reply, gem_cfg.token_timeout_ns);
-    pthread_mutex_lock(&d->mu);
+    pthread_mutex_unlock(&g->mu);
+    int rc = gem_conn_call(&g->dev->conn, &req, &reply, gem_cfg.token_timeout_ns);
+    pthread_mutex_lock(&g->mu);
     if (rc == GEM_CALL_OK && reply.hdr.type == GEM_MSG_TOKEN_GRANT) {
         int64_t now = gem_now_ns();
         int64_t quota = reply.u.token_grant.quota_ns;
         if (quota < 100000)
             quota = 100000; /* never a slot too short to launch in */
-        d->pending_overuse_ns -= overuse;
-        if (d->pending_used_ns == used)
-            d->pending_used_ns = 0;
-        d->token_seq = reply.u.token_grant.token_seq;
-        d->quota_ns = quota;
-        d->granted_ns = now;
-        d->slot_deadline_ns = now + quota;
-        d->bursts_in_slot = 0;
-        d->slot_unmarked = 1; /* the next launch through the slow path marks the slot's start */
+        g->pending_overuse_ns -= overuse;
+        if (g->pending_used_ns == used)
+            g->pending_used_ns = 0;
+        g->token_seq = reply.u.token_grant.token_seq;
+        g->granted_ns = now;
+        g->slot_deadline_ns = now + quota;
+        g->bursts_in_slot = 0;
+        g->slot_unmarked = 1; /* the next launch through the slow path marks the slot's start */
         if (HAVE_REAL(cuCtxGetCurrent)) {
             CUcontext ctx = NULL;
             if (REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx)
-                d->ctx = ctx;
+                g->ctx = ctx;
         }
-        d->state = GEM_TOKEN_HELD;
-        atomic_store(&d->deadline_ns, d->slot_deadline_ns);
+        g->state = GEM_TOKEN_HELD;
+        atomic_store(&g->deadline_ns, g->slot_deadline_ns);
         atomic_fetch_add(&gem_stats.grants, 1);
-        GEM_LOG(GEM_LOG_DEBUG, "GPU %d: token %llu for %.3f ms", d->ordinal,
-                (unsigned long long)d->token_seq, (double)quota / 1e6);
+        GEM_LOG(GEM_LOG_DEBUG, "GPU %d: token %llu for %.3f ms", g->dev->ordinal,
+                (unsigned long long)g->token_seq, (double)quota / 1e6);
         rc = GEM_CALL_OK;
     } else {
         if (rc == GEM_CALL_OK)
             rc = GEM_CALL_REFUSED; /* a reply of the wrong type */
-        d->state = GEM_TOKEN_NONE;
-        report_failure(d, rc, &reply);
+        g->state = GEM_TOKEN_NONE;
+        report_failure(g, rc, &reply);
     }
-    pthread_cond_broadcast(&d->cv);
+    pthread_cond_broadcast(&g->cv);
     if (rc == GEM_CALL_OK)
         wake_watcher();
     return rc;
 }
 
-/* Give the slot back (idle, or to renew before a burst). Called without d->mu. */
-static void send_release(struct gem_device *d, uint64_t token_seq, int64_t overuse, int64_t used) {
+/* Give the slot back (idle, or to renew before a burst). Called without g->mu. */
+static void send_release(struct gem_gate *g, uint64_t token_seq, int64_t overuse, int64_t used) {
     /* (a failed release loses `used`: the slot is then charged in full, the conservative side) */
     struct gem_msg req, reply;
     gemhook_msg_init(&req, GEM_MSG_TOKEN_RELEASE, 0);
     req.u.token_release.token_seq = token_seq;
     req.u.token_release.overuse_ns = overuse;
     req.u.token_release.used_ns = used;
-    req.u.token_release.burst_ns = atomic_load(&d->predicted_burst_ns);
-    int rc = gem_conn_call(&d->conn, &req, &reply, 5 * GEM_NS_PER_S);
+    req.u.token_release.burst_ns = atomic_load(&g->predicted_burst_ns);
+    int rc = gem_conn_call(&g->dev->conn, &req, &reply, 5 * GEM_NS_PER_S);
     if (rc != GEM_CALL_OK) {
         /* The overuse is not lost: it goes with the next request. */
-        pthread_mutex_lock(&d->mu);
-        d->pending_overuse_ns += overuse;
-        pthread_mutex_unlock(&d->mu);
+        pthread_mutex_lock(&g->mu);
+        g->pending_overuse_ns += overuse;
+        pthread_mutex_unlock(&g->mu);
     }
 }
 
-/* Give the slot back, keeping launchers waiting until the release has gone out. Called with d->mu held;
+/* Give the slot back, keeping launchers waiting until the release has gone out. Called with g->mu held;
  * returns with it released. */
-static void release_slot_unlock(struct gem_device *d, uint64_t seq, int64_t overuse, int64_t used) {
-    d->state = GEM_TOKEN_REQUESTING;
-    pthread_mutex_unlock(&d->mu);
-    send_release(d, seq, overuse, used);
-    pthread_mutex_lock(&d->mu);
-    d->state = GEM_TOKEN_NONE;
-    pthread_cond_broadcast(&d->cv);
-    pthread_mutex_unlock(&d->mu);
-}
-
-int gem_fail_open_active(void) { return atomic_load(&fail_open_active); }
-
-void gem_enter_fail_open(void) {
-    if (atomic_exchange(&fail_open_active, 1) == 0)
-        GEM_LOG(GEM_LOG_WARN, "GEMINI_FAIL_OPEN is set and the pod manager cannot be reached: "
-                "running UNGATED, without time shares or memory limits");
-    int count = atomic_load(&gem_device_count);
-    for (int i = 0; i < (count > 0 ? count : 1); i++)
-        atomic_store(&gem_devices[i].deadline_ns, INT64_MAX);
+static void release_slot_unlock(struct gem_gate *g, uint64_t seq, int64_t overuse, int64_t used) {
+    g->state = GEM_TOKEN_REQUESTING;
+    pthread_mutex_unlock(&g->mu);
+    send_release(g, seq, overuse, used);
+    pthread_mutex_lock(&g->mu);
+    g->state = GEM_TOKEN_NONE;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
 }
 
 /* ---- the slow path of a launch --------------------------------------------------------------- */
 
-CUresult gem_gate_slow(struct gem_device *d, CUstream stream, int ptsz, int64_t now) {
+CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t now) {
     if (gem_runtime_init() != 0) {
         /* No driver handle or CUDA not initialised: the real call reports the problem. */
         return gem_ensure_real() == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
     }
-    d = gem_current_device();
-    if (now < atomic_load(&d->deadline_ns))
-        return CUDA_SUCCESS; /* initialisation made it valid (disabled, fail-open) */
-    if (atomic_load(&gem_active_captures) > 0 && stream_is_capturing(stream, ptsz)) {
+    if (gem_ungated()) {
+        open_gates();
+        return CUDA_SUCCESS;
+    }
+    ensure_gates();
+    g = gem_current_gate();
+    if (now < atomic_load(&g->deadline_ns))
+        return CUDA_SUCCESS;
+    if (atomic_load(&gem_active_captures) > 0 && gem_stream_is_capturing(stream, ptsz)) {
         atomic_fetch_add(&gem_stats.capture_passthrough, 1);
         return CUDA_SUCCESS; /* recorded into a graph, not run: the graph launch is gated */
     }
     int waited = 0;
-    pthread_mutex_lock(&d->mu);
+    pthread_mutex_lock(&g->mu);
     for (;;) {
         int64_t t = gem_now_ns();
-        if (t < atomic_load(&d->deadline_ns))
+        if (t < atomic_load(&g->deadline_ns))
             break;
-        if (d->state == GEM_TOKEN_HELD) {
-            expire_locked(d);
+        if (gem_fail_open_active()) { /* entered by another thread (or by memory.c) meanwhile */
+            pthread_mutex_unlock(&g->mu);
+            open_gates();
+            return CUDA_SUCCESS;
+        }
+        if (g->state == GEM_TOKEN_HELD) {
+            expire_locked(g);
             continue;
         }
-        if (d->state == GEM_TOKEN_NONE) {
+        if (g->state == GEM_TOKEN_NONE) {
             waited = 1;
-            int rc = request_locked(d);
+            int rc = request_locked(g);
             if (rc == GEM_CALL_OK)
                 continue;
-            pthread_mutex_unlock(&d->mu);
+            pthread_mutex_unlock(&g->mu);
             if (gem_cfg.fail_open && (rc == GEM_CALL_UNREACHABLE || rc == GEM_CALL_BROKEN)) {
                 gem_enter_fail_open();
+                open_gates();
                 return CUDA_SUCCESS;
             }
             return gem_unavailable_result();
         }
         /* another thread is requesting or draining */
         waited = 1;
-        d->waiters++;
-        pthread_cond_wait(&d->cv, &d->mu);
-        d->waiters--;
+        g->waiters++;
+        pthread_cond_wait(&g->cv, &g->mu);
+        g->waiters--;
     }
     /* the launch that follows starts a burst on the fresh slot */
     int64_t t = gem_now_ns();
-    if (!atomic_exchange(&d->in_burst, 1))
-        atomic_store(&d->burst_start_ns, t);
-    if (d->slot_unmarked)
-        mark_slot_start(d, stream, ptsz);
-    d->slot_unmarked = 0;
-    pthread_mutex_unlock(&d->mu);
+    if (!atomic_exchange(&g->in_burst, 1))
+        atomic_store(&g->burst_start_ns, t);
+    if (g->slot_unmarked)
+        mark_slot_start(g, stream, ptsz);
+    g->slot_unmarked = 0;
+    pthread_mutex_unlock(&g->mu);
     if (waited) {
         atomic_fetch_add(&gem_stats.waits, 1);
         atomic_fetch_add(&gem_stats.wait_ns, (unsigned long long)(t - now));
@@ -503,119 +387,118 @@ CUresult gem_gate_slow(struct gem_device *d, CUstream stream, int ptsz, int64_t 
 }
 
 /* First launch after a synchronisation, with a valid token. */
-CUresult gem_burst_begin(struct gem_device *d, CUstream stream, int ptsz, int64_t now) {
-    int64_t predicted = atomic_load_explicit(&d->predicted_burst_ns, memory_order_relaxed);
-    int64_t left = atomic_load_explicit(&d->deadline_ns, memory_order_relaxed) - now;
+CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t now) {
+    int64_t predicted = atomic_load_explicit(&g->predicted_burst_ns, memory_order_relaxed);
+    int64_t left = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed) - now;
     /* Within the merge gap of the last synchronisation this launch continues the same burst
      * (the estimator merges them), so it is not a new burst that might not fit. */
-    int continues = now - atomic_load_explicit(&d->last_sync_ns, memory_order_relaxed) < gem_cfg.burst_merge_ns;
+    int continues = now - atomic_load_explicit(&g->last_sync_ns, memory_order_relaxed) < gem_cfg.burst_merge_ns;
     if (predicted > left && !continues) {
         /* Renew: the burst would overrun this slot. Give the rest back and start the burst on a
          * fresh token, unless this slot has not run a burst yet (a fresh slot always starts). */
-        pthread_mutex_lock(&d->mu);
-        if (d->state == GEM_TOKEN_HELD && d->bursts_in_slot > 0 && !atomic_load(&d->in_burst)) {
-            uint64_t seq = d->token_seq;
-            d->slot_deadline_ns = now;
-            expire_locked(d);
-            int64_t overuse = d->pending_overuse_ns, used = d->pending_used_ns;
-            d->pending_overuse_ns = d->pending_used_ns = 0;
-            release_slot_unlock(d, seq, overuse, used);
+        pthread_mutex_lock(&g->mu);
+        if (g->state == GEM_TOKEN_HELD && g->bursts_in_slot > 0 && !atomic_load(&g->in_burst)) {
+            uint64_t seq = g->token_seq;
+            g->slot_deadline_ns = now;
+            expire_locked(g);
+            int64_t overuse = g->pending_overuse_ns, used = g->pending_used_ns;
+            g->pending_overuse_ns = g->pending_used_ns = 0;
+            release_slot_unlock(g, seq, overuse, used);
             atomic_fetch_add(&gem_stats.burst_renewals, 1);
-            return gem_gate_slow(d, stream, ptsz, gem_now_ns());
+            return gem_gate_slow(g, stream, ptsz, gem_now_ns());
         }
-        pthread_mutex_unlock(&d->mu);
+        pthread_mutex_unlock(&g->mu);
     }
     int expected = 0;
-    if (atomic_compare_exchange_strong(&d->in_burst, &expected, 1))
-        atomic_store(&d->burst_start_ns, now);
+    if (atomic_compare_exchange_strong(&g->in_burst, &expected, 1))
+        atomic_store(&g->burst_start_ns, now);
     return CUDA_SUCCESS;
 }
 
-/* After a synchronising call of the program: the burst, if any, is over. */
-void gem_on_sync(void) {
-    if (!atomic_load_explicit(&runtime_ready, memory_order_acquire))
+/* After a synchronising call of the program (wrappers.c): the burst, if any, is over. */
+void gem_gate_on_sync(void) {
+    if (!atomic_load_explicit(&gates_ready, memory_order_acquire))
         return;
-    struct gem_device *d = gem_current_device();
+    struct gem_gate *g = gem_current_gate();
     int64_t now = gem_now_ns();
-    atomic_store(&d->last_sync_ns, now);
-    gem_memory_on_sync();
-    if (!atomic_exchange(&d->in_burst, 0))
+    atomic_store(&g->last_sync_ns, now);
+    if (!atomic_exchange(&g->in_burst, 0))
         return;
-    pthread_mutex_lock(&d->mu);
-    gemhook_burst_record(&d->est, atomic_load(&d->burst_start_ns), now);
+    pthread_mutex_lock(&g->mu);
+    gemhook_burst_record(&g->est, atomic_load(&g->burst_start_ns), now);
     /* The p90 sorts every burst of the last 3 s; a program that synchronises every millisecond would
      * pay for that each time, so the prediction is refreshed at most every 5 ms. */
-    if (now - d->predicted_at_ns >= 5 * GEM_NS_PER_MS) {
-        atomic_store(&d->predicted_burst_ns, gemhook_burst_predict(&d->est, now));
-        d->predicted_at_ns = now;
+    if (now - g->predicted_at_ns >= 5 * GEM_NS_PER_MS) {
+        atomic_store(&g->predicted_burst_ns, gemhook_burst_predict(&g->est, now));
+        g->predicted_at_ns = now;
     }
-    d->bursts_in_slot++;
-    pthread_mutex_unlock(&d->mu);
+    g->bursts_in_slot++;
+    pthread_mutex_unlock(&g->mu);
 }
 
 /* ---- the watcher ------------------------------------------------------------------------------ */
 
 /* One pass over a device; returns when the watcher should look at it again. */
-static int64_t watch_device(struct gem_device *d, int64_t now) {
+static int64_t watch_device(struct gem_gate *g, int64_t now) {
     int64_t next = now + 100 * GEM_NS_PER_MS;
-    pthread_mutex_lock(&d->mu);
-    if (d->state != GEM_TOKEN_HELD) {
-        pthread_mutex_unlock(&d->mu);
+    pthread_mutex_lock(&g->mu);
+    if (g->state != GEM_TOKEN_HELD) {
+        pthread_mutex_unlock(&g->mu);
         return next;
     }
-    if (now >= d->slot_deadline_ns) {
-        expire_locked(d);
-        if (d->waiters == 0) {
+    if (now >= g->slot_deadline_ns) {
+        expire_locked(g);
+        if (g->waiters == 0) {
             /* Nobody wants to launch: report the overuse and let the group's slot go. */
-            uint64_t seq = d->token_seq;
-            int64_t overuse = d->pending_overuse_ns, used = d->pending_used_ns;
-            d->pending_overuse_ns = d->pending_used_ns = 0;
-            pthread_mutex_unlock(&d->mu);
-            send_release(d, seq, overuse, used);
+            uint64_t seq = g->token_seq;
+            int64_t overuse = g->pending_overuse_ns, used = g->pending_used_ns;
+            g->pending_overuse_ns = g->pending_used_ns = 0;
+            pthread_mutex_unlock(&g->mu);
+            send_release(g, seq, overuse, used);
             return next;
         }
-        pthread_mutex_unlock(&d->mu); /* a waiting launcher asks, carrying the overuse */
+        pthread_mutex_unlock(&g->mu); /* a waiting launcher asks, carrying the overuse */
         return next;
     }
-    if (d->slot_deadline_ns < next)
-        next = d->slot_deadline_ns;
-    if (gem_cfg.idle_release_ns > 0 && atomic_load(&d->in_burst) && now + gem_cfg.idle_release_ns < next)
+    if (g->slot_deadline_ns < next)
+        next = g->slot_deadline_ns;
+    if (gem_cfg.idle_release_ns > 0 && atomic_load(&g->in_burst) && now + gem_cfg.idle_release_ns < next)
         next = now + gem_cfg.idle_release_ns; /* look again: the burst may end and the process go idle */
-    if (gem_cfg.idle_release_ns > 0 && !atomic_load(&d->in_burst)) {
-        int64_t idle_since = atomic_load(&d->last_sync_ns);
-        if (idle_since < d->granted_ns)
-            idle_since = d->granted_ns;
+    if (gem_cfg.idle_release_ns > 0 && !atomic_load(&g->in_burst)) {
+        int64_t idle_since = atomic_load(&g->last_sync_ns);
+        if (idle_since < g->granted_ns)
+            idle_since = g->granted_ns;
         if (now - idle_since >= gem_cfg.idle_release_ns) {
             /* Take the token from launchers first, then make sure nothing is in flight. */
-            d->state = GEM_TOKEN_DRAINING;
-            atomic_store(&d->deadline_ns, 0);
-            CUcontext ctx = d->ctx;
-            pthread_mutex_unlock(&d->mu);
+            g->state = GEM_TOKEN_DRAINING;
+            atomic_store(&g->deadline_ns, 0);
+            CUcontext ctx = g->ctx;
+            pthread_mutex_unlock(&g->mu);
             int64_t used = 0;
-            drain(d, ctx, &used);
-            pthread_mutex_lock(&d->mu);
+            drain(g, ctx, &used);
+            pthread_mutex_lock(&g->mu);
             int64_t t = gem_now_ns();
-            if ((atomic_load(&d->in_burst) || d->waiters > 0) && t < d->slot_deadline_ns) {
+            if ((atomic_load(&g->in_burst) || g->waiters > 0) && t < g->slot_deadline_ns) {
                 /* a launch slipped in: the process is not idle after all */
-                d->state = GEM_TOKEN_HELD;
-                atomic_store(&d->deadline_ns, d->slot_deadline_ns);
-                pthread_cond_broadcast(&d->cv);
-                pthread_mutex_unlock(&d->mu);
+                g->state = GEM_TOKEN_HELD;
+                atomic_store(&g->deadline_ns, g->slot_deadline_ns);
+                pthread_cond_broadcast(&g->cv);
+                pthread_mutex_unlock(&g->mu);
                 return next;
             }
-            uint64_t seq = d->token_seq;
-            int64_t overuse = d->pending_overuse_ns;
-            d->pending_overuse_ns = 0;
-            release_slot_unlock(d, seq, overuse, used);
+            uint64_t seq = g->token_seq;
+            int64_t overuse = g->pending_overuse_ns;
+            g->pending_overuse_ns = 0;
+            release_slot_unlock(g, seq, overuse, used);
             atomic_fetch_add(&gem_stats.early_releases, 1);
-            GEM_LOG(GEM_LOG_DEBUG, "GPU %d: idle for %.1f ms, token %llu given back early", d->ordinal,
+            GEM_LOG(GEM_LOG_DEBUG, "GPU %d: idle for %.1f ms, token %llu given back early", g->dev->ordinal,
                     (double)(t - idle_since) / 1e6, (unsigned long long)seq);
             return next;
         }
         if (idle_since + gem_cfg.idle_release_ns < next)
             next = idle_since + gem_cfg.idle_release_ns;
     }
-    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_unlock(&g->mu);
     return next;
 }
 
@@ -633,7 +516,7 @@ static void *watcher_main(void *arg) {
         int64_t next = now + 100 * GEM_NS_PER_MS;
         int count = atomic_load(&gem_device_count);
         for (int i = 0; i < count; i++) {
-            int64_t n = watch_device(&gem_devices[i], now);
+            int64_t n = watch_device(&gem_gates[i], now);
             if (n < next)
                 next = n;
         }
@@ -651,33 +534,22 @@ static void *watcher_main(void *arg) {
 
 /* ---- lifecycle ------------------------------------------------------------------------------- */
 
-void gem_gate_reset_after_fork(void) {
-    pthread_mutex_init(&runtime_mu, NULL);
+void gem_gate_after_fork(void) {
+    pthread_mutex_init(&gates_mu, NULL);
     pthread_mutex_init(&watch_mu, NULL);
-    pthread_mutex_init(&capture_mu, NULL);
     watcher_started = 0;
     watcher_stop = 0;
-    ncaptures = 0;
-    atomic_store(&gem_active_captures, 0);
-    atomic_store(&fail_open_active, 0);
-    int count = atomic_load(&gem_device_count);
-    for (int i = 0; i < count; i++) {
-        struct gem_device *d = &gem_devices[i];
-        if (!d->initialised)
-            continue;
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_mutex_init(&d->mu, NULL);
-        pthread_cond_init(&d->cv, &ca);
-        pthread_condattr_destroy(&ca);
-        d->state = GEM_TOKEN_NONE;
-        d->waiters = 0;
-        d->pending_overuse_ns = 0;
-        d->mem_in_use = 0;
-        atomic_store(&d->deadline_ns, gem_cfg.disabled ? INT64_MAX : 0);
-        atomic_store(&d->in_burst, 0);
-        gem_conn_reset_after_fork(&d->conn);
+    if (atomic_load(&gates_ready)) {
+        int count = atomic_load(&gem_device_count);
+        for (int i = 0; i < count; i++) {
+            struct gem_gate *g = &gem_gates[i];
+            gate_init_sync(g);
+            g->state = GEM_TOKEN_NONE;
+            g->waiters = 0;
+            g->pending_overuse_ns = 0;
+            atomic_store(&g->deadline_ns, 0);
+            atomic_store(&g->in_burst, 0);
+        }
     }
     /* The watcher did not survive the fork; the next grant starts a new one (wake_watcher). */
 }
@@ -691,38 +563,3 @@ void gem_gate_shutdown(void) {
         pthread_cond_signal(&watch_cv);
     pthread_mutex_unlock(&watch_mu);
 }
-
-/* ---- the generated wrappers -------------------------------------------------------------------- */
-
-static inline int gem_name_is_ptsz(const char *name) {
-    size_t n = __builtin_strlen(name);
-    return n > 5 && __builtin_memcmp(name + n - 5, "_ptsz", 5) == 0;
-}
-
-#define GEM_LAUNCH_WRAPPER(name, params, args, stream)                                          \
-    GEM_EXPORT CUresult name params {                                                           \
-        CUresult gate_rc = gem_gate_launch((stream), gem_name_is_ptsz(#name));                  \
-        if (GEM_UNLIKELY(gate_rc != CUDA_SUCCESS))                                              \
-            return gate_rc;                                                                     \
-        gem_fn_##name##_t *real = REAL(name);                                                   \
-        return GEM_LIKELY(real != NULL) ? real args : CUDA_ERROR_NOT_SUPPORTED;                 \
-    }
-#define GEM_SYNC_WRAPPER(name, params, args)                                                    \
-    GEM_EXPORT CUresult name params {                                                           \
-        if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \
-            return CUDA_ERROR_NOT_INITIALIZED;                                                  \
-        CUresult rc = REAL(name) args;                                                          \
-        gem_on_sync();                                                                          \
-        return rc;                                                                              \
-    }
-#define GEM_CAPTURE_WRAPPER(name, params, args, stream, begins)                                 \
-    GEM_EXPORT CUresult name params {                                                           \
-        if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \
-            return CUDA_ERROR_NOT_INITIALIZED;                                                  \
-        CUresult rc = REAL(name) args;                                                          \
-        gem_capture_changed((stream), (begins), gem_name_is_ptsz(#name), rc);                   \
-        return rc;                                                                              \
-    }
-#define GEM_NOTHING(...)
-
-GEM_HOOK_TABLE(GEM_LAUNCH_WRAPPER, GEM_SYNC_WRAPPER, GEM_CAPTURE_WRAPPER, GEM_NOTHING, GEM_NOTHING, GEM_NOTHING)

@@ -1,30 +1,48 @@
 /*
  * hook_table.h -- the one table of driver functions libgemhook touches.
  *
- * Each row names a function once; the including file defines the macros it
- * needs and the table expands into the real-pointer slots, the typedefs, the
- * name list that dlsym/cuGetProcAddress route by, and (for the uniform kinds)
- * the wrappers themselves. Rows:
+ * Each row names a function once. A file that needs the list defines a row
+ * macro X and expands GEM_HOOK_TABLE(X); the table becomes the real-pointer
+ * slots and their typedefs (real.h), the names and libraries dlsym and
+ * cuGetProcAddress route by (real.c, symbols.c), the prototypes of the
+ * exported wrappers (wrappers.h) and, for the uniform kinds, the wrappers
+ * themselves (wrappers.c, memory.c). Every row has the same columns:
  *
- *   GEM_LAUNCH(name, params, args, stream)  gated launch; `stream` is the
- *                                           expression giving its stream
- *   GEM_SYNC(name, params, args)            synchronising call: ends a burst
- *   GEM_CAPTURE(name, params, args, stream, begins)
- *                                           stream-capture begin (begins=1)
- *                                           or end (begins=0)
- *   GEM_CUSTOM(name, params)                wrapper written by hand (memory.c,
- *                                           symbols.c)
- *   GEM_REAL(name, params)                  not intercepted: resolved only
- *                                           for the hook's own calls (nvml*
- *                                           names from libnvidia-ml.so.1)
- *   GEM_NVML(name, params)                  NVML function written by hand
- *                                           (memory.c); its real pointer comes
- *                                           from libnvidia-ml.so.1
+ *   X(kind, lib, ret, name, since, pt, params, args, extra)
+ *
+ *   kind    what the hook does with it (below)
+ *   lib     CUDA (libcuda.so.1) or NVML (libnvidia-ml.so.1): where the real
+ *           function is resolved from
+ *   ret     its return type: CUresult, or int for NVML (nvmlReturn_t)
+ *   name    the exported symbol, with its _vN and _ptsz/_ptds suffixes
+ *   since   the cudaVersion that introduced this variant (cudaTypedefs.h's
+ *           PFN_<base>_v<since>); 0 for NVML. With the suffixes it tells
+ *           which variant a cuGetProcAddress (symbol, version, flags) means
+ *   pt      1 for a per-thread-default-stream variant (_ptsz/_ptds): its
+ *           NULL stream is the calling thread's stream, not the legacy one
+ *   params  the parameter list, args the same names as an argument list
+ *           (`_` where no generated code calls it)
+ *   extra   LAUNCH, CAPTURE_*: the expression giving the call's stream;
+ *           ALLOC_FROM_POOL: the pool argument; `_` otherwise
+ *
+ * Kinds:
+ *   LAUNCH           gated launch (wrappers.c)
+ *   SYNC             synchronising call: ends a burst (wrappers.c)
+ *   CAPTURE_BEGIN    stream capture begins / ends on `extra` (wrappers.c)
+ *   CAPTURE_END
+ *   ALLOC_ASYNC      stream-ordered allocation from the device's current
+ *   ALLOC_FROM_POOL  pool / from the pool in `extra` (generated in memory.c)
+ *   CUSTOM           wrapper written by hand (memory.c, nvml.c, symbols.c)
+ *   REAL             not intercepted: resolved only for the hook's own calls
  *
  * A variant missing from the installed driver resolves to NULL; it is then
  * never handed out, because dlsym and cuGetProcAddress only return a wrapper
  * when the driver has the real function.
  */
+#ifndef GEMINI_HOOK_TABLE_H
+#define GEMINI_HOOK_TABLE_H
+
+#include "cuda_types.h"
 
 #define GEM_LAUNCH_PARAMS                                                                  \
     (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,    \
@@ -43,108 +61,138 @@
 #define GEM_LAUNCH_EX_PARAMS (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
 #define GEM_LAUNCH_EX_ARGS (config, f, kernelParams, extra)
 #define GEM_LAUNCH_EX_STREAM (config ? config->hStream : (CUstream)0)
+#define GEM_GRAPH_PARAMS (CUgraphExec hGraphExec, CUstream hStream)
+#define GEM_GRAPH_ARGS (hGraphExec, hStream)
 
-#define GEM_HOOK_TABLE(GEM_LAUNCH, GEM_SYNC, GEM_CAPTURE, GEM_CUSTOM, GEM_REAL, GEM_NVML)                           \
-    /* ---- gated launches ------------------------------------------------------------------ */       \
-    GEM_LAUNCH(cuLaunchKernel, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)                               \
-    GEM_LAUNCH(cuLaunchKernel_ptsz, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)                          \
-    GEM_LAUNCH(cuLaunchKernelEx, GEM_LAUNCH_EX_PARAMS, GEM_LAUNCH_EX_ARGS, GEM_LAUNCH_EX_STREAM)         \
-    GEM_LAUNCH(cuLaunchKernelEx_ptsz, GEM_LAUNCH_EX_PARAMS, GEM_LAUNCH_EX_ARGS, GEM_LAUNCH_EX_STREAM)    \
-    GEM_LAUNCH(cuLaunchCooperativeKernel, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)                        \
-    GEM_LAUNCH(cuLaunchCooperativeKernel_ptsz, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)                   \
-    GEM_LAUNCH(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream), hStream) \
-    GEM_LAUNCH(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream),     \
-               hStream)                                                                                   \
-    /* ---- synchronising calls: the end of a kernel burst ---------------------------------- */       \
-    GEM_SYNC(cuCtxSynchronize, (void), ())                                                                \
-    GEM_SYNC(cuStreamSynchronize, (CUstream hStream), (hStream))                                          \
-    GEM_SYNC(cuStreamSynchronize_ptsz, (CUstream hStream), (hStream))                                     \
-    GEM_SYNC(cuEventSynchronize, (CUevent hEvent), (hEvent))                                              \
-    GEM_SYNC(cuMemcpy, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n))                       \
-    GEM_SYNC(cuMemcpy_ptds, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n))                  \
-    GEM_SYNC(cuMemcpyHtoD_v2, (CUdeviceptr dst, const void *src, size_t n), (dst, src, n))                \
-    GEM_SYNC(cuMemcpyHtoD_v2_ptds, (CUdeviceptr dst, const void *src, size_t n), (dst, src, n))           \
-    GEM_SYNC(cuMemcpyDtoH_v2, (void *dst, CUdeviceptr src, size_t n), (dst, src, n))                      \
-    GEM_SYNC(cuMemcpyDtoH_v2_ptds, (void *dst, CUdeviceptr src, size_t n), (dst, src, n))                 \
-    GEM_SYNC(cuMemcpyDtoD_v2, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n))                \
-    GEM_SYNC(cuMemcpyDtoD_v2_ptds, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n))           \
-    GEM_SYNC(cuMemcpy2D_v2, (const CUDA_MEMCPY2D *p), (p))                                      \
-    GEM_SYNC(cuMemcpy2D_v2_ptds, (const CUDA_MEMCPY2D *p), (p))                                 \
-    GEM_SYNC(cuMemcpy3D_v2, (const CUDA_MEMCPY3D *p), (p))                                      \
-    GEM_SYNC(cuMemcpy3D_v2_ptds, (const CUDA_MEMCPY3D *p), (p))                                 \
-    GEM_SYNC(cuMemcpyPeer, (CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,         \
-                            size_t n), (dst, dstCtx, src, srcCtx, n))                                     \
-    GEM_SYNC(cuMemcpyPeer_ptds, (CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,    \
-                                 size_t n), (dst, dstCtx, src, srcCtx, n))                                \
-    /* ---- stream capture: launches into a capture are recorded, not run -------------------- */      \
-    GEM_CAPTURE(cuStreamBeginCapture, (CUstream hStream), (hStream), hStream, 1)                          \
-    GEM_CAPTURE(cuStreamBeginCapture_ptsz, (CUstream hStream), (hStream), hStream, 1)                     \
-    GEM_CAPTURE(cuStreamBeginCapture_v2, (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode),   \
-                hStream, 1)                                                                               \
-    GEM_CAPTURE(cuStreamBeginCapture_v2_ptsz, (CUstream hStream, CUstreamCaptureMode mode),               \
-                (hStream, mode), hStream, 1)                                                              \
-    GEM_CAPTURE(cuStreamBeginCaptureToGraph, (CUstream hStream, CUgraph hGraph,                           \
-                const CUgraphNode *deps, const void *depData, size_t numDeps, CUstreamCaptureMode mode),  \
-                (hStream, hGraph, deps, depData, numDeps, mode), hStream, 1)                              \
-    GEM_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, (CUstream hStream, CUgraph hGraph,                      \
-                const CUgraphNode *deps, const void *depData, size_t numDeps, CUstreamCaptureMode mode),  \
-                (hStream, hGraph, deps, depData, numDeps, mode), hStream, 1)                              \
-    GEM_CAPTURE(cuStreamEndCapture, (CUstream hStream, CUgraph *phGraph), (hStream, phGraph), hStream, 0) \
-    GEM_CAPTURE(cuStreamEndCapture_ptsz, (CUstream hStream, CUgraph *phGraph), (hStream, phGraph),        \
-                hStream, 0)                                                                               \
-    /* ---- memory (memory.c) ---------------------------------------------------------------- */      \
-    GEM_CUSTOM(cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize))                                       \
-    GEM_CUSTOM(cuMemAllocPitch_v2, (CUdeviceptr *dptr, size_t *pPitch, size_t widthInBytes,               \
-                                    size_t height, unsigned int elementSizeBytes))                        \
-    GEM_CUSTOM(cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags))               \
-    GEM_CUSTOM(cuMemFree_v2, (CUdeviceptr dptr))                                                          \
-    GEM_CUSTOM(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream))                   \
-    GEM_CUSTOM(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream))              \
-    GEM_CUSTOM(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,           \
-                                         CUstream hStream))                                               \
-    GEM_CUSTOM(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,      \
-                                              CUstream hStream))                                          \
-    GEM_CUSTOM(cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream))                                      \
-    GEM_CUSTOM(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream))                                 \
-    GEM_CUSTOM(cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size,                           \
-                             const CUmemAllocationProp *prop, unsigned long long flags))                  \
-    GEM_CUSTOM(cuMemRelease, (CUmemGenericAllocationHandle handle))                                       \
-    GEM_CUSTOM(cuArrayCreate_v2, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc))                   \
-    GEM_CUSTOM(cuArray3DCreate_v2, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc))               \
-    GEM_CUSTOM(cuArrayDestroy, (CUarray hArray))                                                          \
-    GEM_CUSTOM(cuMipmappedArrayCreate, (CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc,   \
-                                        unsigned int numLevels))                                          \
-    GEM_CUSTOM(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray))                               \
-    GEM_CUSTOM(cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep))                               \
-    GEM_CUSTOM(cuMemPoolDestroy, (CUmemoryPool pool))                                                     \
-    GEM_CUSTOM(cuMemGetInfo_v2, (size_t *free, size_t *total))                                            \
-    GEM_CUSTOM(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev))                                        \
-    /* ---- entry points (symbols.c) --------------------------------------------------------- */      \
-    GEM_CUSTOM(cuGetProcAddress, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags))     \
-    GEM_CUSTOM(cuGetProcAddress_v2, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,   \
-                                     CUdriverProcAddressQueryResult *symbolStatus))                       \
-    /* ---- the hook's own calls -------------------------------------------------------------- */     \
-    GEM_REAL(cuInit, (unsigned int flags))                                                                \
-    GEM_REAL(cuDeviceGetCount, (int *count))                                                              \
-    GEM_REAL(cuDeviceGet, (CUdevice *device, int ordinal))                                                \
-    GEM_REAL(cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev))                                               \
-    GEM_REAL(cuCtxGetCurrent, (CUcontext *pctx))                                                          \
-    GEM_REAL(cuCtxGetDevice, (CUdevice *device))                                                          \
-    GEM_REAL(cuCtxPushCurrent_v2, (CUcontext ctx))                                                        \
-    GEM_REAL(cuCtxPopCurrent_v2, (CUcontext *pctx))                                                       \
-    GEM_REAL(cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus *status))                      \
-    GEM_REAL(cuStreamIsCapturing_ptsz, (CUstream hStream, CUstreamCaptureStatus *status))                 \
-    GEM_REAL(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode))                              \
-    GEM_REAL(cuArrayGetMemoryRequirements, (CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray arr,             \
-                                            CUdevice dev))                                                \
-    GEM_REAL(cuMipmappedArrayGetMemoryRequirements, (CUDA_ARRAY_MEMORY_REQUIREMENTS *req,                \
-                                                     CUmipmappedArray arr, CUdevice dev))                 \
-    GEM_REAL(cuEventCreate, (CUevent *phEvent, unsigned int flags))                                       \
-    GEM_REAL(cuEventRecord, (CUevent hEvent, CUstream hStream))                                           \
-    GEM_REAL(cuEventElapsedTime, (float *pMilliseconds, CUevent hStart, CUevent hEnd))                    \
-    GEM_REAL(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value))           \
-    GEM_REAL(cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev))                                      \
-    /* ---- NVML: what nvidia-smi and pynvml report inside a group (memory.c) ------------------ */     \
-    GEM_NVML(nvmlDeviceGetMemoryInfo, (struct nvmlDevice_st *device, struct gem_nvml_memory *memory))     \
-    GEM_NVML(nvmlDeviceGetMemoryInfo_v2, (struct nvmlDevice_st *device, struct gem_nvml_memory_v2 *memory)) \
-    GEM_REAL(nvmlDeviceGetUUID, (struct nvmlDevice_st *device, char *uuid, unsigned int length))
+#define GEM_CAPTURE_TO_GRAPH_PARAMS                                                        \
+    (CUstream hStream, CUgraph hGraph, const CUgraphNode *deps, const void *depData,        \
+     size_t numDeps, CUstreamCaptureMode mode)
+#define GEM_CAPTURE_TO_GRAPH_ARGS (hStream, hGraph, deps, depData, numDeps, mode)
+
+#define GEM_COPY_DD_PARAMS (CUdeviceptr dst, CUdeviceptr src, size_t n)
+#define GEM_COPY_HD_PARAMS (CUdeviceptr dst, const void *src, size_t n)
+#define GEM_COPY_DH_PARAMS (void *dst, CUdeviceptr src, size_t n)
+#define GEM_COPY_ARGS (dst, src, n)
+#define GEM_COPY_PEER_PARAMS (CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx, size_t n)
+#define GEM_COPY_PEER_ARGS (dst, dstCtx, src, srcCtx, n)
+
+#define GEM_ALLOC_ASYNC_PARAMS (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+#define GEM_ALLOC_ASYNC_ARGS (dptr, bytesize, hStream)
+#define GEM_ALLOC_POOL_PARAMS (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+#define GEM_ALLOC_POOL_ARGS (dptr, bytesize, pool, hStream)
+
+#define GEM_HOOK_TABLE(X)                                                                                          \
+    /* ---- gated launches ------------------------------------------------------------------------------ */     \
+    X(LAUNCH, CUDA, CUresult, cuLaunchKernel, 4000, 0, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)                \
+    X(LAUNCH, CUDA, CUresult, cuLaunchKernel_ptsz, 7000, 1, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)           \
+    X(LAUNCH, CUDA, CUresult, cuLaunchKernelEx, 11060, 0, GEM_LAUNCH_EX_PARAMS, GEM_LAUNCH_EX_ARGS,                \
+      GEM_LAUNCH_EX_STREAM)                                                                                        \
+    X(LAUNCH, CUDA, CUresult, cuLaunchKernelEx_ptsz, 11060, 1, GEM_LAUNCH_EX_PARAMS, GEM_LAUNCH_EX_ARGS,           \
+      GEM_LAUNCH_EX_STREAM)                                                                                        \
+    X(LAUNCH, CUDA, CUresult, cuLaunchCooperativeKernel, 9000, 0, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)         \
+    X(LAUNCH, CUDA, CUresult, cuLaunchCooperativeKernel_ptsz, 9000, 1, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)    \
+    X(LAUNCH, CUDA, CUresult, cuGraphLaunch, 10000, 0, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)                  \
+    X(LAUNCH, CUDA, CUresult, cuGraphLaunch_ptsz, 10000, 1, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)             \
+    /* ---- synchronising calls: the end of a kernel burst ---------------------------------------------- */     \
+    X(SYNC, CUDA, CUresult, cuCtxSynchronize, 2000, 0, (void), (), _)                                              \
+    X(SYNC, CUDA, CUresult, cuStreamSynchronize, 2000, 0, (CUstream hStream), (hStream), _)                        \
+    X(SYNC, CUDA, CUresult, cuStreamSynchronize_ptsz, 7000, 1, (CUstream hStream), (hStream), _)                   \
+    X(SYNC, CUDA, CUresult, cuEventSynchronize, 2000, 0, (CUevent hEvent), (hEvent), _)                            \
+    X(SYNC, CUDA, CUresult, cuMemcpy, 4000, 0, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, _)                               \
+    X(SYNC, CUDA, CUresult, cuMemcpy_ptds, 7000, 1, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, _)                          \
+    X(SYNC, CUDA, CUresult, cuMemcpyHtoD_v2, 3020, 0, GEM_COPY_HD_PARAMS, GEM_COPY_ARGS, _)                        \
+    X(SYNC, CUDA, CUresult, cuMemcpyHtoD_v2_ptds, 7000, 1, GEM_COPY_HD_PARAMS, GEM_COPY_ARGS, _)                   \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoH_v2, 3020, 0, GEM_COPY_DH_PARAMS, GEM_COPY_ARGS, _)                        \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoH_v2_ptds, 7000, 1, GEM_COPY_DH_PARAMS, GEM_COPY_ARGS, _)                   \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoD_v2, 3020, 0, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, _)                        \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoD_v2_ptds, 7000, 1, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, _)                   \
+    X(SYNC, CUDA, CUresult, cuMemcpy2D_v2, 3020, 0, (const CUDA_MEMCPY2D *p), (p), _)                              \
+    X(SYNC, CUDA, CUresult, cuMemcpy2D_v2_ptds, 7000, 1, (const CUDA_MEMCPY2D *p), (p), _)                         \
+    X(SYNC, CUDA, CUresult, cuMemcpy3D_v2, 3020, 0, (const CUDA_MEMCPY3D *p), (p), _)                              \
+    X(SYNC, CUDA, CUresult, cuMemcpy3D_v2_ptds, 7000, 1, (const CUDA_MEMCPY3D *p), (p), _)                         \
+    X(SYNC, CUDA, CUresult, cuMemcpyPeer, 4000, 0, GEM_COPY_PEER_PARAMS, GEM_COPY_PEER_ARGS, _)                    \
+    X(SYNC, CUDA, CUresult, cuMemcpyPeer_ptds, 7000, 1, GEM_COPY_PEER_PARAMS, GEM_COPY_PEER_ARGS, _)               \
+    /* ---- stream capture: launches into a capture are recorded, not run -------------------------------- */   \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture, 10000, 0, (CUstream hStream), (hStream), hStream)       \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture_ptsz, 10000, 1, (CUstream hStream), (hStream), hStream)  \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture_v2, 10010, 0, (CUstream hStream, CUstreamCaptureMode mode), \
+      (hStream, mode), hStream)                                                                                    \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture_v2_ptsz, 10010, 1,                                       \
+      (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode), hStream)                                      \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCaptureToGraph, 12030, 0, GEM_CAPTURE_TO_GRAPH_PARAMS,           \
+      GEM_CAPTURE_TO_GRAPH_ARGS, hStream)                                                                          \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCaptureToGraph_ptsz, 12030, 1, GEM_CAPTURE_TO_GRAPH_PARAMS,      \
+      GEM_CAPTURE_TO_GRAPH_ARGS, hStream)                                                                          \
+    X(CAPTURE_END, CUDA, CUresult, cuStreamEndCapture, 10000, 0, (CUstream hStream, CUgraph *phGraph),             \
+      (hStream, phGraph), hStream)                                                                                 \
+    X(CAPTURE_END, CUDA, CUresult, cuStreamEndCapture_ptsz, 10000, 1, (CUstream hStream, CUgraph *phGraph),        \
+      (hStream, phGraph), hStream)                                                                                 \
+    /* ---- memory (memory.c) --------------------------------------------------------------------------- */     \
+    X(CUSTOM, CUDA, CUresult, cuMemAlloc_v2, 3020, 0, (CUdeviceptr *dptr, size_t bytesize), _, _)                  \
+    X(CUSTOM, CUDA, CUresult, cuMemAllocPitch_v2, 3020, 0, (CUdeviceptr *dptr, size_t *pPitch,                     \
+      size_t widthInBytes, size_t height, unsigned int elementSizeBytes), _, _)                                    \
+    X(CUSTOM, CUDA, CUresult, cuMemAllocManaged, 6000, 0, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags), \
+      _, _)                                                                                                        \
+    X(CUSTOM, CUDA, CUresult, cuMemFree_v2, 3020, 0, (CUdeviceptr dptr), _, _)                                     \
+    X(ALLOC_ASYNC, CUDA, CUresult, cuMemAllocAsync, 11020, 0, GEM_ALLOC_ASYNC_PARAMS, GEM_ALLOC_ASYNC_ARGS, _)     \
+    X(ALLOC_ASYNC, CUDA, CUresult, cuMemAllocAsync_ptsz, 11020, 1, GEM_ALLOC_ASYNC_PARAMS, GEM_ALLOC_ASYNC_ARGS, _) \
+    X(ALLOC_FROM_POOL, CUDA, CUresult, cuMemAllocFromPoolAsync, 11020, 0, GEM_ALLOC_POOL_PARAMS,                   \
+      GEM_ALLOC_POOL_ARGS, pool)                                                                                   \
+    X(ALLOC_FROM_POOL, CUDA, CUresult, cuMemAllocFromPoolAsync_ptsz, 11020, 1, GEM_ALLOC_POOL_PARAMS,              \
+      GEM_ALLOC_POOL_ARGS, pool)                                                                                   \
+    X(CUSTOM, CUDA, CUresult, cuMemFreeAsync, 11020, 0, (CUdeviceptr dptr, CUstream hStream), _, _)                \
+    X(CUSTOM, CUDA, CUresult, cuMemFreeAsync_ptsz, 11020, 1, (CUdeviceptr dptr, CUstream hStream), _, _)           \
+    X(CUSTOM, CUDA, CUresult, cuMemCreate, 10020, 0, (CUmemGenericAllocationHandle *handle, size_t size,           \
+      const CUmemAllocationProp *prop, unsigned long long flags), _, _)                                            \
+    X(CUSTOM, CUDA, CUresult, cuMemRelease, 10020, 0, (CUmemGenericAllocationHandle handle), _, _)                 \
+    X(CUSTOM, CUDA, CUresult, cuArrayCreate_v2, 3020, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc),    \
+      _, _)                                                                                                        \
+    X(CUSTOM, CUDA, CUresult, cuArray3DCreate_v2, 3020, 0,                                                         \
+      (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc), _, _)                                               \
+    X(CUSTOM, CUDA, CUresult, cuArrayDestroy, 2000, 0, (CUarray hArray), _, _)                                     \
+    X(CUSTOM, CUDA, CUresult, cuMipmappedArrayCreate, 5000, 0, (CUmipmappedArray *pHandle,                         \
+      const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int numLevels), _, _)                                          \
+    X(CUSTOM, CUDA, CUresult, cuMipmappedArrayDestroy, 5000, 0, (CUmipmappedArray hMipmappedArray), _, _)          \
+    X(CUSTOM, CUDA, CUresult, cuMemPoolTrimTo, 11020, 0, (CUmemoryPool pool, size_t minBytesToKeep), _, _)         \
+    X(CUSTOM, CUDA, CUresult, cuMemPoolDestroy, 11020, 0, (CUmemoryPool pool), _, _)                               \
+    X(CUSTOM, CUDA, CUresult, cuMemGetInfo_v2, 3020, 0, (size_t *free, size_t *total), _, _)                       \
+    X(CUSTOM, CUDA, CUresult, cuDeviceTotalMem_v2, 3020, 0, (size_t *bytes, CUdevice dev), _, _)                   \
+    /* ---- entry points (symbols.c) -------------------------------------------------------------------- */     \
+    X(CUSTOM, CUDA, CUresult, cuGetProcAddress, 11030, 0,                                                          \
+      (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags), _, _)                                   \
+    X(CUSTOM, CUDA, CUresult, cuGetProcAddress_v2, 12000, 0, (const char *symbol, void **pfn, int cudaVersion,     \
+      cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus), _, _)                                       \
+    /* ---- the hook's own calls ------------------------------------------------------------------------- */    \
+    X(REAL, CUDA, CUresult, cuInit, 2000, 0, (unsigned int flags), _, _)                                           \
+    X(REAL, CUDA, CUresult, cuDeviceGetCount, 2000, 0, (int *count), _, _)                                         \
+    X(REAL, CUDA, CUresult, cuDeviceGet, 2000, 0, (CUdevice *device, int ordinal), _, _)                           \
+    X(REAL, CUDA, CUresult, cuDeviceGetUuid, 9020, 0, (CUuuid *uuid, CUdevice dev), _, _)                          \
+    X(REAL, CUDA, CUresult, cuCtxGetCurrent, 4000, 0, (CUcontext *pctx), _, _)                                     \
+    X(REAL, CUDA, CUresult, cuCtxGetDevice, 2000, 0, (CUdevice *device), _, _)                                     \
+    X(REAL, CUDA, CUresult, cuCtxPushCurrent_v2, 4000, 0, (CUcontext ctx), _, _)                                   \
+    X(REAL, CUDA, CUresult, cuCtxPopCurrent_v2, 4000, 0, (CUcontext *pctx), _, _)                                  \
+    X(REAL, CUDA, CUresult, cuStreamIsCapturing, 10000, 0, (CUstream hStream, CUstreamCaptureStatus *status),      \
+      _, _)                                                                                                        \
+    X(REAL, CUDA, CUresult, cuStreamIsCapturing_ptsz, 10000, 1,                                                    \
+      (CUstream hStream, CUstreamCaptureStatus *status), _, _)                                                     \
+    X(REAL, CUDA, CUresult, cuThreadExchangeStreamCaptureMode, 10010, 0, (CUstreamCaptureMode *mode), _, _)        \
+    X(REAL, CUDA, CUresult, cuArrayGetMemoryRequirements, 11060, 0,                                                \
+      (CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray arr, CUdevice dev), _, _)                                      \
+    X(REAL, CUDA, CUresult, cuMipmappedArrayGetMemoryRequirements, 11060, 0,                                       \
+      (CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUmipmappedArray arr, CUdevice dev), _, _)                             \
+    X(REAL, CUDA, CUresult, cuEventCreate, 2000, 0, (CUevent *phEvent, unsigned int flags), _, _)                  \
+    X(REAL, CUDA, CUresult, cuEventRecord, 2000, 0, (CUevent hEvent, CUstream hStream), _, _)                      \
+    X(REAL, CUDA, CUresult, cuEventElapsedTime, 2000, 0, (float *pMilliseconds, CUevent hStart, CUevent hEnd),     \
+      _, _)                                                                                                        \
+    X(REAL, CUDA, CUresult, cuMemPoolGetAttribute, 11020, 0,                                                       \
+      (CUmemoryPool pool, CUmemPool_attribute attr, void *value), _, _)                                            \
+    X(REAL, CUDA, CUresult, cuDeviceGetMemPool, 11020, 0, (CUmemoryPool *pool, CUdevice dev), _, _)                \
+    /* ---- NVML: what nvidia-smi and pynvml report inside a group (nvml.c) ------------------------------ */    \
+    X(CUSTOM, NVML, int, nvmlDeviceGetMemoryInfo, 0, 0,                                                            \
+      (struct nvmlDevice_st *device, struct gem_nvml_memory *memory), _, _)                                        \
+    X(CUSTOM, NVML, int, nvmlDeviceGetMemoryInfo_v2, 0, 0,                                                         \
+      (struct nvmlDevice_st *device, struct gem_nvml_memory_v2 *memory), _, _)                                     \
+    X(REAL, NVML, int, nvmlDeviceGetUUID, 0, 0, (struct nvmlDevice_st *device, char *uuid, unsigned int length),   \
+      _, _)
+
+#endif /* GEMINI_HOOK_TABLE_H */

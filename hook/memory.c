@@ -10,16 +10,22 @@
  * see allocated go to the driver untouched.
  *
  * Allocation is not a hot path (frameworks cache), so a round trip per
- * allocation is affordable; bench/bench_memory.py measures it.
+ * allocation is affordable; bench/alloc_cost.c measures it.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gemhook.h"
+#include "client.h"
+#include "device.h"
+#include "hook_exports.h"
+#include "memory.h"
+#include "real.h"
+#include "settings.h"
+#include "stats.h"
 
-static pthread_mutex_t pool_mu;
 static int npools;
 static atomic_int pools_in_use;
 
@@ -102,17 +108,6 @@ static int untrack(int space, uint64_t key, struct alloc_entry *out) {
     }
     pthread_mutex_unlock(&table_mu);
     return found;
-}
-
-void gem_memory_reset_after_fork(void) {
-    /* the parent's allocations are not the child's */
-    pthread_mutex_init(&table_mu, NULL);
-    pthread_mutex_init(&pool_mu, NULL);
-    npools = 0;
-    atomic_store(&pools_in_use, 0);
-    if (table)
-        memset(table, 0, table_cap * sizeof *table);
-    table_used = table_deleted = 0;
 }
 
 /* ---- talking to the pod manager ------------------------------------------------------------- */
@@ -360,35 +355,32 @@ static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
     return CUDA_SUCCESS;
 }
 
-GEM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    NEED_REAL(cuMemAllocAsync);
-    if (!dptr || bytesize == 0 || !accounting())
-        return REAL(cuMemAllocAsync)(dptr, bytesize, hStream);
-    return alloc_pooled(dptr, bytesize, NULL, hStream, 0);
-}
-
-GEM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    NEED_REAL(cuMemAllocAsync_ptsz);
-    if (!dptr || bytesize == 0 || !accounting())
-        return REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, hStream);
-    return alloc_pooled(dptr, bytesize, NULL, hStream, 1);
-}
-
-GEM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                            CUstream hStream) {
-    NEED_REAL(cuMemAllocFromPoolAsync);
-    if (!dptr || !pool || bytesize == 0 || !accounting())
-        return REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, hStream);
-    return alloc_pooled(dptr, bytesize, pool, hStream, 0);
-}
-
-GEM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                                 CUstream hStream) {
-    NEED_REAL(cuMemAllocFromPoolAsync_ptsz);
-    if (!dptr || !pool || bytesize == 0 || !accounting())
-        return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, hStream);
-    return alloc_pooled(dptr, bytesize, pool, hStream, 1);
-}
+/* The four stream-ordered allocation entry points, generated from the table's ALLOC_ASYNC rows (the
+ * device's current pool) and ALLOC_FROM_POOL rows (the pool in the `extra` column). Calls the hook does
+ * not account (no pointer, no bytes, not accounting, no pool given) go to the driver as they are. */
+#define GEM_MEM_ALLOC_ASYNC(kind, lib, ret, name, since, pt, params, args, extra)        \
+    GEM_EXPORT CUresult name params {                                                  \
+        NEED_REAL(name);                                                               \
+        if (!dptr || bytesize == 0 || !accounting())                                   \
+            return REAL(name) args;                                                    \
+        return alloc_pooled(dptr, bytesize, NULL, hStream, pt);                        \
+    }
+#define GEM_MEM_ALLOC_FROM_POOL(kind, lib, ret, name, since, pt, params, args, pool)    \
+    GEM_EXPORT CUresult name params {                                                  \
+        NEED_REAL(name);                                                               \
+        if (!dptr || !(pool) || bytesize == 0 || !accounting())                        \
+            return REAL(name) args;                                                    \
+        return alloc_pooled(dptr, bytesize, (pool), hStream, pt);                      \
+    }
+#define GEM_MEM_NOTHING(...)
+#define GEM_MEM_LAUNCH GEM_MEM_NOTHING
+#define GEM_MEM_SYNC GEM_MEM_NOTHING
+#define GEM_MEM_CAPTURE_BEGIN GEM_MEM_NOTHING
+#define GEM_MEM_CAPTURE_END GEM_MEM_NOTHING
+#define GEM_MEM_CUSTOM GEM_MEM_NOTHING
+#define GEM_MEM_REAL GEM_MEM_NOTHING
+#define GEM_MEM_ROW(kind, ...) GEM_MEM_##kind(kind, __VA_ARGS__)
+GEM_HOOK_TABLE(GEM_MEM_ROW)
 
 GEM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t widthInBytes, size_t height,
                                        unsigned int elementSizeBytes) {
@@ -677,87 +669,18 @@ GEM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     return rc;
 }
 
-/* ---- NVML: nvidia-smi and pynvml inside a group see the group's limit ------------------------------
- *
- * A process may use NVML without CUDA (nvidia-smi, a monitoring thread), so the device is found by
- * UUID: the process's own CUDA device if it has one, else a connection of its own to the pod manager
- * for that UUID (GEMINI_POD_MANAGERS, or the default one). If no pod manager answers for the device,
- * NVML's own numbers are returned untouched.
- */
+/* ---- fork -------------------------------------------------------------------------------------- */
 
-#define MAX_NVML_CONNS 8
-static pthread_mutex_t nvml_conn_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-    char uuid[GEM_UUID_LEN];
-    struct gem_conn conn;
-} nvml_conns[MAX_NVML_CONNS];
-static int n_nvml_conns;
-
-static struct gem_conn *conn_for_nvml_device(struct nvmlDevice_st *device) {
-    char uuid[GEM_UUID_LEN] = "";
-    if (gem_resolve_nvml() != 0 || !HAVE_REAL(nvmlDeviceGetUUID) ||
-        REAL(nvmlDeviceGetUUID)(device, uuid, sizeof uuid) != GEM_NVML_SUCCESS || !uuid[0])
-        return NULL;
+void gem_memory_after_fork(void) {
+    /* the parent's allocations are not the child's */
+    pthread_mutex_init(&table_mu, NULL);
+    pthread_mutex_init(&pool_mu, NULL);
+    npools = 0;
+    atomic_store(&pools_in_use, 0);
+    if (table)
+        memset(table, 0, table_cap * sizeof *table);
+    table_used = table_deleted = 0;
     int count = atomic_load(&gem_device_count);
     for (int i = 0; i < count; i++)
-        if (gem_devices[i].initialised && strcmp(gem_devices[i].conn.device_uuid, uuid) == 0)
-            return &gem_devices[i].conn;
-    struct gem_conn *c = NULL;
-    pthread_mutex_lock(&nvml_conn_mu);
-    for (int i = 0; i < n_nvml_conns && !c; i++)
-        if (strcmp(nvml_conns[i].uuid, uuid) == 0)
-            c = &nvml_conns[i].conn;
-    if (!c && n_nvml_conns < MAX_NVML_CONNS) {
-        char ip[64];
-        int port;
-        gem_endpoint_for(uuid, ip, sizeof ip, &port);
-        snprintf(nvml_conns[n_nvml_conns].uuid, GEM_UUID_LEN, "%s", uuid);
-        c = &nvml_conns[n_nvml_conns++].conn;
-        gem_conn_init(c, ip, port, -1, uuid, NULL);
-    }
-    pthread_mutex_unlock(&nvml_conn_mu);
-    return c;
-}
-
-/* total = min(limit, physical), used = the group's use, reserved and free fitted under the total. */
-static void nvml_clamp(struct nvmlDevice_st *device, unsigned long long *total, unsigned long long *free_bytes,
-                       unsigned long long *used, unsigned long long *reserved) {
-    if (gem_cfg.disabled || gem_fail_open_active())
-        return;
-    struct gem_conn *c = conn_for_nvml_device(device);
-    struct gem_msg req, reply;
-    gemhook_msg_init(&req, GEM_MSG_MEM_INFO, 0);
-    if (!c || gem_conn_call(c, &req, &reply, 5 * GEM_NS_PER_S) != GEM_CALL_OK || reply.hdr.type != GEM_MSG_MEM_REPLY ||
-        reply.u.mem_reply.limit == 0)
-        return;
-    unsigned long long limit = reply.u.mem_reply.limit, group_used = reply.u.mem_reply.used;
-    if (*total > limit)
-        *total = limit;
-    *used = group_used < *total ? group_used : *total;
-    unsigned long long room = *total - *used;
-    if (reserved) {
-        if (*reserved > room)
-            *reserved = room;
-        room -= *reserved;
-    }
-    if (*free_bytes > room)
-        *free_bytes = room;
-}
-
-GEM_EXPORT int nvmlDeviceGetMemoryInfo(struct nvmlDevice_st *device, struct gem_nvml_memory *memory) {
-    if (gem_resolve_nvml() != 0 || !HAVE_REAL(nvmlDeviceGetMemoryInfo))
-        return GEM_NVML_ERROR_FUNCTION_NOT_FOUND;
-    int rc = REAL(nvmlDeviceGetMemoryInfo)(device, memory);
-    if (rc == GEM_NVML_SUCCESS && memory)
-        nvml_clamp(device, &memory->total, &memory->free, &memory->used, NULL);
-    return rc;
-}
-
-GEM_EXPORT int nvmlDeviceGetMemoryInfo_v2(struct nvmlDevice_st *device, struct gem_nvml_memory_v2 *memory) {
-    if (gem_resolve_nvml() != 0 || !HAVE_REAL(nvmlDeviceGetMemoryInfo_v2))
-        return GEM_NVML_ERROR_FUNCTION_NOT_FOUND;
-    int rc = REAL(nvmlDeviceGetMemoryInfo_v2)(device, memory);
-    if (rc == GEM_NVML_SUCCESS && memory)
-        nvml_clamp(device, &memory->total, &memory->free, &memory->used, &memory->reserved);
-    return rc;
+        gem_devices[i].mem_in_use = 0;
 }

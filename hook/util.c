@@ -3,14 +3,11 @@
  * gemhook_ prefix so tests/test_hook_pure.py can call them through cffi and
  * check them against the Python implementations.
  */
-#include <ctype.h>
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gemhook.h"
+#include "util.h"
 
 /* ---- burst estimation ------------------------------------------------------------------
  * A burst runs from the first launch after a synchronisation to the next
@@ -68,69 +65,6 @@ int64_t gemhook_burst_predict(const struct gemhook_burst_est *est, int64_t now_n
         return 0;
     int rank = (n * 9 + 9) / 10; /* nearest rank: ceil(0.9 n) */
     return lengths[rank - 1];
-}
-
-/* ---- sizes: the same grammar as gemini.config.parse_size ------------------------------ */
-
-int gemhook_parse_size(const char *text, uint64_t *out) {
-    if (!text || !out)
-        return -1;
-    const char *p = text;
-    while (isspace((unsigned char)*p))
-        p++;
-    const char *num = p;
-    int digits = 0, dot = 0;
-    while (isdigit((unsigned char)*p) || (*p == '.' && !dot)) {
-        if (*p == '.')
-            dot = 1;
-        else
-            digits++;
-        p++;
-    }
-    if (digits == 0)
-        return -1;
-    char numbuf[64];
-    size_t nlen = (size_t)(p - num);
-    if (nlen >= sizeof numbuf)
-        return -1;
-    memcpy(numbuf, num, nlen);
-    numbuf[nlen] = '\0';
-    while (isspace((unsigned char)*p))
-        p++;
-    uint64_t unit = 1;
-    int binary = 0;
-    char u = (char)toupper((unsigned char)*p);
-    if (u == 'K' || u == 'M' || u == 'G' || u == 'T') {
-        p++;
-        if (*p == 'i' || *p == 'I') {
-            binary = 1;
-            p++;
-        }
-        int power = u == 'K' ? 1 : u == 'M' ? 2 : u == 'G' ? 3 : 4;
-        for (int i = 0; i < power; i++)
-            unit *= binary ? 1024u : 1000u;
-    }
-    if (*p == 'b' || *p == 'B')
-        p++;
-    while (isspace((unsigned char)*p))
-        p++;
-    if (*p != '\0')
-        return -1;
-    const uint64_t max = (uint64_t)INT64_MAX;
-    if (dot) {
-        errno = 0;
-        double v = strtod(numbuf, NULL) * (double)unit;
-        if (errno || !isfinite(v) || v > (double)max)
-            return -1;
-        *out = (uint64_t)v;
-        return 0;
-    }
-    errno = 0;
-    unsigned long long v = strtoull(numbuf, NULL, 10);
-    if (errno || (unit > 1 && v > max / unit) || v * unit > max)
-        return -1;
-    *out = (uint64_t)v * unit;
-    return 0;
 }
 
 /* ---- frames ------------------------------------------------------------------------------ */

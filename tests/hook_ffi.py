@@ -1,7 +1,13 @@
-"""cffi bindings to the pure functions libgemhook exports (gemhook_*), for tests."""
+"""cffi bindings to the functions libgemhook exports for tests (gemhook_*).
+
+The declarations come from the hook's headers: the lines between `cffi-begin` and `cffi-end` in
+hook/util.h (the pure functions) and hook/stats.h (the counters). GEM_EXPORT is dropped, and a pointer to
+one of the hook's structs becomes `void *`, so tests pass plain buffers (they never see the layouts).
+"""
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
 
 from cffi import FFI
@@ -9,18 +15,32 @@ from cffi import FFI
 from tests.conftest import REPO_ROOT
 
 HOOK_LIB = REPO_ROOT / "gemini" / "lib" / "libgemhook.so.1"
+HOOK_DIR = REPO_ROOT / "hook"
+# The headers whose cffi regions declare the exported test functions.
+CDEF_HEADERS = ("util.h", "stats.h")
 
-CDEF = """
-size_t gemhook_burst_size(void);
-void gemhook_burst_init(void *est, int64_t merge_gap_ns, int64_t window_ns);
-void gemhook_burst_record(void *est, int64_t start_ns, int64_t end_ns);
-int64_t gemhook_burst_predict(const void *est, int64_t now_ns);
-int gemhook_parse_size(const char *text, uint64_t *out);
-void gemhook_msg_init(void *msg, uint16_t type, uint32_t seq);
-int gemhook_msg_check(const void *msg, char *why, size_t why_len);
-int gemhook_parse_endpoint(const char *text, char *ip, size_t ip_len, int *port);
-int gemhook_stats(char *buf, size_t len);
-"""
+_REGION = re.compile(r"/\* cffi-begin \*/\n(.*?)/\* cffi-end \*/", re.S)
+_STRUCT_PTR = re.compile(r"\bstruct\s+\w+\s*\*")
+_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+
+
+def cdef_from_headers() -> str:
+    """The cffi declarations of the hook's exported test functions, read from its headers."""
+    lines = []
+    for name in CDEF_HEADERS:
+        text = (HOOK_DIR / name).read_text()
+        regions = _REGION.findall(text)
+        if not regions:
+            raise ValueError(f"hook/{name} has no cffi-begin/cffi-end region")
+        for region in regions:
+            region = _COMMENT.sub("", region)
+            for line in region.splitlines():
+                line = line.strip()
+                if not line:
+                    continue
+                line = line.replace("GEM_EXPORT ", "")
+                lines.append(_STRUCT_PTR.sub("void *", line))
+    return "\n".join(lines) + "\n"
 
 
 def build_hook() -> None:
@@ -31,5 +51,5 @@ def build_hook() -> None:
 def hook_lib():
     build_hook()
     ffi = FFI()
-    ffi.cdef(CDEF)
+    ffi.cdef(cdef_from_headers())
     return ffi, ffi.dlopen(str(HOOK_LIB))

@@ -4,11 +4,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from gemini.wire import hook as protocol
-from gemini.config import parse_size
 from tests.hook_ffi import HOOK_LIB, hook_lib
 
 MS = 1_000_000
@@ -17,35 +14,6 @@ MS = 1_000_000
 @pytest.fixture(scope="module")
 def lib():
     return hook_lib()
-
-
-def c_parse_size(lib, text: str):
-    ffi, c = lib
-    out = ffi.new("uint64_t *")
-    return int(out[0]) if c.gemhook_parse_size(text.encode(), out) == 0 else None
-
-
-def py_parse_size(text: str):
-    try:
-        return parse_size(text)
-    except ValueError:
-        return None
-
-
-@pytest.mark.parametrize("text,expected", [
-    ("4096", 4096), ("1K", 1000), ("1Ki", 1024), ("1KiB", 1024), ("2G", 2 * 10**9), ("2GiB", 2 * 2**30),
-    ("1.5GiB", int(1.5 * 2**30)), (" 8 MiB ", 8 * 2**20), ("10b", 10), ("1TB", 10**12), (".5K", 500),
-    ("", None), ("G", None), ("-1", None), ("1X", None), ("1GiBB", None), ("99999999999T", None), ("1 .5", None),
-])
-def test_parse_size_table(lib, text, expected):
-    assert c_parse_size(lib, text) == expected
-    assert py_parse_size(text) == expected
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.text(alphabet="0123456789.kKmMgGtTiIbB -x", max_size=12))
-def test_parse_size_agrees_with_python(lib, text):
-    assert c_parse_size(lib, text) == py_parse_size(text)
 
 
 class Burst:

@@ -1,0 +1,64 @@
+/*
+ * capture.c -- tracking the process's open stream captures.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+
+#include "capture.h"
+#include "real.h"
+
+atomic_int gem_active_captures;
+
+#define GEM_MAX_CAPTURES 256
+struct capture_key {
+    CUstream stream;
+    pthread_t thread; /* for per-thread default streams, whose handle is the same in every thread */
+};
+static pthread_mutex_t capture_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct capture_key captures[GEM_MAX_CAPTURES];
+static int ncaptures;
+
+static struct capture_key capture_key_of(CUstream s, int ptsz) {
+    struct capture_key k = {s, 0};
+    if ((s == NULL && ptsz) || s == CU_STREAM_PER_THREAD) {
+        k.stream = CU_STREAM_PER_THREAD;
+        k.thread = pthread_self();
+    }
+    return k;
+}
+
+void gem_capture_changed(CUstream stream, int begins, int ptsz, CUresult rc) {
+    struct capture_key k = capture_key_of(stream, ptsz);
+    pthread_mutex_lock(&capture_mu);
+    int found = -1;
+    for (int i = 0; i < ncaptures; i++)
+        if (captures[i].stream == k.stream && pthread_equal(captures[i].thread, k.thread))
+            found = i;
+    if (begins && rc == CUDA_SUCCESS && found < 0 && ncaptures < GEM_MAX_CAPTURES) {
+        captures[ncaptures++] = k;
+        atomic_fetch_add(&gem_active_captures, 1);
+    } else if (!begins && found >= 0) {
+        /* the capture is over whatever the result (an invalidated capture ends too) */
+        captures[found] = captures[--ncaptures];
+        atomic_fetch_sub(&gem_active_captures, 1);
+    }
+    pthread_mutex_unlock(&capture_mu);
+}
+
+int gem_stream_is_capturing(CUstream s, int ptsz) {
+    /* The legacy stream cannot be captured, and querying it during another
+     * thread's capture is itself an unsafe call: never ask about it. */
+    if ((s == NULL && !ptsz) || s == CU_STREAM_LEGACY)
+        return 0;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUstream q = (s == NULL) ? CU_STREAM_PER_THREAD : s;
+    if (!HAVE_REAL(cuStreamIsCapturing) || REAL(cuStreamIsCapturing)(q, &status) != CUDA_SUCCESS)
+        return 0;
+    return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+void gem_capture_after_fork(void) {
+    pthread_mutex_init(&capture_mu, NULL);
+    ncaptures = 0;
+    atomic_store(&gem_active_captures, 0);
+}

@@ -1,0 +1,51 @@
+/*
+ * client.h -- the connection to a pod manager: one per device (device.c) and
+ * one per NVML-only device (nvml.c). Any number of threads may call at once.
+ */
+#ifndef GEMINI_CLIENT_H
+#define GEMINI_CLIENT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "gemini_proto.h"
+
+struct gem_waiter;
+struct gem_conn {
+    pthread_mutex_t mu;         /* guards everything below but fd writes */
+    pthread_mutex_t send_mu;    /* one writer at a time */
+    pthread_cond_t cv;
+    int fd;                     /* -1 when not connected */
+    int reader_active;          /* a thread is reading replies for everyone */
+    uint32_t next_seq;
+    struct gem_waiter *waiters;
+    char ip[64];
+    int port;
+    int device_ordinal;
+    char device_uuid[GEM_UUID_LEN];
+    uint64_t client_id;
+    uint64_t mem_limit;         /* from HELLO_ACK / LIMIT_UPDATE / MEM_REPLY */
+    char group[GEM_NAME_LEN];
+    int connecting;             /* a thread is connecting; others wait on cv */
+    int ever_connected;         /* a later connect is a reconnect */
+    int last_failure;           /* what a call gets while next_connect_ns has not come */
+    int64_t next_connect_ns;    /* after a failed connect, calls fail fast until then */
+    const uint64_t *mem_in_use; /* the process's bytes on this device, sent in HELLO */
+};
+
+enum gem_call_result {
+    GEM_CALL_OK = 0,
+    GEM_CALL_UNREACHABLE = -1,  /* no connection could be made */
+    GEM_CALL_BROKEN = -2,       /* the connection died during the call */
+    GEM_CALL_REFUSED = -3,      /* the pod manager answered with ERROR */
+    GEM_CALL_TIMEOUT = -4
+};
+
+void gem_conn_init(struct gem_conn *c, const char *ip, int port, int ordinal, const char *uuid,
+                   const uint64_t *mem_in_use);
+/* In a fork child: forget the parent's connection (the child makes its own). */
+void gem_conn_reset_after_fork(struct gem_conn *c);
+/* Send `req` and wait for its reply (any type). timeout_ns 0 = wait forever (token waits). */
+int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns);
+
+#endif /* GEMINI_CLIENT_H */

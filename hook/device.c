@@ -1,0 +1,149 @@
+/*
+ * device.c -- the device registry, the pod manager of each device, fail-open.
+ *
+ * Nothing happens before the first CUDA call that needs it: then the devices
+ * are counted and each one gets its UUID and its pod manager's endpoint
+ * (GEMINI_POD_MANAGERS by UUID, else the default). The connection itself is
+ * opened by the first message (client.c).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "device.h"
+#include "real.h"
+#include "settings.h"
+
+struct gem_device gem_devices[GEM_MAX_DEVICES];
+atomic_int gem_device_count;
+
+static pthread_mutex_t runtime_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int runtime_ready;
+static atomic_int fail_open_active;
+
+CUresult gem_unavailable_result(void) {
+    /* "system not yet initialized": the closest driver code to "the GPU share
+     * could not be authorised"; the hook has already printed why. */
+    return CUDA_ERROR_SYSTEM_NOT_READY;
+}
+
+int gem_fail_open_active(void) { return atomic_load(&fail_open_active); }
+
+int gem_ungated(void) { return gem_cfg.disabled || atomic_load(&fail_open_active); }
+
+void gem_enter_fail_open(void) {
+    if (atomic_exchange(&fail_open_active, 1) == 0)
+        GEM_LOG(GEM_LOG_WARN, "GEMINI_FAIL_OPEN is set and the pod manager cannot be reached: "
+                "running UNGATED, without time shares or memory limits");
+}
+
+static void format_uuid(const CUuuid *u, char *out, size_t len) {
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(out, len,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+void gem_endpoint_for(const char *uuid, char *ip, size_t ip_len, int *port) {
+    snprintf(ip, ip_len, "%s", gem_cfg.pmgr_ip);
+    *port = gem_cfg.pmgr_port;
+    char map[sizeof gem_cfg.pmgr_map];
+    snprintf(map, sizeof map, "%s", gem_cfg.pmgr_map);
+    char *save = NULL;
+    for (char *item = strtok_r(map, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq)
+            continue;
+        *eq = '\0';
+        if (strcmp(item, uuid) != 0)
+            continue;
+        char mip[64];
+        int mport;
+        if (gemhook_parse_endpoint(eq + 1, mip, sizeof mip, &mport) == 0) {
+            snprintf(ip, ip_len, "%s", mip);
+            *port = mport;
+        } else {
+            GEM_LOG(GEM_LOG_ERROR, "GEMINI_POD_MANAGERS: bad endpoint '%s' for %s", eq + 1, uuid);
+        }
+    }
+}
+
+static void device_setup(struct gem_device *d, int ordinal) {
+    d->ordinal = ordinal;
+    char uuid[GEM_UUID_LEN] = "";
+    CUdevice dev = ordinal;
+    CUuuid raw;
+    if (HAVE_REAL(cuDeviceGet) && REAL(cuDeviceGet)(&dev, ordinal) == CUDA_SUCCESS && HAVE_REAL(cuDeviceGetUuid) &&
+        REAL(cuDeviceGetUuid)(&raw, dev) == CUDA_SUCCESS)
+        format_uuid(&raw, uuid, sizeof uuid);
+    d->cudev = dev;
+    char ip[64];
+    int port;
+    gem_endpoint_for(uuid, ip, sizeof ip, &port);
+    gem_conn_init(&d->conn, ip, port, ordinal, uuid, &d->mem_in_use);
+    d->initialised = 1;
+}
+
+int gem_runtime_ready(void) { return atomic_load_explicit(&runtime_ready, memory_order_acquire); }
+
+int gem_runtime_init(void) {
+    if (GEM_LIKELY(atomic_load_explicit(&runtime_ready, memory_order_acquire)))
+        return 0;
+    pthread_mutex_lock(&runtime_mu);
+    int rc = 0;
+    if (atomic_load(&runtime_ready))
+        goto out;
+    if (gem_ensure_real() != 0) {
+        rc = -1;
+        goto out;
+    }
+    if (gem_cfg.disabled) {
+        atomic_store(&gem_device_count, 1);
+        GEM_LOG(GEM_LOG_INFO, "GEMINI_DISABLE is set: passing every call through ungated");
+        atomic_store_explicit(&runtime_ready, 1, memory_order_release);
+        goto out;
+    }
+    int count = 0;
+    if (!HAVE_REAL(cuDeviceGetCount) || REAL(cuDeviceGetCount)(&count) != CUDA_SUCCESS || count <= 0) {
+        rc = -1; /* CUDA not initialised yet: the program's own call will report it; try again later */
+        goto out;
+    }
+    if (count > GEM_MAX_DEVICES) {
+        GEM_LOG(GEM_LOG_WARN, "%d devices visible; gemini manages the first %d", count, GEM_MAX_DEVICES);
+        count = GEM_MAX_DEVICES;
+    }
+    for (int i = 0; i < count; i++)
+        device_setup(&gem_devices[i], i);
+    atomic_store(&gem_device_count, count);
+    atomic_store_explicit(&runtime_ready, 1, memory_order_release);
+    GEM_LOG(GEM_LOG_DEBUG, "initialised: %d device(s), pod manager %s:%d, group '%s'", count,
+            gem_devices[0].conn.ip, gem_devices[0].conn.port, gem_cfg.pod_name);
+out:
+    pthread_mutex_unlock(&runtime_mu);
+    return rc;
+}
+
+struct gem_device *gem_current_device_multi(void) {
+    CUdevice dev = 0;
+    int count = atomic_load_explicit(&gem_device_count, memory_order_relaxed);
+    if (HAVE_REAL(cuCtxGetDevice) && REAL(cuCtxGetDevice)(&dev) == CUDA_SUCCESS && dev >= 0 && dev < count)
+        return &gem_devices[dev];
+    return &gem_devices[0];
+}
+
+struct gem_device *gem_device_by_ordinal(CUdevice dev) {
+    int count = atomic_load_explicit(&gem_device_count, memory_order_relaxed);
+    if (dev >= 0 && dev < count)
+        return &gem_devices[dev];
+    return NULL;
+}
+
+void gem_device_after_fork(void) {
+    pthread_mutex_init(&runtime_mu, NULL);
+    atomic_store(&fail_open_active, 0);
+    int count = atomic_load(&gem_device_count);
+    for (int i = 0; i < count; i++)
+        if (gem_devices[i].initialised)
+            gem_conn_reset_after_fork(&gem_devices[i].conn);
+}

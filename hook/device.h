@@ -1,0 +1,55 @@
+/*
+ * device.h -- the devices the process uses: the registry (one entry per
+ * visible GPU, set up lazily at the first call that needs it), the pod
+ * manager each one talks to, and fail-open.
+ */
+#ifndef GEMINI_DEVICE_H
+#define GEMINI_DEVICE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client.h"
+#include "cuda_types.h"
+#include "util.h"
+
+#define GEM_MAX_DEVICES 32
+
+struct gem_device {
+    int ordinal;
+    CUdevice cudev;
+    int initialised;
+    uint64_t mem_in_use;        /* bytes this process holds on the device (memory.c counts, HELLO reports) */
+    struct gem_conn conn;
+};
+
+extern struct gem_device gem_devices[GEM_MAX_DEVICES];
+extern atomic_int gem_device_count;      /* 0 until known */
+
+/* Lazy: the devices counted and set up. 0, or -1 while CUDA is not initialised (try again later). */
+int gem_runtime_init(void);
+int gem_runtime_ready(void);
+
+struct gem_device *gem_current_device_multi(void);
+/* The device of the calling thread's context. A process that sees one GPU pays nothing for this. */
+static inline struct gem_device *gem_current_device(void) {
+    if (GEM_LIKELY(atomic_load_explicit(&gem_device_count, memory_order_relaxed) <= 1))
+        return &gem_devices[0];
+    return gem_current_device_multi();
+}
+struct gem_device *gem_device_by_ordinal(CUdevice dev);
+
+/* The pod manager for a device: GEMINI_POD_MANAGERS "uuid=ip:port,..." if it names the device, else the
+ * default one. */
+void gem_endpoint_for(const char *uuid, char *ip, size_t ip_len, int *port);
+
+CUresult gem_unavailable_result(void);   /* what a call returns when gemini cannot authorise it */
+void gem_enter_fail_open(void);          /* GEMINI_FAIL_OPEN and no pod manager: stop gating */
+int gem_fail_open_active(void);
+/* Nothing to gate or count: GEMINI_DISABLE, or failing open. */
+int gem_ungated(void);
+
+void gem_device_after_fork(void);        /* the child has no connection and holds no memory yet */
+
+#endif /* GEMINI_DEVICE_H */

@@ -1,0 +1,89 @@
+/*
+ * gate.h -- launch gating: the token of each device, kernel bursts, the drain
+ * at a slot's end, and the watcher thread.
+ */
+#ifndef GEMINI_GATE_H
+#define GEMINI_GATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cuda_types.h"
+#include "device.h"
+#include "stats.h"
+#include "util.h"
+
+enum gem_token_state { GEM_TOKEN_NONE = 0, GEM_TOKEN_HELD, GEM_TOKEN_REQUESTING, GEM_TOKEN_DRAINING };
+
+/* The token of one device (gem_gates[i] belongs to gem_devices[i]). */
+struct gem_gate {
+    /* Read on every launch: on its own cache line, written only at token changes. */
+    _Alignas(64) atomic_llong deadline_ns;
+    atomic_int in_burst;
+    char pad_hot[64 - sizeof(atomic_llong) - sizeof(atomic_int)];
+
+    struct gem_device *dev;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;                  /* enum gem_token_state */
+    int waiters;                /* threads blocked for a grant */
+    uint64_t token_seq;
+    int64_t granted_ns;
+    int64_t slot_deadline_ns;   /* the deadline of the token held, kept when deadline_ns is cleared */
+    atomic_llong burst_start_ns;
+    atomic_llong last_sync_ns;
+    int bursts_in_slot;
+    atomic_llong predicted_burst_ns;
+    int64_t predicted_at_ns;    /* when the prediction was last refreshed */
+    struct gemhook_burst_est est;
+    int64_t pending_overuse_ns; /* measured at the last expiry, not yet reported */
+    CUcontext ctx;              /* the context launches were made in, drained at expiry */
+    CUevent ev_start, ev_end;   /* measure the GPU time a slot really had (in ev_ctx) */
+    CUcontext ev_ctx;
+    int slot_measured;          /* ev_start was recorded before the slot's first kernel */
+    int slot_unmarked;          /* a fresh grant whose first kernel has not been marked yet */
+    int64_t pending_used_ns;    /* measured at the last expiry, not yet reported */
+};
+
+extern struct gem_gate gem_gates[GEM_MAX_DEVICES];
+
+/* The gate of the calling thread's device. */
+static inline struct gem_gate *gem_current_gate(void) {
+    if (GEM_LIKELY(atomic_load_explicit(&gem_device_count, memory_order_relaxed) <= 1))
+        return &gem_gates[0];
+    return &gem_gates[gem_current_device_multi()->ordinal];
+}
+
+CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t now);
+CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t now);
+
+/* The coarse clock (a kernel variable updated every tick, read without rdtsc) never runs ahead
+ * of CLOCK_MONOTONIC and trails it by at most a tick. So "coarse + margin < deadline" proves the
+ * token valid; only in the last `margin` of a slot does the launch read the precise clock. The
+ * margin is two ticks (clock_getres), set by gem_gate_measure_clock; 0 disables the shortcut. */
+extern int64_t gem_coarse_margin_ns;
+void gem_gate_measure_clock(void);
+
+/* The launch path: one clock read and one compare while a token is held (the burst flag sits
+ * on the same cache line and only changes at the first launch after a synchronisation). */
+static inline CUresult gem_gate_launch(CUstream stream, int ptsz) {
+    struct gem_gate *g = gem_current_gate();
+    gem_count_launch();
+    int64_t deadline = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed);
+    if (GEM_LIKELY(gem_coarse_ns() + gem_coarse_margin_ns < deadline) ||
+        gem_now_ns() < deadline) {
+        if (GEM_LIKELY(atomic_load_explicit(&g->in_burst, memory_order_relaxed)))
+            return CUDA_SUCCESS;
+        return gem_burst_begin(g, stream, ptsz, gem_now_ns());
+    }
+    return gem_gate_slow(g, stream, ptsz, gem_now_ns());
+}
+
+/* After a synchronising call of the program: the burst, if any, is over. */
+void gem_gate_on_sync(void);
+
+void gem_gate_after_fork(void);          /* the child holds no token and has no watcher */
+void gem_gate_shutdown(void);            /* at exit: stop the watcher */
+
+#endif /* GEMINI_GATE_H */

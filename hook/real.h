@@ -1,0 +1,60 @@
+/*
+ * real.h -- the driver's real functions: one pointer per row of hook_table.h,
+ * resolved from libcuda.so.1 (CUDA rows) or libnvidia-ml.so.1 (NVML rows)
+ * with the C library's own dlsym. Every real call of the hook goes through
+ * these pointers, never through the hook's exports, so the hook never calls
+ * itself.
+ */
+#ifndef GEMINI_REAL_H
+#define GEMINI_REAL_H
+
+#include <stdatomic.h>
+
+#include "cuda_types.h"
+#include "hook_table.h"
+#include "util.h"
+
+#define GEM_X_INDEX(kind, lib, ret, name, ...) GEM_IDX_##name,
+enum gem_fn_index { GEM_HOOK_TABLE(GEM_X_INDEX) GEM_FN_COUNT };
+#undef GEM_X_INDEX
+
+#define GEM_X_TYPEDEF(kind, lib, ret, name, since, pt, params, ...) typedef ret gem_fn_##name##_t params;
+GEM_HOOK_TABLE(GEM_X_TYPEDEF)
+#undef GEM_X_TYPEDEF
+
+enum gem_fn_lib { GEM_LIB_CUDA = 0, GEM_LIB_NVML = 1 };
+enum gem_fn_kind {
+    GEM_KIND_LAUNCH, GEM_KIND_SYNC, GEM_KIND_CAPTURE_BEGIN, GEM_KIND_CAPTURE_END, GEM_KIND_ALLOC_ASYNC,
+    GEM_KIND_ALLOC_FROM_POOL, GEM_KIND_CUSTOM, GEM_KIND_REAL
+};
+
+/* The table's columns, by row. */
+struct gem_fn_row {
+    const char *name;
+    unsigned char lib;          /* enum gem_fn_lib */
+    unsigned char kind;         /* enum gem_fn_kind */
+    unsigned char pt;           /* a per-thread-default-stream variant */
+    int since;                  /* the cudaVersion that introduced it */
+};
+extern const struct gem_fn_row gem_fn_rows[GEM_FN_COUNT];
+
+/* Real entry points (NULL where the library lacks one). */
+extern void *gem_real_fn[GEM_FN_COUNT];
+
+#define REAL(name) ((gem_fn_##name##_t *)gem_real_fn[GEM_IDX_##name])
+#define HAVE_REAL(name) (gem_real_fn[GEM_IDX_##name] != NULL)
+
+/* Resolve the CUDA rows (once). Returns 0, or -1 if libcuda.so.1 cannot be opened. */
+int gem_resolve_real(void);
+extern atomic_int gem_real_ready;
+static inline int gem_ensure_real(void) {
+    return GEM_LIKELY(atomic_load_explicit(&gem_real_ready, memory_order_acquire)) ? 0 : gem_resolve_real();
+}
+/* Resolve the NVML rows, once the program has loaded libnvidia-ml.so.1. Returns 0, or -1 if it has not. */
+int gem_resolve_nvml(void);
+
+/* The C library's dlsym (the hook exports its own). NULL if it cannot be found. */
+typedef void *(*gem_dlsym_fn)(void *, const char *);
+gem_dlsym_fn gem_real_dlsym(void);
+
+#endif /* GEMINI_REAL_H */

@@ -1,0 +1,42 @@
+/*
+ * settings.h -- the hook's settings (from the environment, read once in the
+ * constructor) and its logging. Every layer reads them; they call nothing
+ * of the hook's but util.
+ */
+#ifndef GEMINI_SETTINGS_H
+#define GEMINI_SETTINGS_H
+
+#include <stdint.h>
+
+#include "gemini_proto.h"
+#include "util.h"
+
+enum gem_log_level { GEM_LOG_ERROR = 0, GEM_LOG_WARN = 1, GEM_LOG_INFO = 2, GEM_LOG_DEBUG = 3 };
+
+struct gem_settings {
+    int log_level;
+    int disabled;               /* GEMINI_DISABLE=1: pass everything through, connect to nothing */
+    int fail_open;              /* GEMINI_FAIL_OPEN=1: run ungated when the pod manager is unreachable */
+    char pod_name[GEM_NAME_LEN];
+    char pmgr_ip[64];
+    int pmgr_port;
+    char pmgr_map[1024];        /* GEMINI_POD_MANAGERS: "GPU-uuid=ip:port,..." for several GPUs */
+    int64_t idle_release_ns;    /* GEMINI_IDLE_RELEASE_MS; 0 disables early release */
+    int64_t connect_timeout_ns; /* GEMINI_CONNECT_TIMEOUT_MS */
+    int64_t token_timeout_ns;   /* GEMINI_TOKEN_TIMEOUT_MS; 0 waits forever */
+    int64_t burst_merge_ns;     /* bursts closer than this are one burst (Gemini: 2 ms) */
+    int64_t burst_window_ns;    /* prediction looks back this far (Gemini: 3 s) */
+};
+extern struct gem_settings gem_cfg;
+
+/* Read the GEMINI_* variables into gem_cfg (the constructor; no CUDA call, no connection). */
+void gem_settings_load(void);
+
+void gem_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define GEM_LOG(level, ...)                                     \
+    do {                                                        \
+        if (GEM_UNLIKELY((level) <= gem_cfg.log_level))         \
+            gem_log((level), __VA_ARGS__);                      \
+    } while (0)
+
+#endif /* GEMINI_SETTINGS_H */

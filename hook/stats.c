@@ -1,0 +1,86 @@
+/*
+ * stats.c -- the hook's counters.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "settings.h"
+#include "stats.h"
+
+struct gem_stats gem_stats;
+
+__thread struct gem_thread_counter *gem_tls_counter __attribute__((tls_model("initial-exec")));
+static struct gem_thread_counter *_Atomic counter_list;
+
+struct gem_thread_counter *gem_register_thread_counter(void) {
+    /* Never freed: a thread's launches still count after it exits. */
+    struct gem_thread_counter *c = calloc(1, sizeof *c);
+    if (!c) {
+        static struct gem_thread_counter overflow; /* shared fallback; counts may race, never crash */
+        gem_tls_counter = &overflow;
+        return &overflow;
+    }
+    struct gem_thread_counter *head = atomic_load(&counter_list);
+    do {
+        c->next = head;
+    } while (!atomic_compare_exchange_weak(&counter_list, &head, c));
+    gem_tls_counter = c;
+    return c;
+}
+
+uint64_t gem_total_launches(void) {
+    uint64_t total = 0;
+    for (struct gem_thread_counter *c = atomic_load(&counter_list); c; c = c->next)
+        total += c->launches;
+    return total;
+}
+
+#define LOAD(f) ((unsigned long long)atomic_load(&gem_stats.f))
+
+static void format_stats(char *buf, size_t len) {
+    snprintf(buf, len,
+             "launches=%llu grants=%llu token_requests=%llu waits=%llu wait_ms=%.3f expiries=%llu "
+             "early_releases=%llu overuse_ms=%.3f drains=%llu burst_renewals=%llu capture_passthrough=%llu "
+             "gate_errors=%llu mem_allocs=%llu mem_frees=%llu mem_denied=%llu mem_rollbacks=%llu "
+             "mem_errors=%llu dlsym_routed=%llu procaddr_routed=%llu reconnects=%llu slots_measured=%llu "
+             "used_ms=%.3f",
+             (unsigned long long)gem_total_launches(), LOAD(grants), LOAD(token_requests), LOAD(waits),
+             (double)LOAD(wait_ns) / 1e6, LOAD(expiries), LOAD(early_releases), (double)LOAD(overuse_ns) / 1e6,
+             LOAD(drains), LOAD(burst_renewals), LOAD(capture_passthrough), LOAD(gate_errors), LOAD(mem_allocs),
+             LOAD(mem_frees), LOAD(mem_denied), LOAD(mem_rollbacks), LOAD(mem_errors), LOAD(dlsym_routed),
+             LOAD(procaddr_routed), LOAD(reconnects), LOAD(slots_measured), (double)LOAD(used_ns) / 1e6);
+}
+
+int gemhook_stats(char *buf, size_t len) {
+    if (!buf || !len)
+        return -1;
+    format_stats(buf, len);
+    return 0;
+}
+
+void gem_stats_report(void) {
+    const char *file = getenv("GEMINI_STATS_FILE");
+    char buf[1024];
+    format_stats(buf, sizeof buf);
+    if (file && *file) {
+        int fd = open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            char line[1200];
+            int n = snprintf(line, sizeof line, "pid=%d %s\n", (int)getpid(), buf);
+            ssize_t w = write(fd, line, (size_t)n);
+            (void)w;
+            close(fd);
+        }
+    }
+    GEM_LOG(GEM_LOG_INFO, "stats: %s", buf);
+}
+
+void gem_stats_after_fork(void) {
+    memset(&gem_stats, 0, sizeof gem_stats);
+    for (struct gem_thread_counter *c = atomic_load(&counter_list); c; c = c->next)
+        c->launches = 0;
+}

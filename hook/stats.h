@@ -1,0 +1,45 @@
+/*
+ * stats.h -- the hook's counters: printed at exit at log level info, appended
+ * to GEMINI_STATS_FILE, readable inside the process through gemhook_stats.
+ */
+#ifndef GEMINI_STATS_H
+#define GEMINI_STATS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util.h"
+
+struct gem_stats {
+    atomic_ullong grants, token_requests, waits, wait_ns, expiries, early_releases, overuse_ns,
+        drains, drain_skipped_capture, gate_errors, capture_passthrough, burst_renewals,
+        mem_allocs, mem_frees, mem_denied, mem_rollbacks, mem_errors, dlsym_routed, procaddr_routed,
+        reconnects, slots_measured, used_ns;
+};
+extern struct gem_stats gem_stats;
+
+/* Launches are counted per thread so the launch path never touches a shared cache line. */
+struct gem_thread_counter {
+    uint64_t launches;
+    struct gem_thread_counter *next;
+};
+/* initial-exec: a plain %fs-relative load on the launch path instead of a __tls_get_addr call */
+extern __thread struct gem_thread_counter *gem_tls_counter __attribute__((tls_model("initial-exec")));
+struct gem_thread_counter *gem_register_thread_counter(void);
+static inline void gem_count_launch(void) {
+    struct gem_thread_counter *c = gem_tls_counter;
+    if (GEM_UNLIKELY(c == NULL))
+        c = gem_register_thread_counter();
+    c->launches++;
+}
+uint64_t gem_total_launches(void);
+
+/* cffi-begin */
+GEM_EXPORT int gemhook_stats(char *buf, size_t len); /* the counters as "name=value ..." */
+/* cffi-end */
+
+void gem_stats_report(void);        /* at exit: GEMINI_STATS_FILE and the info log */
+void gem_stats_after_fork(void);    /* the child's counters start at zero */
+
+#endif /* GEMINI_STATS_H */

@@ -1,0 +1,54 @@
+/*
+ * wrappers.c -- the generated wrappers of the uniform rows of hook_table.h:
+ *
+ *   LAUNCH         gate (gate.h's gem_gate_launch), then the real launch
+ *   SYNC           the real call, then each module's sync hook: the burst is
+ *                  over (gate), pools may have shrunk (memory)
+ *   CAPTURE_*      the real call, then the capture table (capture.h)
+ *
+ * It has no header of its own: nothing calls these but the program, and
+ * hook_exports.h declares them (symbols.c hands them out).
+ */
+#define _GNU_SOURCE
+#include "capture.h"
+#include "gate.h"
+#include "memory.h"
+#include "real.h"
+#include "hook_exports.h"
+
+#define GEM_WRAP_LAUNCH(name, pt, params, args, stream)                                         \
+    GEM_EXPORT CUresult name params {                                                           \
+        CUresult gate_rc = gem_gate_launch((stream), pt);                                       \
+        if (GEM_UNLIKELY(gate_rc != CUDA_SUCCESS))                                              \
+            return gate_rc;                                                                     \
+        gem_fn_##name##_t *real = REAL(name);                                                   \
+        return GEM_LIKELY(real != NULL) ? real args : CUDA_ERROR_NOT_SUPPORTED;                 \
+    }
+#define GEM_WRAP_SYNC(name, pt, params, args, extra)                                            \
+    GEM_EXPORT CUresult name params {                                                           \
+        if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                  \
+        CUresult rc = REAL(name) args;                                                          \
+        gem_gate_on_sync();                                                                     \
+        gem_memory_on_sync();                                                                   \
+        return rc;                                                                              \
+    }
+#define GEM_WRAP_CAPTURE(name, pt, params, args, stream, begins)                                \
+    GEM_EXPORT CUresult name params {                                                           \
+        if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                  \
+        CUresult rc = REAL(name) args;                                                          \
+        gem_capture_changed((stream), (begins), pt, rc);                                        \
+        return rc;                                                                              \
+    }
+#define GEM_WRAP_CAPTURE_BEGIN(name, pt, params, args, stream) GEM_WRAP_CAPTURE(name, pt, params, args, stream, 1)
+#define GEM_WRAP_CAPTURE_END(name, pt, params, args, stream) GEM_WRAP_CAPTURE(name, pt, params, args, stream, 0)
+#define GEM_WRAP_NONE(...)
+#define GEM_WRAP_ALLOC_ASYNC GEM_WRAP_NONE     /* memory.c */
+#define GEM_WRAP_ALLOC_FROM_POOL GEM_WRAP_NONE /* memory.c */
+#define GEM_WRAP_CUSTOM GEM_WRAP_NONE
+#define GEM_WRAP_REAL GEM_WRAP_NONE
+
+#define GEM_WRAP_ROW(kind, lib, ret, name, since, pt, params, args, extra) \
+    GEM_WRAP_##kind(name, pt, params, args, extra)
+GEM_HOOK_TABLE(GEM_WRAP_ROW)
