@@ -15,13 +15,14 @@ class BuildWithHook(build_py):
         super().run()
         subprocess.check_call(["make", "-C", str(ROOT), "hook"])
         built = ROOT / "gemini" / "lib" / "libgemhook.so.1"
-        header = ROOT / "hook" / "gemini_proto.h"
+        headers = [ROOT / "hook" / "gemini_proto.h", ROOT / "hook" / "board.h"]
         if not getattr(self, "editable_mode", False):
             target = Path(self.build_lib) / "gemini"
             (target / "lib").mkdir(parents=True, exist_ok=True)
             (target / "hook_include").mkdir(parents=True, exist_ok=True)
             shutil.copy2(built, target / "lib" / built.name)
-            shutil.copy2(header, target / "hook_include" / header.name)
+            for header in headers:
+                shutil.copy2(header, target / "hook_include" / header.name)
             os.chmod(target / "lib" / built.name, 0o755)
 
 

@@ -26,6 +26,7 @@
 #define GEM_NAME_LEN 64
 #define GEM_UUID_LEN 64
 #define GEM_ERRMSG_LEN 192
+#define GEM_BOARD_PATH_LEN 128
 
 enum gem_msg_type {
     GEM_MSG_HELLO = 1,          /* hook -> pmgr: first frame on a connection */
@@ -91,7 +92,13 @@ struct gem_hello_ack {
     uint64_t mem_limit;         /* the group's memory limit, bytes */
     uint64_t mem_used;          /* the group's memory in use, bytes */
     char group[GEM_NAME_LEN];   /* the group this pod manager serves */
+    uint32_t flags;             /* GEM_ACK_* */
+    int32_t board_slot;         /* the group's line on the board page, -1 if none */
+    char board_path[GEM_BOARD_PATH_LEN];  /* the GPU's board page (read-only for hooks); empty if none */
 };
+
+/* The group is latency class: its tokens are claims, and it never pauses for claims. */
+#define GEM_ACK_LATENCY 1
 
 struct gem_token_request {
     int64_t overuse_ns;         /* GPU time used past the last slot's deadline */
@@ -102,7 +109,15 @@ struct gem_token_request {
 struct gem_token_grant {
     int64_t quota_ns;           /* time left on the group's token from now */
     uint64_t token_seq;         /* id of the group token; echoed on release */
+    uint32_t flags;             /* GEM_GRANT_* */
+    uint32_t reserved;
 };
+
+/* GEM_GRANT_BOUND: keep the work queued on the GPU short, so that a claim or a slot's end takes effect
+ * within about a millisecond (a latency group is present, or the group is capped below 1).
+ * GEM_GRANT_CLAIM: the token is a latency group's claim (batch holders pause meanwhile). */
+#define GEM_GRANT_BOUND 1
+#define GEM_GRANT_CLAIM 2
 
 struct gem_token_release {
     uint64_t token_seq;
@@ -146,12 +161,67 @@ struct gem_msg {
     struct gem_header hdr;
     union gem_payload u;
 };
+
+/*
+ * The board: one shared-memory page per GPU (a file gem-schd creates; hooks map it read-only, the daemons
+ * read-write). It carries what must reach the hooks without a round trip:
+ *   - claims: a latency group's pod manager writes its claim's end (CLOCK_MONOTONIC ns) on its line and
+ *     raises claim_until_ns, the latest end of any claim; batch hooks do not launch while now < it;
+ *   - continuations: gem-schd publishes each group's current slot (token_seq, the slot it continues,
+ *     deadline), so a holder whose slot continues keeps launching at its deadline without draining;
+ *   - turn_waiters: a pod manager in turns mode says how many processes wait for the turn.
+ * Every field is written through the gemhook_board_* functions (hook/board.c), which order the stores
+ * (a seqlock for a slot; atomics for claims), so the hook and the Python daemons agree on one protocol.
+ */
+/* magic "BORD"; 1022 group lines make the file 64 KiB */
+#define GEM_BOARD_MAGIC 0x44524f42
+#define GEM_BOARD_VERSION 1
+#define GEM_BOARD_LINE 64
+#define GEM_BOARD_GROUPS 1022
+#define GEM_BOARD_SIZE 65536
+
+struct gem_board_head {                  /* line 0: written once by gem-schd */
+    uint32_t magic;
+    uint16_t version;
+    uint16_t line;                       /* GEM_BOARD_LINE */
+    uint32_t groups;                     /* GEM_BOARD_GROUPS */
+    int32_t scheduler_pid;
+    uint64_t generation;                 /* a new board (gem-schd restarted) has a new one */
+    uint8_t pad[40];
+};
+
+struct gem_board_claims {                /* line 1: read on every batch launch */
+    int64_t claim_until_ns;              /* batch hooks pause while CLOCK_MONOTONIC < this */
+    uint32_t latency_groups;             /* gem-schd: latency groups in the config (0: nothing to bound) */
+    uint32_t used_slots;                 /* gem-schd: group lines in use are below this */
+    uint8_t pad[48];
+};
+
+struct gem_board_group {                 /* one line per group */
+    uint32_t seq_lock;                   /* even: stable; odd: gem-schd is writing the three below */
+    uint32_t turn_waiters;               /* the pod manager (turns): processes waiting for the turn */
+    uint64_t token_seq;                  /* gem-schd: the group's current slot */
+    uint64_t prev_seq;                   /* gem-schd: the slot it continues (0: a fresh grant) */
+    int64_t deadline_ns;                 /* gem-schd: when that slot ends (CLOCK_MONOTONIC ns) */
+    int64_t claim_until_ns;              /* the pod manager (latency class): its claim's end, 0 if none */
+    uint8_t pad[24];
+};
+
+struct gem_board {
+    struct gem_board_head head;
+    struct gem_board_claims claims;
+    struct gem_board_group group[GEM_BOARD_GROUPS];
+};
 /* cffi-end */
 
 #ifndef __cplusplus
 _Static_assert(sizeof(struct gem_header) == GEM_HEADER_SIZE, "gem_header size");
 _Static_assert(sizeof(union gem_payload) == GEM_PAYLOAD_SIZE, "gem_payload size");
 _Static_assert(sizeof(struct gem_msg) == GEM_MSG_SIZE, "gem_msg size");
+_Static_assert(sizeof(struct gem_board_head) == GEM_BOARD_LINE, "gem_board_head size");
+_Static_assert(sizeof(struct gem_board_claims) == GEM_BOARD_LINE, "gem_board_claims size");
+_Static_assert(sizeof(struct gem_board_group) == GEM_BOARD_LINE, "gem_board_group size");
+_Static_assert(sizeof(struct gem_board) == GEM_BOARD_SIZE, "gem_board size");
 #endif
 
 #endif /* GEMINI_PROTO_H */

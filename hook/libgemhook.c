@@ -13,6 +13,7 @@
  *   0  cuda_types.h, gemini_proto.h, hook_table.h, hook_exports.h
  *                  declarations only: the ABI, the wire format, the table
  *   1  util        macros, clocks, pure functions (exported for tests)
+ *      board       the board page's protocol (exported for the daemons)
  *      settings    settings from the environment, logging
  *      stats       counters
  *      real        the driver's real functions, resolved from the table

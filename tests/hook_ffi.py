@@ -17,7 +17,7 @@ from tests.conftest import REPO_ROOT
 HOOK_LIB = REPO_ROOT / "gemini" / "lib" / "libgemhook.so.1"
 HOOK_DIR = REPO_ROOT / "hook"
 # The headers whose cffi regions declare the exported test functions.
-CDEF_HEADERS = ("util.h", "stats.h")
+CDEF_HEADERS = ("util.h", "board.h", "stats.h")
 
 _REGION = re.compile(r"/\* cffi-begin \*/\n(.*?)/\* cffi-end \*/", re.S)
 _STRUCT_PTR = re.compile(r"\bstruct\s+\w+\s*\*")

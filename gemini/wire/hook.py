@@ -59,6 +59,10 @@ NAME_LEN = _const("GEM_NAME_LEN")
 UUID_LEN = _const("GEM_UUID_LEN")
 ERRMSG_LEN = _const("GEM_ERRMSG_LEN")
 HELLO_FLAG_FAIL_OPEN = _const("GEM_HELLO_FLAG_FAIL_OPEN")
+ACK_LATENCY = _const("GEM_ACK_LATENCY")
+GRANT_BOUND = _const("GEM_GRANT_BOUND")
+GRANT_CLAIM = _const("GEM_GRANT_CLAIM")
+BOARD_PATH_LEN = _const("GEM_BOARD_PATH_LEN")
 
 assert ffi.sizeof("struct gem_msg") == MSG_SIZE
 assert ffi.sizeof("struct gem_header") == HEADER_SIZE
@@ -137,6 +141,9 @@ class HelloAck:
     mem_limit: int
     mem_used: int
     group: str
+    flags: int = 0              # ACK_LATENCY
+    board_slot: int = -1        # the group's line on the board page
+    board_path: str = ""        # the GPU's board page
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,8 @@ class TokenGrant:
     PAYLOAD: ClassVar[str | None] = "token_grant"
     quota_ns: int
     token_seq: int
+    flags: int = 0              # GRANT_BOUND | GRANT_CLAIM
+    reserved: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,164 @@
+"""The board: one shared-memory page per GPU through which the daemons reach the hooks without a round trip.
+
+gem-schd creates it (`Board.create`) and publishes each group's current slot on the group's line, so a holder
+whose slot continues keeps launching at its deadline; a latency group's pod manager writes its claims on it
+(`Board.open` read-write), and batch hooks pause while a claim lasts; a pod manager in turns mode says how many
+of its processes wait for the turn. Hooks map it read-only. The layout is in hook/gemini_proto.h and every write
+goes through the gemhook_board_* functions of libgemhook.so.1 (hook/board.c), so the hook and the daemons
+follow one protocol (a seqlock for slots, atomics for claims).
+
+Times on the board are CLOCK_MONOTONIC nanoseconds, which every process of one machine shares.
+"""
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from cffi import FFI
+
+from gemini.hookpath import hook_path
+from gemini.wire.hook import cdef_text
+
+_REGION = re.compile(r"/\* cffi-begin \*/\n(.*?)/\* cffi-end \*/", re.S)
+_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+
+
+def _board_header() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "hook_include" / "board.h", here.parent / "hook" / "board.h"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("board.h not found in the package or the source tree")
+
+
+@functools.lru_cache(maxsize=None)
+def _ffi() -> tuple[FFI, Any]:
+    ffi = FFI()
+    ffi.cdef(cdef_text())
+    region = _REGION.findall(_board_header().read_text())
+    ffi.cdef(_COMMENT.sub("", "".join(region)).replace("GEM_EXPORT ", ""))
+    return ffi, ffi.dlopen(str(hook_path()))
+
+
+def now_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+class BoardError(RuntimeError):
+    """The board page cannot be created or opened."""
+
+
+class Board:
+    """A mapped board page. `create` (gem-schd) makes a new one; `open` (a pod manager) maps an existing one."""
+
+    def __init__(self, path: Path, mm: mmap.mmap):
+        self.path = path
+        self._mm = mm
+        self._ffi, self._lib = _ffi()
+        self._b = self._ffi.cast("struct gem_board *", self._ffi.from_buffer(mm))
+
+    @classmethod
+    def create(cls, path: str | os.PathLike, mode: int = 0o644) -> "Board":
+        """A fresh board at `path` (replacing any old one atomically), readable by hooks (`mode`)."""
+        ffi, lib = _ffi()
+        size = ffi.sizeof("struct gem_board")
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+        except OSError as exc:
+            raise BoardError(f"cannot create the board page {tmp}: {exc.strerror}") from None
+        try:
+            os.fchmod(fd, mode)     # whatever the umask
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        board = cls(path, mm)
+        lib.gemhook_board_init(board._b, os.getpid(), secrets.randbits(63))
+        os.replace(tmp, path)
+        return board
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "Board":
+        """Map an existing board read-write (a pod manager's claims and turn waiters)."""
+        ffi, _ = _ffi()
+        size = ffi.sizeof("struct gem_board")
+        path = Path(path)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise BoardError(f"cannot open the board page {path}: {exc.strerror}") from None
+        try:
+            if os.fstat(fd).st_size != size:
+                raise BoardError(f"{path} is not a board page (size {os.fstat(fd).st_size}, expected {size})")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        board = cls(path, mm)
+        if board._b.head.magic != board._lib.GEM_BOARD_MAGIC:
+            board.close()
+            raise BoardError(f"{path} is not a board page (bad magic)")
+        return board
+
+    @property
+    def generation(self) -> int:
+        return int(self._b.head.generation)
+
+    def set_counts(self, latency_groups: int, used_slots: int) -> None:
+        self._lib.gemhook_board_set_counts(self._b, latency_groups, used_slots)
+
+    def publish(self, slot: int, token_seq: int, prev_seq: int, deadline_ns: int) -> None:
+        self._lib.gemhook_board_publish(self._b, slot, token_seq, prev_seq, deadline_ns)
+
+    def read(self, slot: int) -> tuple[int, int, int] | None:
+        """(token_seq, prev_seq, deadline_ns) of a slot, as a hook reads it."""
+        seq = self._ffi.new("uint64_t *")
+        prev = self._ffi.new("uint64_t *")
+        deadline = self._ffi.new("int64_t *")
+        if not self._lib.gemhook_board_read(self._b, slot, seq, prev, deadline):
+            return None
+        return int(seq[0]), int(prev[0]), int(deadline[0])
+
+    def claim(self, slot: int, until_ns: int) -> None:
+        self._lib.gemhook_board_claim(self._b, slot, until_ns)
+
+    def unclaim(self, slot: int) -> None:
+        self._lib.gemhook_board_unclaim(self._b, slot)
+
+    def claim_until(self) -> int:
+        return int(self._lib.gemhook_board_claim_until(self._b))
+
+    def claim_of(self, slot: int) -> int:
+        return int(self._b.group[slot].claim_until_ns)
+
+    def set_waiters(self, slot: int, waiters: int) -> None:
+        self._lib.gemhook_board_set_waiters(self._b, slot, max(0, min(waiters, 2**32 - 1)))
+
+    def waiters(self, slot: int) -> int:
+        return int(self._lib.gemhook_board_waiters(self._b, slot))
+
+    @property
+    def max_groups(self) -> int:
+        return int(self._lib.GEM_BOARD_GROUPS)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            del self._b
+            try:
+                self._mm.close()
+            except BufferError:     # a cffi view still alive somewhere: the mapping goes with the process
+                pass
+            self._mm = None  # type: ignore[assignment]
+
+    def unlink(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass

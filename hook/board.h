@@ -1,0 +1,37 @@
+/*
+ * board.h -- how the board page is written and read (gemini_proto.h declares its layout).
+ *
+ * gem-schd and the pod managers write the board through these functions (loaded with cffi), the hook
+ * reads it, so both sides follow one protocol. A group's slot (token_seq, prev_seq, deadline) is
+ * published under a seqlock, so a reader never sees half of an update; claims are atomics. The functions
+ * take the mapped page and touch nothing else.
+ */
+#ifndef GEMINI_BOARD_H
+#define GEMINI_BOARD_H
+
+#include <stdint.h>
+
+#include "gemini_proto.h"
+#include "util.h"
+
+/* cffi-begin */
+GEM_EXPORT void gemhook_board_init(struct gem_board *b, int32_t scheduler_pid, uint64_t generation);
+GEM_EXPORT void gemhook_board_set_counts(struct gem_board *b, uint32_t latency_groups, uint32_t used_slots);
+GEM_EXPORT void gemhook_board_publish(struct gem_board *b, uint32_t slot, uint64_t token_seq, uint64_t prev_seq,
+                                      int64_t deadline_ns);
+GEM_EXPORT int gemhook_board_read(const struct gem_board *b, uint32_t slot, uint64_t *token_seq,
+                                  uint64_t *prev_seq, int64_t *deadline_ns);
+GEM_EXPORT void gemhook_board_claim(struct gem_board *b, uint32_t slot, int64_t until_ns);
+GEM_EXPORT void gemhook_board_unclaim(struct gem_board *b, uint32_t slot);
+GEM_EXPORT int64_t gemhook_board_claim_until(const struct gem_board *b);
+GEM_EXPORT void gemhook_board_set_waiters(struct gem_board *b, uint32_t slot, uint32_t waiters);
+GEM_EXPORT uint32_t gemhook_board_waiters(const struct gem_board *b, uint32_t slot);
+/* cffi-end */
+
+/* The launch path's read: a relaxed load of one word on a line that changes only when a claim starts or
+ * ends (so it stays in every core's cache between claims). */
+static inline int64_t gem_board_claim_until(const struct gem_board *b) {
+    return __atomic_load_n(&b->claims.claim_until_ns, __ATOMIC_RELAXED);
+}
+
+#endif /* GEMINI_BOARD_H */
