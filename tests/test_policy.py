@@ -1,698 +1,449 @@
-"""The scheduling policy on simulated time (no sockets, no sleeping)."""
+"""gem-schd's policy on simulated time: caps as token buckets, floors and fair shares by weighted virtual time,
+continuations, latency claims. No sockets, no sleeping.
+
+Two drivers: direct calls (exact decisions), and tests/policy_sim.Model, which adds the delays of the real
+system (grants and requests travel, a holder drains its queue before it asks again, a context switch costs the
+GPU 0.14 ms) and measures what each tenant really ran.
+"""
 from __future__ import annotations
 
-import heapq
 import math
-from dataclasses import dataclass, field
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gemini.config import parse_config
+from gemini.scheduler.policy import (DEFAULT_BUCKET_MS, ClaimRightDecision, GrantDecision, Policy, RefuseDecision,
+                                     SlotEndDecision, diff_configs, fair_targets)
 from gemini.wire.sched import ERR_UNKNOWN_GROUP
-from gemini.scheduler.policy import GrantDecision, Policy, RefuseDecision, diff_configs, fair_targets
-
-W = 10_000.0
-
-
-def make_config(*groups, path="<test>"):
-    """groups: (name, min, max) tuples."""
-    text = "".join(f"[{n}]\nMinUtil = {mn}\nMaxUtil = {mx}\n" for n, mn, mx in groups)
-    return parse_config(text, path)
+from tests.policy_sim import Busy, Model, Requests, config, percentile
 
 
 def grants(decisions):
     return [d for d in decisions if isinstance(d, GrantDecision)]
 
 
-# --- a small discrete-event simulation of pod managers --------------------------------------------------------
-
-@dataclass
-class Busy:
-    """Always busy: asks again right when its slot ends (reporting `overuse` ms of overrun)."""
-    overuse: float = 0.0
-    burst: float = 0.0
+def ends(decisions):
+    return [d for d in decisions if isinstance(d, SlotEndDecision)]
 
 
-@dataclass
-class Bursty:
-    """Uses `use` ms of each slot, releases the token (idle), and asks again `idle` ms later with burst `use`."""
-    use: float
-    idle: float
+def busy_model(groups, until=30_000.0, **kw):
+    return Model(groups, {g[0]: Busy() for g in groups}, **kw).run(until)
 
 
-@dataclass
-class Sim:
-    policy: Policy
-    behaviour: dict
-    slots: list = field(default_factory=list)        # [group, start, end] as actually used
-    events: list = field(default_factory=list)
-    order: int = 0
-    now: float = 0.0
+def worst(values, target):
+    return max(abs(v - target) for v in values)
 
-    def push(self, t, kind, group, *args):
-        heapq.heappush(self.events, (t, self.order, kind, group, args))
-        self.order += 1
 
-    def handle(self, decisions, t):
+# --- floors -------------------------------------------------------------------------------------------------------
+
+def test_min_util_floor_holds_against_a_busy_neighbour():
+    """The issue's case: A with MinUtil 0.7, B with 0, both busy and uncapped. A gets its 0.7."""
+    m = busy_model([("a", 0.7, 1.0), ("b", 0.0, 1.0)])
+    assert m.share("a", 2000, m.now) >= 0.69
+    assert m.share("b", 2000, m.now) >= 0.29      # and B the rest
+    assert m.share("a", 2000, m.now) + m.share("b", 2000, m.now) >= 0.99
+
+
+def test_without_continuations_the_groups_alternate_whatever_their_floors():
+    """What the floor failure looked like: at a deadline the holder is still draining, so only the other group
+    waits and wins; the groups alternate 1:1 (0.50 / 0.48 on the simulated driver, 0.505 / 0.477 on the H100)."""
+    m = busy_model([("a", 0.7, 1.0), ("b", 0.0, 1.0)], continuation=False)
+    assert m.share("a", 2000, m.now) < 0.55
+
+
+@pytest.mark.parametrize("floors,expected", [
+    ((0.3, 0.0), (0.5, 0.5)),          # the floor is met by an even split: no effect
+    ((0.5, 0.2), (0.5, 0.5)),
+    ((0.8, 0.2), (0.8, 0.2)),
+    ((0.0, 0.0), (0.5, 0.5)),
+])
+def test_shares_under_contention_are_the_water_filled_floors(floors, expected):
+    m = busy_model([("a", floors[0], 1.0), ("b", floors[1], 1.0)])
+    for name, want in zip("ab", expected):
+        assert abs(m.share(name, 2000, m.now) - want) <= 0.015, (name, m.share(name, 2000, m.now))
+
+
+def test_fair_targets_with_floors_and_caps():
+    assert fair_targets({"a": 1.0, "b": 1.0}, {"a": 0.7}) == pytest.approx({"a": 0.7, "b": 0.3})
+    assert fair_targets({"a": 0.3, "b": 0.6}) == {"a": 0.3, "b": 0.6}
+    assert fair_targets({"a": 0.6, "b": 1.0}) == pytest.approx({"a": 0.5, "b": 0.5})
+    t = fair_targets({"a": 0.2, "b": 0.9, "c": 0.9})
+    assert t == pytest.approx({"a": 0.2, "b": 0.4, "c": 0.4})
+    # floors adding up to more than 1 are scaled down
+    assert fair_targets({"a": 1.0, "b": 1.0}, {"a": 0.9, "b": 0.6}) == pytest.approx({"a": 0.6, "b": 0.4})
+
+
+# --- caps ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("caps,w1,w10,mean", [
+    ((0.3, 0.6), 0.012, 0.005, 0.003),
+    ((0.4, 0.6), 0.012, 0.006, 0.005),
+    ((0.2, 0.3, 0.5), 0.020, 0.010, 0.008),
+    ((0.1, 0.2, 0.3, 0.4), 0.020, 0.010, 0.008),
+])
+def test_busy_capped_groups_reach_their_caps_over_every_window(caps, w1, w10, mean):
+    """Sliding 1 s and 10 s windows, stepped by 100 ms, from the 2nd second. The bounds are what this model
+    gives with the default bucket; with caps adding up to 1 the GPU's context switches (modelled at 0.14 ms each)
+    cost someone up to a point of share."""
+    groups = [(chr(97 + i), 0.0, c) for i, c in enumerate(caps)]
+    m = busy_model(groups, until=25_000.0)
+    for name, _, cap in groups:
+        assert worst(m.window_shares(name, 1000.0, 100.0, 2000.0), cap) <= w1, name
+        assert worst(m.window_shares(name, 10_000.0, 100.0, 2000.0), cap) <= w10, name
+        assert abs(m.share(name, 2000, m.now) - cap) <= mean, name
+        assert max(m.window_shares(name, 1000.0, 100.0, 2000.0)) <= cap + DEFAULT_BUCKET_MS / 1000 + 0.002
+
+
+def test_a_lone_capped_group_stays_at_its_cap():
+    m = busy_model([("a", 0.0, 0.3)], until=20_000.0)
+    assert worst(m.window_shares("a", 1000.0, 100.0, 1000.0), 0.3) <= 0.01
+
+
+def test_caps_adding_up_to_one_keep_the_gpu_busy():
+    m = busy_model([("a", 0.0, 0.2), ("b", 0.0, 0.3), ("c", 0.0, 0.5)], until=20_000.0)
+    useful = sum(m.share(n, 2000, m.now) for n in "abc")
+    assert useful >= 0.985
+    # fewer, longer slots: handoffs stay well under one per 10 ms
+    assert m.handoffs(2000, m.now) / 18.0 < 100
+
+
+@st.composite
+def _mixes(draw):
+    n = draw(st.integers(1, 3))
+    groups = []
+    for i in range(n):
+        cap = draw(st.sampled_from([0.05, 0.1, 0.25, 0.3, 0.5, 0.7, 1.0]))
+        floor = draw(st.sampled_from([0.0, 0.0, min(cap, 0.2)]))
+        groups.append((chr(97 + i), floor, cap))
+    ops = draw(st.lists(st.tuples(st.sampled_from(range(n)), st.sampled_from(["req", "rel", "idle"]),
+                                  st.floats(0.1, 60.0)), min_size=5, max_size=80))
+    return groups, ops
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_mixes())
+def test_no_interval_gets_more_than_its_cap_plus_the_bucket(mix):
+    """The token bucket's guarantee, for any mix of requests and early releases: over any interval of length T
+    a group holds the GPU at most MaxUtil x T + bucket_ms."""
+    groups, ops = mix
+    p = Policy(config(*groups), 100.0, 5.0, 10_000.0)
+    now = 0.0
+    held: dict[str, list[tuple[float, float]]] = {g[0]: [] for g in groups}
+    seq_of: dict[str, int] = {}
+
+    def apply(decisions):
         for d in decisions:
             if isinstance(d, GrantDecision):
-                b = self.behaviour[d.group]
-                if isinstance(b, Busy):
-                    self.slots.append([d.group, t, t + d.quota_ms + b.overuse])
-                    self.push(t + d.quota_ms, "request", d.group, b.overuse, b.burst)
-                else:
-                    used = min(b.use, d.quota_ms)
-                    self.slots.append([d.group, t, t + used])
-                    if used < d.quota_ms:
-                        self.push(t + used, "release", d.group, d.token_seq)
-                    self.push(t + used + b.idle, "request", d.group, 0.0, b.use)
+                seq_of[d.group] = d.token_seq
+            elif isinstance(d, SlotEndDecision):
+                held[d.group].append((d.start_ms, d.end_ms))
 
-    def run(self, until):
-        for g in self.behaviour:
-            self.handle(self.policy.request(g, now=self.now), self.now)
+    def advance(to):
+        nonlocal now
         while True:
-            wake = self.policy.next_wakeup(self.now)
-            te = self.events[0][0] if self.events else math.inf
-            tw = wake if wake is not None else math.inf
-            t = min(te, tw)
-            if t > until:
+            w = p.next_wakeup(now)
+            if w is None or w > to:
                 break
-            assert t >= self.now
-            self.now = t
-            if te <= tw:
-                _, _, kind, group, args = heapq.heappop(self.events)
-                if kind == "request":
-                    self.handle(self.policy.request(group, args[0], args[1], now=t), t)
-                else:
-                    self.handle(self.policy.release(group, args[0], 0.0, now=t), t)
-            else:
-                self.handle(self.policy.tick(t), t)
-        self.now = until
-        return self
+            now = max(now, w)
+            apply(p.tick(now))
+        now = to
 
-    def share(self, group, start, end):
-        """Share of [start, end] the group's slots cover (computed here, independently of the policy)."""
-        total = 0.0
-        for g, s, e in self.slots:
-            if g == group:
-                total += max(0.0, min(e, end) - max(s, start))
-        return total / (end - start)
-
-
-def simulate(groups, behaviour=None, until=60_000.0, quota=250.0, min_quota=100.0, window=W):
-    policy = Policy(make_config(*groups), quota, min_quota, window, 0.0)
-    behaviour = behaviour or {g[0]: Busy() for g in groups}
-    return Sim(policy, behaviour).run(until)
-
-
-def window_shares(sim, group, first_end=W, step=250.0, window=W):
-    """Shares over every window [t - window, t], t from first_end to the end of the run in `step`s."""
-    out = []
-    t = first_end
-    while t <= sim.now:
-        out.append(sim.share(group, t - window, t))
-        t += step
-    return out
-
-
-# --- MaxUtil accuracy --------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("groups,expected", [
-    ([("a", 0, 0.3), ("b", 0, 0.3)], {"a": 0.3, "b": 0.3}),
-    ([("a", 0, 0.2), ("b", 0, 0.5)], {"a": 0.2, "b": 0.5}),
-    ([("a", 0, 0.3), ("b", 0, 1.0)], {"a": 0.3, "b": 0.7}),
-    ([("a", 0, 0.6), ("b", 0, 1.0)], {"a": 0.5, "b": 0.5}),   # a cap, not a target: least usage shares evenly
-])
-def test_two_busy_groups_reach_their_caps(groups, expected):
-    sim = simulate(groups)
-    for name, _, _ in groups:
-        last = sim.share(name, sim.now - W, sim.now)
-        assert abs(last - expected[name]) <= 0.01, (name, last, expected[name])
-        shares = window_shares(sim, name)
-        assert max(shares) <= expected[name] + 0.0125, (name, max(shares))
-        assert abs(sum(shares) / len(shares) - expected[name]) <= 0.005, (name, sum(shares) / len(shares))
-        cap = dict((g[0], g[2]) for g in groups)[name]
-        assert max(shares) <= cap + 1e-6     # a cap is never exceeded over any window
-
-
-@pytest.mark.parametrize("groups", [
-    [("a", 0, 0.3), ("b", 0, 0.3), ("c", 0, 0.3)],
-    [("a", 0, 0.3), ("b", 0, 0.5), ("c", 0, 0.15)],
-    [("a", 0.2, 0.25), ("b", 0, 0.7), ("c", 0, 0.05)],
-])
-def test_three_busy_groups_reach_their_caps(groups):
-    sim = simulate(groups)
+    for idx, op, dt in ops:
+        name = groups[idx][0]
+        advance(now + dt)
+        if op == "req":
+            apply(p.request(name, now=now))
+        elif op == "rel" and name in seq_of:
+            apply(p.release(name, seq_of[name], now=now))
+    advance(now + 500.0)
+    apply(p.stop(now))
     for name, _, cap in groups:
-        last = sim.share(name, sim.now - W, sim.now)
-        assert abs(last - cap) <= 0.01, (name, last, cap)
-        shares = window_shares(sim, name)
-        assert max(shares) <= cap + 1e-6, (name, max(shares))   # the cap is never exceeded
-        assert abs(sum(shares) / len(shares) - cap) <= 0.005
-
-
-def test_short_windows_track_the_caps_too():
-    """Slots interleave in proportion to the caps, so shares hold over 1 s, not only over the 10 s window."""
-    sim = simulate([("a", 0, 0.3), ("b", 0, 0.6)], until=40_000.0, quota=20.0, min_quota=5.0)
-    for name, cap in (("a", 0.3), ("b", 0.6)):
-        shares = window_shares(sim, name, first_end=11_000.0, step=1000.0, window=1000.0)
-        assert max(abs(x - cap) for x in shares) <= 0.02, (name, shares)
-
-
-def test_window_opens_with_the_first_request_not_the_daemon_start():
-    """Idle time before any client must not count as unused window (it let groups overshoot their caps)."""
-    policy = Policy(make_config(("a", 0, 0.3)), 20, 5, W, 0)
-    sim = Sim(policy, {"a": Busy()})
-    sim.now = 5_000.0                       # the daemon idled for 5 s before the first client came
-    sim.run(8_000.0)
-    # counting the idle 5 s as window would allow up to 0.3 x 8 s in these 3 s (0.8); the window opening
-    # at the first request keeps the group at its cap, give or take the first slots' start-up
-    assert sim.share("a", 5_000.0, 8_000.0) <= 0.3 + 0.01
-
-
-def test_fair_targets_water_fill_under_caps():
-    assert fair_targets({"a": 0.3, "b": 0.6}) == {"a": 0.3, "b": 0.6}
-    assert fair_targets({"a": 0.6, "b": 1.0}) == {"a": 0.5, "b": 0.5}
-    t = fair_targets({"a": 0.2, "b": 0.9, "c": 0.9})
-    assert t["a"] == 0.2 and abs(t["b"] - 0.4) < 1e-12 and abs(t["c"] - 0.4) < 1e-12
-
-
-def test_cap_is_met_from_the_first_window():
-    sim = simulate([("a", 0, 0.3), ("b", 0, 0.3)], until=W)
-    for name in "ab":
-        assert abs(sim.share(name, 0, W) - 0.3) <= 0.01
-
-
-def test_cap_holds_with_other_quota_settings():
-    sim = simulate([("a", 0, 0.35), ("b", 0, 0.25)], quota=500.0, min_quota=50.0, until=40_000.0)
-    assert abs(sim.share("a", sim.now - W, sim.now) - 0.35) <= 0.01
-    assert abs(sim.share("b", sim.now - W, sim.now) - 0.25) <= 0.01
-
-
-def test_naive_rule_would_overshoot_but_policy_does_not():
-    # A capped group alone, always busy: Gemini's rule grants a full 250 ms whenever usage < cap, overshooting by
-    # about 250 * 0.7 / 10000 = 1.75 pp. Here the long-run share stays at the cap.
-    sim = simulate([("a", 0, 0.3)])
-    shares = window_shares(sim, "a")
-    assert max(shares) <= 0.3 + 1e-6
-    assert sum(shares) / len(shares) >= 0.295
-
-
-def test_lone_group_with_full_cap_gets_everything():
-    sim = simulate([("a", 0, 1.0)])
-    assert sim.share("a", sim.now - W, sim.now) >= 0.99
-    assert sim.share("a", 0, sim.now) >= 0.99
-
-
-def test_lone_group_with_full_cap_and_handoff_delay():
-    # The pod manager's next request arrives 0.3 ms after the deadline: the token is handed straight back.
-    policy = Policy(make_config(("a", 0, 1.0)), 250, 100, W, 0)
-    now, used = 0.0, 0.0
-    for _ in range(400):
-        (g,) = grants(policy.request("a", now=now))
-        used += g.quota_ms
-        now += g.quota_ms + 0.3
-    assert used / now >= 0.99
-
-
-# --- MinUtil ----------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("groups", [
-    [("a", 0.5, 1), ("b", 0.3, 1), ("c", 0, 1)],
-    [("a", 0.7, 1), ("b", 0.1, 1)],
-    [("a", 0.4, 1), ("b", 0.4, 1), ("c", 0, 1), ("d", 0, 1)],
-    [("a", 0.3, 0.6), ("b", 0.2, 1), ("c", 0, 1), ("d", 0, 1)],
-])
-def test_min_util_holds_under_overload(groups):
-    sim = simulate(groups)
-    for name, minimum, _ in groups:
-        if minimum == 0:
+        if cap >= 1.0:
             continue
-        shares = window_shares(sim, name)
-        assert min(shares) >= minimum - 0.01, (name, min(shares))
-        assert sum(shares) / len(shares) >= minimum - 0.002, (name, sum(shares) / len(shares))
+        spans = sorted(held[name])
+        points = sorted({s for s, _ in spans} | {e for _, e in spans})
+        for t0 in points:
+            for length in (10.0, 50.0, 200.0, 1000.0):
+                got = sum(max(0.0, min(e, t0 + length) - max(s, t0)) for s, e in spans)
+                assert got <= cap * length + DEFAULT_BUCKET_MS + 1e-6, (name, t0, length, got)
 
 
-def test_groups_without_guarantee_share_the_rest_evenly():
-    sim = simulate([("a", 0.4, 1), ("b", 0, 1), ("c", 0, 1)])
-    b = sim.share("b", sim.now - W, sim.now)
-    c = sim.share("c", sim.now - W, sim.now)
-    assert abs(b - c) <= 0.03
-    assert abs(b + c - 0.6) <= 0.02
+# --- tenants that come late, come and go, or report oddly ---------------------------------------------------------
+
+def test_a_late_starter_gets_its_share_within_a_second_and_the_other_never_overshoots():
+    groups = [("a", 0.0, 0.3), ("b", 0.0, 0.6)]
+    m = Model(groups, {"a": Busy(), "b": Busy(start_ms=3000.0)}).run(12_000.0)
+    assert max(m.window_shares("a", 1000.0, 100.0, 0.0)) <= 0.3 + DEFAULT_BUCKET_MS / 1000 + 0.002
+    assert worst(m.window_shares("b", 1000.0, 100.0, 4000.0), 0.6) <= 0.015
 
 
-@pytest.mark.parametrize("min_a,winner", [(0.5, "a"), (0.0, "b")])
-def test_below_min_group_goes_first(min_a, winner):
-    policy = Policy(make_config(("a", min_a, 1), ("b", 0, 1)), 250, 100, W, 0)
-    (g0,) = grants(policy.request("b", now=0.0))  # the window opens with the first request ...
-    policy.release("b", g0.token_seq, now=1.0)
-    t = 20_000.0                                  # ... so a full window lies behind t
-    (g,) = grants(policy.request("a", now=t))
-    policy.request("b", now=t + 1)
-    (gb,) = grants(policy.tick(t + 250))
-    policy.request("a", now=t + 260)
-    (g,) = grants(policy.release("b", gb.token_seq, now=t + 300))
-    assert g.group == "a"
-    policy.request("b", now=t + 301)
-    # a (500 ms used) comes back; b (50 ms used) has waited longer and used less, but a is below its MinUtil
-    (g,) = grants(policy.request("a", now=t + 550))
-    assert g.group == winner
+def test_a_group_that_comes_back_does_not_bank_its_idle_time():
+    """Uncapped a and b with equal floors; b leaves for 3 s and comes back: it gets its half again, not a run
+    that pays back the time it was away."""
+    m = Model([("a", 0.0, 1.0), ("b", 0.0, 1.0)],
+              {"a": Busy(), "b": Busy(stop_ms=4000.0)}).run(4000.0)
+    m.tenants["b"].kind = Busy()
+    m.push(7000.0, "want", "b")
+    m.run(14_000.0)
+    assert m.share("a", 4500.0, 7000.0) >= 0.97
+    for t in range(8000, 14_000, 1000):
+        assert m.share("b", t, t + 1000) <= 0.62, t
 
 
-def test_ties_go_to_the_longest_waiting():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1), ("c", 0, 1)), 250, 100, W, 0)
-    (g,) = grants(policy.request("a", now=0))
-    policy.request("c", now=10)
-    policy.request("b", now=20)
-    (g,) = grants(policy.tick(250.0))
-    assert g.group == "c"
+@pytest.mark.parametrize("used_factor", [0.1, 3.0])
+def test_misreported_use_moves_a_share_by_at_most_the_credit(used_factor):
+    """A client that reports using far less (or more) than its slot: the charge shrinks by at most the credit
+    (2 ms a slot), and never grows."""
+    p = Policy(config(("a", 0.0, 0.3)), 100.0, 5.0, 10_000.0)
+    now, charged, held = 0.0, 0.0, 0.0
+    ds = p.request("a", now=now)
+    for _ in range(300):
+        g = grants(ds)[0]
+        now = g.start_ms + g.quota_ms
+        held += g.quota_ms
+        ds = p.request("a", now=now, used_ms=g.quota_ms * used_factor)
+        while not grants(ds):
+            w = p.next_wakeup(now)
+            now = w
+            ds = p.tick(now)
+        charged = now
+    share = held / charged
+    # the first slot is a full bucket; after that a slot is charged at least (1 - 15%) of its length
+    assert share <= 0.3 / 0.85 + DEFAULT_BUCKET_MS / charged
+    if used_factor > 1:
+        assert share <= 0.3 + DEFAULT_BUCKET_MS / charged
 
 
-# --- quota --------------------------------------------------------------------------------------------------------
+# --- continuations ------------------------------------------------------------------------------------------------
 
-def test_base_quota_without_burst():
-    policy = Policy(make_config(("a", 0, 1)), 180.0, 100, W, 0)
-    (g,) = grants(policy.request("a", now=0))
-    assert g.quota_ms == 180.0
-    # used as given even below the min quota (the min quota bounds burst-adapted quotas)
-    policy = Policy(make_config(("a", 0, 1)), 50.0, 100, W, 0)
-    (g,) = grants(policy.request("a", now=0))
-    assert g.quota_ms == 50.0
+def test_a_lone_holder_is_continued_without_a_handoff():
+    p = Policy(config(("a", 0.0, 1.0)), 50.0, 5.0, 10_000.0)
+    [g] = grants(p.request("a", now=0.0))
+    ds = p.tick(g.quota_ms - 1.0)        # the lead point
+    [c] = grants(ds)
+    [e] = ends(ds)
+    assert c.continuation and c.prev_seq == g.token_seq and c.start_ms == 50.0
+    assert e.reason == "continued" and e.end_ms == 50.0
+    assert p.holder == "a" and p.holder_deadline == 100.0
 
 
-@pytest.mark.parametrize("burst,expected", [(40.0, 100.0), (180.0, 180.0), (700.0, 700.0), (9000.0, 3000.0)])
-def test_burst_adaptive_quota_converges(burst, expected):
-    policy = Policy(make_config(("a", 0, 0.3)), 250, 100, W, 0)
+def test_a_holder_is_not_continued_past_a_group_that_is_behind():
+    p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 50.0, 5.0, 10_000.0)
+    [g] = grants(p.request("a", now=0.0))
+    assert p.request("b", now=1.0) == []
+    assert grants(p.tick(49.0)) == []                 # b waits and is behind: no continuation
+    [gb] = grants(p.tick(50.0))
+    assert gb.group == "b" and not gb.continuation
+
+
+def test_a_release_before_the_continuation_starts_voids_it():
+    p = Policy(config(("a", 0.0, 1.0)), 50.0, 5.0, 10_000.0)
+    [g] = grants(p.request("a", now=0.0))
+    [c] = grants(p.tick(49.0))
+    ds = p.release("a", g.token_seq, now=49.5)        # the hooks went idle before they saw it
+    assert p.holder is None
+    assert [(e.token_seq, e.end_ms) for e in ends(ds)] == [(c.token_seq, 50.0)]
+    assert p.history()[-2][2] == 49.5                 # the continued slot really ended at the release
+
+
+def test_a_capped_holder_is_continued_only_while_its_bucket_allows():
+    p = Policy(config(("a", 0.0, 0.5)), 100.0, 5.0, 10_000.0)
+    [g] = grants(p.request("a", now=0.0))
+    assert g.quota_ms == pytest.approx(DEFAULT_BUCKET_MS / 0.5)
+    assert grants(p.tick(g.quota_ms - 1.0)) == []    # its bucket is empty at the deadline
+
+
+# --- claims -------------------------------------------------------------------------------------------------------
+
+def test_latency_groups_may_claim_and_claims_are_charged_and_credited():
+    p = Policy(config(("inf", 0.5, 1.0, "latency"), ("train", 0.0, 1.0)), 100.0, 5.0, 10_000.0)
+    assert p.initial_decisions() == [ClaimRightDecision("inf", True, p.max_claim_ms)]
+    [g] = grants(p.request("train", now=0.0))
+    p.claimed("inf", 10.0, 14.0, now=15.0)
+    ds = p.release("train", g.token_seq, now=40.0)
+    [e] = ends(ds)
+    status = p.status(40.0)
+    assert status["inf"].claims == 1 and status["inf"].claim_ms == pytest.approx(4.0)
+    # train held 40 ms but 4 of them were inf's claim: its usage is 36 ms, inf's 4
+    assert p.usage("train", 40.0) == pytest.approx(36.0)
+    assert p.usage("inf", 40.0) == pytest.approx(4.0)
+    assert e.end_ms == 40.0
+
+
+def test_a_claim_after_the_slot_ended_still_credits_it():
+    p = Policy(config(("inf", 0.5, 1.0, "latency"), ("train", 0.0, 1.0)), 100.0, 5.0, 10_000.0)
+    [g] = grants(p.request("train", now=0.0))
+    p.release("train", g.token_seq, now=20.0)
+    p.claimed("inf", 15.0, 18.0, now=25.0)        # reported late
+    assert p.usage("train", 25.0) == pytest.approx(17.0)
+
+
+def test_the_claim_budget_is_the_min_util_and_comes_back_half_full():
+    p = Policy(config(("inf", 0.1, 1.0, "latency")), 100.0, 5.0, 10_000.0, claim_burst_ms=20.0)
+    now, rights = 0.0, []
+    while now < 1000.0:
+        rights += [d for d in p.claimed("inf", now, now + 10.0, now + 10.0) if isinstance(d, ClaimRightDecision)]
+        now += 10.0
+        if rights:
+            break
+    assert rights == [ClaimRightDecision("inf", False, p.max_claim_ms)]
+    assert now <= 40.0           # a 20 ms budget plus 0.1 of the elapsed time
+    wake = p.next_wakeup(now)
+    assert wake == pytest.approx(now + (10.0 - p._groups["inf"].claim_bucket.at(now)) / 0.1)
+    assert p.tick(wake - 1.0) == []
+    assert p.tick(wake) == [ClaimRightDecision("inf", True, p.max_claim_ms)]
+
+
+def test_claims_count_against_the_cap():
+    p = Policy(config(("inf", 0.5, 0.2, "latency")), 100.0, 5.0, 10_000.0) if False else None
+    # MinUtil above MaxUtil is refused by the config; use a cap above the floor
+    p = Policy(config(("inf", 0.2, 0.3, "latency")), 100.0, 5.0, 10_000.0, claim_burst_ms=200.0)
+    decisions = []
     now = 0.0
-    quotas = []
-    for _ in range(40):
-        ds = grants(policy.request("a", 0.0, burst, now=now))
-        if not ds:
-            now = policy.next_wakeup(now)
-            ds = grants(policy.tick(now))
-        (g,) = ds
-        quotas.append(g.quota_ms)
-        # the group then idles for more than a window, so that the cap never trims its quota
-        now += g.quota_ms + 100_000.0
-    assert abs(quotas[-1] - expected) <= 1e-3 * expected, quotas[-5:]
-    # halfway rule: each step moves half-way from the previous quota towards the burst
-    assert quotas[0] == pytest.approx(min(max(0.5 * burst + 0.5 * 250, 100), 3000))
+    for _ in range(10):
+        decisions += p.claimed("inf", now, now + 5.0, now + 5.0)
+        now += 5.0
+    assert ClaimRightDecision("inf", False, p.max_claim_ms) in decisions   # the cap's bucket ran out first
 
 
-def test_quota_is_clamped_to_the_cap_window():
-    policy = Policy(make_config(("a", 0, 0.01)), 250, 100, W, 0)   # MaxUtil x window = 100 ms
-    (g,) = grants(policy.request("a", now=0))
-    assert g.quota_ms == 100.0
-    policy2 = Policy(make_config(("a", 0, 0.005)), 250, 100, W, 0)  # 50 ms: below min quota, the cap wins
-    (g,) = grants(policy2.request("a", now=0))
-    assert g.quota_ms == 50.0
+def test_claims_are_bounded_to_their_maximum_and_never_in_the_future():
+    p = Policy(config(("inf", 0.5, 1.0, "latency")), 100.0, 5.0, 10_000.0)
+    p.claimed("inf", -1e9, 1e9, now=100.0)
+    assert p.status(100.0)["inf"].claim_ms <= p.max_claim_ms + 5.0
+
+
+def test_a_batch_group_cannot_claim():
+    p = Policy(config(("a", 0.5, 1.0)), 100.0, 5.0, 10_000.0)
+    assert p.claim_right("a") is None and p.initial_decisions() == []
+
+
+def test_inference_requests_stay_fast_next_to_a_trainer_with_claims():
+    """On the model: a latency group serving 1.2 ms requests every 20 ms next to a busy trainer waits at most
+    about the trainer's queued work, where without claims it waits for the trainer's slots to end."""
+    groups = [("inf", 0.5, 1.0, "latency"), ("train", 0.0, 1.0)]
+    m = Model(groups, {"inf": Requests(1.2, 20.0), "train": Busy()}).run(10_000.0)
+    lat = m.tenants["inf"].latencies
+    assert len(lat) > 400
+    assert percentile(lat, 0.99) <= 1.2 + 0.1 + 1.0 + 0.3      # work + claim round trip + trainer's queue + switch
+    assert m.share("train", 1000, m.now) >= 0.85
+    batch = [("inf", 0.5, 1.0), ("train", 0.0, 1.0)]
+    m2 = Model(batch, {"inf": Requests(1.2, 20.0), "train": Busy()}).run(10_000.0)
+    assert percentile(m2.tenants["inf"].latencies, 0.99) > 10.0
+
+
+# --- the API ------------------------------------------------------------------------------------------------------
+
+def test_unknown_group_gets_an_explicit_error():
+    p = Policy(config(("a", 0, 1)), 100, 5, 1000)
+    [r] = p.request("zz", now=0.0)
+    assert isinstance(r, RefuseDecision) and r.code == ERR_UNKNOWN_GROUP and "'zz'" in r.message
+
+
+def test_removed_group_finishes_its_slot_and_its_waiting_request_is_refused():
+    p = Policy(config(("a", 0, 1), ("b", 0, 1)), 100, 5, 1000)
+    [g] = grants(p.request("a", now=0.0))
+    p.request("b", now=1.0)
+    ds = p.apply_config(config(("a", 0, 1)), now=2.0)
+    assert [d.group for d in ds if isinstance(d, RefuseDecision)] == ["b"]
+    assert p.holder == "a"
+    ds = p.apply_config(config(("b", 0, 1)), now=3.0)       # a removed while it holds: it may still release
+    assert p.holder == "a"
+    assert ends(p.release("a", g.token_seq, now=4.0))[0].end_ms == 4.0
+
+
+def test_reload_keeps_buckets_and_applies_new_caps_from_the_next_decision():
+    p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000)
+    [g] = grants(p.request("a", now=0.0))
+    assert g.quota_ms == pytest.approx(DEFAULT_BUCKET_MS / 0.5)
+    p.apply_config(config(("a", 0, 0.8)), now=1.0)
+    ds = p.request("a", now=g.quota_ms)
+    if not grants(ds):
+        ds = p.tick(p.next_wakeup(g.quota_ms))
+    [g2] = grants(ds)
+    # the bucket went on from where it was (the 24 ms slot reserved from a full 12 ms bucket), refilling at 0.5
+    # for 1 ms, then at 0.8; the slot empties it at the new rate
+    level = DEFAULT_BUCKET_MS - g.quota_ms + 0.5 * 1.0 + 0.8 * (g.quota_ms - 1.0)
+    assert g2.quota_ms == pytest.approx(level / (1 - 0.8))
 
 
 def test_bad_parameters_are_refused():
-    for args in ((0, 100, W), (250, -1, W), (250, 100, math.nan), (250, 100, math.inf)):
+    for kw in ({"base_quota_ms": 0}, {"min_quota_ms": -1}, {"window_ms": math.nan}, {"bucket_ms": 0}):
         with pytest.raises(ValueError):
-            Policy(make_config(("a", 0, 1)), *args, 0)
+            Policy(config(("a", 0, 1)), **kw)
 
 
-# --- overuse, release, time-based end ------------------------------------------------------------------------------
-
-def test_slot_ends_at_deadline_and_next_group_is_granted_then():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 250, 100, W, 0)
-    (g,) = grants(policy.request("a", now=0))
-    assert policy.request("b", now=5) == []
-    assert policy.next_wakeup(5) == 250.0
-    assert policy.tick(249.9) == []
-    (g,) = grants(policy.tick(250.0))
-    assert (g.group, g.quota_ms) == ("b", 250.0)
-    assert policy.status(251)["a"]["holding"] is False
-
-
-def test_overuse_extends_the_last_entry_and_overlap_is_split():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 250, 100, W, 0)
-    grants(policy.request("a", now=0))
-    policy.request("b", now=1)
-    grants(policy.tick(250.0))                       # b: [250, 500]
-    policy.request("a", overuse_ms=30.0, now=260.0)  # a ran until min(260, 250 + 30) = 260
-    assert policy.history()[0][:3] == ("a", 0.0, 260.0)
-    assert policy.usage("a", 260.0) == pytest.approx(250.0 + 5.0)
-    assert policy.usage("b", 260.0) == pytest.approx(5.0)
-    # an overuse larger than the time since is bounded by now
-    policy.request("a", overuse_ms=1e9, now=270.0)
-    assert policy.history()[0][2] == 270.0
-    # negative, NaN or infinite overuse is ignored
-    for bad in (-5.0, math.nan, math.inf):
-        policy.request("a", overuse_ms=bad, now=280.0)
-    assert policy.history()[0][2] == 270.0
-
-
-def test_early_release_grants_the_next_group_at_once():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 250, 100, W, 0)
-    (ga,) = grants(policy.request("a", now=0))
-    policy.request("b", now=10)
-    (gb,) = grants(policy.release("a", ga.token_seq, now=40.0))
-    assert gb.group == "b"
-    assert policy.history()[0][:3] == ("a", 0.0, 40.0)
-    assert policy.usage("a", 100.0) == pytest.approx(40.0)
-    assert policy.next_wakeup(100.0) == 40.0 + 250.0
-
-
-def test_release_of_an_old_token_only_applies_overuse():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 250, 100, W, 0)
-    (ga,) = grants(policy.request("a", now=0))
-    policy.request("b", now=10)
-    (gb,) = grants(policy.tick(250.0))
-    assert policy.release("a", ga.token_seq, overuse_ms=3.0, now=260.0) == []
-    assert policy.holder == "b"
-    assert policy.history()[0][2] == 253.0
-    # a release naming a token of another group changes nothing
-    assert policy.release("a", gb.token_seq, overuse_ms=50.0, now=270.0) == []
-    assert policy.history()[1][2] == 500.0
-
-
-def test_holder_coming_back_ends_its_slot():
-    # As in Gemini: a request from the holder means its pod manager stopped using the token.
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 250, 100, W, 0)
-    grants(policy.request("a", now=0))
-    policy.request("b", now=1)
-    (g,) = grants(policy.request("a", now=249.6))
-    assert g.group == "b"
-    assert policy.history()[0][2] == 249.6
-
-
-def test_next_wakeup_is_exact_for_a_capped_group():
-    policy = Policy(make_config(("a", 0, 0.2)), 250, 100, W, 0)
-    now = 0.0
-    for _ in range(200):
-        ds = grants(policy.request("a", now=now))
-        if not ds:
-            wake = policy.next_wakeup(now)
-            assert wake is not None and wake > now
-            assert policy.tick(wake - 0.01) == []
-            ds = grants(policy.tick(wake))
-        (g,) = ds
-        now = policy.next_wakeup(now)       # its deadline
-        assert policy.tick(now) == []
-    assert abs(policy.share("a", now) - 0.2) <= 0.01
-
-
-def test_zero_cap_is_never_granted():
-    policy = Policy(make_config(("a", 0, 0), ("b", 0, 1)), 250, 100, W, 0)
-    assert policy.request("a", now=0) == []
-    assert policy.next_wakeup(0) is None
-    assert policy.tick(1e6) == []
-    (g,) = grants(policy.request("b", now=1e6))
-    assert g.group == "b"
-
-
-def test_cancel_drops_the_waiting_request():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 250, 100, W, 0)
-    grants(policy.request("a", now=0))
-    policy.request("b", now=1)
-    policy.cancel("b", 2)
-    assert policy.tick(250.0) == []
-    assert policy.holder is None
-
-
-def test_resent_request_keeps_its_place():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1), ("c", 0, 1)), 250, 100, W, 0)
-    grants(policy.request("a", now=0))
-    policy.request("b", now=1)
-    policy.request("c", now=2)
-    policy.request("b", now=3)      # re-sent (pod manager re-registered)
-    (g,) = grants(policy.tick(250))
-    assert g.group == "b"
-
-
-def test_time_never_runs_backwards():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 250, 100, W, 0)
-    grants(policy.request("a", now=100))
-    policy.request("b", now=50)            # treated as 100
-    assert policy.status(100)["b"]["wait_ms"] == 0.0
+def test_time_never_runs_backwards_and_bad_time_is_refused():
+    p = Policy(config(("a", 0, 1)), 100, 5, 1000)
+    p.request("a", now=10.0)
+    p.tick(5.0)
+    assert p.status(1.0)["a"].holding
     with pytest.raises(ValueError):
-        policy.tick(math.nan)
+        p.tick(math.inf)
 
 
-# --- unknown and removed groups, reload ----------------------------------------------------------------------------
-
-def test_unknown_group_gets_an_explicit_error():
-    policy = Policy(make_config(("a", 0, 1), path="/etc/rc.txt"), 250, 100, W, 0)
-    (d,) = policy.request("zzz", now=0)
-    assert isinstance(d, RefuseDecision)
-    assert d.code == ERR_UNKNOWN_GROUP and d.group == "zzz"
-    assert "zzz" in d.message and "/etc/rc.txt" in d.message
-    (d,) = policy.release("zzz", 1, now=0)
-    assert isinstance(d, RefuseDecision) and d.code == ERR_UNKNOWN_GROUP
-
-
-def test_removed_group_finishes_its_slot_and_is_refused_afterwards():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1), ("c", 0, 1)), 250, 100, W, 0)
-    grants(policy.request("a", now=0))
-    policy.request("b", now=1)
-    policy.request("c", now=2)
-    out = policy.apply_config(make_config(("c", 0, 1)), now=10)
-    refused = [d for d in out if isinstance(d, RefuseDecision)]
-    assert [(d.group, d.code) for d in refused] == [("b", ERR_UNKNOWN_GROUP)]
-    assert "removed" in refused[0].message
-    assert not grants(out)
-    assert policy.holder == "a"                      # a finishes its slot
-    assert policy.tick(100) == []
-    (g,) = grants(policy.tick(250))
-    assert g.group == "c"
-    (d,) = policy.request("a", now=300)
-    assert isinstance(d, RefuseDecision) and d.group == "a"
-    assert set(policy.status(300)) == {"c"}
+def test_cancel_drops_the_waiting_request_and_a_resent_one_keeps_its_place():
+    p = Policy(config(("a", 0, 1), ("b", 0, 1), ("c", 0, 1)), 100, 5, 1000)
+    p.request("a", now=0.0)
+    p.request("b", now=1.0)
+    p.request("c", now=2.0)
+    p.request("b", now=3.0)                  # re-sent
+    p.cancel("c", now=4.0)
+    assert p.waiting() == ["b"]
+    assert p.status(4.0)["b"].wait_ms == pytest.approx(3.0)
 
 
-def test_removed_holder_may_still_release():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 250, 100, W, 0)
-    (ga,) = grants(policy.request("a", now=0))
-    policy.request("b", now=1)
-    policy.apply_config(make_config(("b", 0, 1)), now=2)
-    (g,) = grants(policy.release("a", ga.token_seq, now=20))
-    assert g.group == "b"
-
-
-def test_reload_keeps_history_and_new_limits_apply_from_next_grant():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 250, 100, W, 0)
-    sim = Sim(policy, {"a": Busy(), "b": Busy()}).run(20_000.0)
-    before = {g: policy.usage(g, sim.now) for g in "ab"}
-    assert before["a"] > 4000 and before["b"] > 4000
-    policy.apply_config(make_config(("a", 0, 0.2), ("b", 0, 1), ("c", 0, 1)), now=sim.now)
-    assert {g: policy.usage(g, sim.now) for g in "ab"} == before
-    sim.behaviour["c"] = Busy()
-    sim.handle(policy.request("c", now=sim.now), sim.now)
-    sim.run(60_000.0)
-    shares = window_shares(sim, "a", first_end=sim.now - W, step=50.0)
-    assert abs(sum(shares) / len(shares) - 0.2) <= 0.01   # the new cap, on average over the last window
-    assert max(shares) <= 0.2 + 1e-6                      # and never above it
-    assert policy.status(sim.now)["c"]["grants"] > 0
-
-
-def test_reload_raising_a_zero_cap_grants_the_waiting_group():
-    policy = Policy(make_config(("a", 0, 0)), 250, 100, W, 0)
-    policy.request("a", now=0)
-    (g,) = grants(policy.apply_config(make_config(("a", 0, 0.5)), now=5))
-    assert g.group == "a"
-
-
-def test_diff_configs():
-    old = parse_config("[a]\nMaxUtil=0.5\n[b]\n[c]\nMemoryLimit=1G\n")
-    new = parse_config("[a]\nMaxUtil=0.6\n[c]\nMemoryLimit=2G\n[d]\n")
-    d = diff_configs(old, new)
-    assert (d.added, d.changed, d.removed) == (("d",), ("a", "c"), ("b",))
-    assert diff_configs(old, old).empty
-
-
-# --- status ---------------------------------------------------------------------------------------------------------
-
-def test_status_reports_share_waiting_and_grants():
-    policy = Policy(make_config(("a", 0.1, 0.9), ("b", 0, 1)), 250, 100, W, 0)
-    grants(policy.request("a", now=0))
-    policy.request("b", now=100)
-    st_ = policy.status(200)
-    assert st_["a"]["holding"] and not st_["a"]["waiting"] and st_["a"]["grants"] == 1
-    assert st_["a"]["share"] == pytest.approx(1.0)
-    assert st_["b"]["waiting"] and st_["b"]["wait_ms"] == pytest.approx(100)
-    assert st_["a"]["quota_ms"] == 250.0 and st_["a"]["min_util"] == 0.1 and st_["a"]["max_util"] == 0.9
+def test_status_reports_shares_targets_and_claims():
+    p = Policy(config(("a", 0.7, 1), ("b", 0, 1)), 100, 5, 1000)
+    [g] = grants(p.request("a", now=0.0))
+    p.request("b", now=0.0)
+    s = p.status(50.0)
+    assert s["a"].holding and s["b"].waiting and s["a"].grants == 1
+    assert s["a"].share == pytest.approx(1.0) and s["a"].target == pytest.approx(0.7)
+    assert s["b"].target == pytest.approx(0.3) and s["a"].bucket_ms == math.inf
 
 
 def test_history_is_pruned_to_the_window():
-    sim = simulate([("a", 0, 1), ("b", 0, 1)], until=120_000.0)
-    hist = sim.policy.history()
-    assert hist[0][2] >= sim.now - W - 250
-    assert len(hist) <= W / 250 + 3
+    p = Policy(config(("a", 0, 1)), 10, 5, 1000)
+    now = 0.0
+    for _ in range(300):
+        [g] = grants(p.request("a", now=now)) or [None]
+        now += 5.0
+        if g is not None:
+            p.release("a", g.token_seq, now=now)
+        now += 5.0
+    assert all(start >= now - 1000 - 10 for _, start, _, _ in p.history())
 
 
-# --- work-conserving bursty groups -----------------------------------------------------------------------------------
-
-def test_bursty_group_releases_and_busy_group_fills_the_gaps():
-    sim = simulate([("a", 0, 1), ("b", 0, 1)], behaviour={"a": Bursty(use=20, idle=20), "b": Busy()},
-                   until=30_000.0)
-    a = sim.share("a", sim.now - W, sim.now)
-    total = a + sim.share("b", sim.now - W, sim.now)
-    assert total >= 0.999            # releases hand over at once: no time lost in simulated time
-    # a asks while b holds a full slot, so it gets its 20 ms about once per 250 + 20 ms, as in Gemini
-    assert 20 / 290 <= a <= 20 / 250
+def test_diff_configs_sees_class_and_memory_mode():
+    old = parse_config("[a]\n[b]\nClass = latency\n")
+    new = parse_config("[a]\nMemoryMode = unified\n[b]\n[c]\n")
+    d = diff_configs(old, new)
+    assert d.added == ("c",) and d.changed == ("a", "b") and d.removed == ()
 
 
-def test_two_bursty_groups_alternate_without_waiting():
-    sim = simulate([("a", 0, 1), ("b", 0, 1)], behaviour={"a": Bursty(use=20, idle=20), "b": Bursty(use=20, idle=20)},
-                   until=20_000.0)
-    assert sim.share("a", sim.now - W, sim.now) == pytest.approx(0.5, abs=0.01)
-    assert sim.share("b", sim.now - W, sim.now) == pytest.approx(0.5, abs=0.01)
-
-
-def test_bursty_capped_group_stays_under_cap():
-    sim = simulate([("a", 0, 0.25)], behaviour={"a": Bursty(use=30, idle=1)})
-    shares = window_shares(sim, "a")
-    assert max(shares) <= 0.25 + 1e-6
-    assert sum(shares) / len(shares) >= 0.24
-
-
-# --- properties -------------------------------------------------------------------------------------------------------
-
-def reference_usage(history, a, b):
-    """Brute force: per group, the time of [a, b] its entries cover, overlaps split evenly between groups."""
-    points = sorted({a, b} | {t for _, s, e, _ in history for t in (s, e) if a < t < b})
-    out = {}
-    for lo, hi in zip(points, points[1:]):
-        mid = (lo + hi) / 2
-        active = {g for g, s, e, _ in history if s <= mid < e}
-        for g in active:
-            out[g] = out.get(g, 0.0) + (hi - lo) / len(active)
-    return out
-
-
-_ops = st.lists(st.tuples(
-    st.sampled_from(["request", "release", "tick", "cancel", "reload", "handoff", "handoff"]),
-    st.sampled_from(["a", "b", "c", "x"]),
-    st.floats(min_value=0.0, max_value=400.0),         # time step
-    st.floats(min_value=0.0, max_value=100.0),         # overuse
-    st.floats(min_value=0.0, max_value=2000.0),        # burst
-), max_size=80)
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_ops, st.floats(min_value=0.0, max_value=1.0), st.floats(min_value=0.0, max_value=1.0))
-def test_random_operations_keep_invariants(ops, cap_a, min_b):
-    cfgs = [make_config(("a", 0, cap_a), ("b", min_b, 1), ("c", 0, 0.5)),
-            make_config(("a", 0, 1.0), ("c", 0, 0.3))]
-    policy = Policy(cfgs[0], 100, 20, 2000, 0)
-    now, seqs, cfg_i = 0.0, {}, 0
-    for op, group, step, overuse, burst in ops:
-        now += step
-        if op == "request":
-            out = policy.request(group, overuse, burst, now)
-        elif op == "release":
-            out = policy.release(group, seqs.get(group, 0), overuse, now)
-        elif op == "tick":
-            out = policy.tick(now)
-        elif op == "cancel":
-            policy.cancel(group, now)
-            out = []
-        elif op == "handoff":
-            # the slot runs out, the next group gets the token, then the old holder reports its overrun
-            # (the overlap of the two entries is what this exercises)
-            prev = policy.holder
-            if prev is not None:
-                now = max(now, policy.holder_deadline)
-            policy.request(group, 0.0, burst, now)
-            out = policy.tick(now)
-            if prev is not None:
-                for d in grants(out):
-                    seqs[d.group] = d.token_seq
-                now += step / 10
-                out = policy.request(prev, overuse, burst, now)
+def test_a_decision_at_64_groups_is_cheap():
+    groups = [(f"g{i}", 0.0, 0.5 if i % 2 else 1.0) for i in range(64)]
+    p = Policy(config(*groups), 20.0, 5.0, 10_000.0)
+    now = 0.0
+    asks: dict[str, float] = {name: 0.0 for name, _, _ in groups}      # every group is always busy
+    t0 = time.perf_counter()
+    n = 0
+    while n < 500:
+        w = p.next_wakeup(now)
+        t_ask = min(asks.values(), default=math.inf)
+        now = max(now, min(w if w is not None else math.inf, t_ask))
+        if t_ask <= now:
+            name = min(asks, key=asks.__getitem__)
+            del asks[name]
+            ds = p.request(name, now=now)
         else:
-            cfg_i ^= 1
-            out = policy.apply_config(cfgs[cfg_i], now)
-        assert len(grants(out)) <= 1
-        for d in out:
+            ds = p.tick(now)
+        for d in ds:
             if isinstance(d, GrantDecision):
-                seqs[d.group] = d.token_seq
-                assert d.quota_ms > 0
-                assert policy.holder == d.group
-            else:
-                assert d.code == ERR_UNKNOWN_GROUP
-        weff = policy.window_eff(now)
-        total = 0.0
-        reference = reference_usage(policy.history(), now - weff, now)
-        for g in policy.groups:
-            u = policy.usage(g, now)
-            assert -1e-9 <= u <= weff + 1e-6
-            assert u == pytest.approx(reference.get(g, 0.0), abs=1e-6)
-            total += u
-        assert total <= weff + 1e-6
-        wake = policy.next_wakeup(now)
-        assert wake is None or wake >= now
-        if wake is not None and policy.holder is None:
-            # whoever next_wakeup promises is eligible then
-            assert grants(policy.tick(wake)), (wake, now)
-            now = wake
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.floats(0.0, 0.5), st.floats(0.05, 1.0), st.booleans(), st.floats(5.0, 400.0)),
-                min_size=1, max_size=4))
-def test_caps_are_never_exceeded_in_random_mixes(specs):
-    groups, behaviour = [], {}
-    for i, (mn, mx, busy, use) in enumerate(specs):
-        name = f"g{i}"
-        groups.append((name, min(mn, mx), mx))
-        behaviour[name] = Busy() if busy else Bursty(use=use, idle=use / 3)
-    sim = simulate(groups, behaviour=behaviour, until=25_000.0)
-    for name, _, cap in groups:
-        shares = window_shares(sim, name, first_end=1000.0, step=500.0)
-        assert max(shares[18:]) <= cap + 1e-6, (name, cap, max(shares[18:]))
-    # work-conserving: with an uncapped busy group present, the GPU is never idle
-    if any(isinstance(behaviour[n], Busy) and cap >= 1.0 for n, _, cap in groups):
-        total = sum(sim.share(n, sim.now - W, sim.now) for n, _, _ in groups)
-        assert total >= 0.999
-
-
-def test_measured_use_shrinks_the_charge_but_only_by_the_credit():
-    policy = Policy(make_config(("a", 0, 1), ("b", 0, 1)), 20, 5, W, 0, max_used_credit_ms=2.0)
-    (ga,) = grants(policy.request("a", now=0.0))
-    policy.request("b", now=1.0)
-    (gb,) = grants(policy.tick(20.0))                  # a's slot [0, 20] ends, b gets the token
-    assert gb.group == "b"
-    # a's hooks measured 19.7 ms of GPU time in its slot: the 0.3 ms handoff is not charged to a
-    policy.request("a", now=20.5, used_ms=19.7)
-    assert policy.usage("a", 20.5) == pytest.approx(19.7)
-    # b under-reports wildly: it is charged its slot less the credit, never less
-    policy.release("b", gb.token_seq, now=40.0, used_ms=1.0)
-    assert policy.usage("b", 40.0) == pytest.approx(20.0 - 2.0)
-
-
-def test_busy_groups_with_handoff_gaps_reach_their_caps_when_they_report_use():
-    """Each slot starts 0.3 ms late (grant travel + context switch); with measured use reported the shares
-    still reach the caps, without it they fall short (as seen on the GPU)."""
-    def run(report):
-        policy = Policy(make_config(("a", 0, 0.3), ("b", 0, 0.6)), 20, 5, W, 0)
-        used: dict = {}
-        t, end = 0.0, 30_000.0
-        decisions = policy.request("a", now=t) + policy.request("b", now=t)
-        pending = []  # (time, group) of the next request
-        on_gpu = {"a": 0.0, "b": 0.0}
-        while t < end:
-            for d in decisions:
-                if isinstance(d, GrantDecision):
-                    start, stop = t + 0.3, t + d.quota_ms          # the GPU is busy for the holder from start
-                    if stop > 20_000.0:
-                        on_gpu[d.group] += max(0.0, stop - max(start, 20_000.0))
-                    used[d.group] = stop - start
-                    heapq.heappush(pending, (t + d.quota_ms, d.group))
-            wake = policy.next_wakeup(t)
-            tn = min([pending[0][0]] if pending else [math.inf] + [wake or math.inf])
-            tn = min(tn, wake if wake is not None else math.inf)
-            t = tn
-            decisions = []
-            while pending and pending[0][0] <= t:
-                _, g = heapq.heappop(pending)
-                decisions += policy.request(g, now=t, used_ms=used[g] if report else 0.0)
-            decisions += policy.tick(t)
-        return {g: v / 10_000.0 for g, v in on_gpu.items()}
-    without, with_use = run(False), run(True)
-    assert without["b"] < 0.6 - 0.005                  # the shortfall the GPU showed
-    assert abs(with_use["a"] - 0.3) <= 0.005 and abs(with_use["b"] - 0.6) <= 0.005, with_use
+                n += 1
+                asks[d.group] = d.start_ms + d.quota_ms + 0.5     # asks again after its slot
+    per = (time.perf_counter() - t0) / n
+    assert per < 0.002, per     # generous for a loaded CI machine; bench/bench_scale.py measures it properly

@@ -345,7 +345,7 @@ def test_cli_port_busy_exits_2(tmp_path):
 
 
 def test_cli_serves_and_stops_cleanly_on_sigterm(tmp_path):
-    (tmp_path / "resource-config.txt").write_text("[a]\nMaxUtil = 0.5\n")
+    (tmp_path / "resource-config.txt").write_text("[a]\nMaxUtil = 1\n")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "gemini.scheduler.cli", "-P", "0", "-v", "-q", "50",
                              "--limit_file_dir", str(tmp_path)], stderr=subprocess.PIPE, text=True, env=env)

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from gemini.ctl import main as ctl_main
 from gemini.config import parse_config
+from gemini.scheduler.policy import DEFAULT_BUCKET_MS
 from gemini.wire.sched import Grant, Hello, StatusReply, StatusRequest, TokenRelease, TokenRequest, Welcome
 from gemini.plot import share_series
 from tests.schd_inproc import DaemonThread, FakePodManager
@@ -22,6 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 CONFIG = parse_config("[a]\nMinUtil = 0.2\nMaxUtil = 1.0\n[b]\nMaxUtil = 0.5\n", "rc.txt")
 QUOTA_MS = 150.0   # long enough that a loaded machine still releases before the deadline
+# b (MaxUtil 0.5) is granted what its full token bucket allows: the default depth / (1 - 0.5)
+B_QUOTA_MS = DEFAULT_BUCKET_MS / (1 - 0.5)
 
 
 def _env() -> dict:
@@ -93,10 +96,10 @@ def test_one_track_per_group_and_slots_match_grants(traced_run):
         assert e["args"]["token_seq"] == seq
         assert e["ts"] == pytest.approx(start * 1000.0, abs=0.002)
         assert e["dur"] == pytest.approx((end - start) * 1000.0, abs=0.002)
-        assert e["args"]["quota_ms"] == QUOTA_MS
     a, b, c = slots
+    assert a["args"]["quota_ms"] == c["args"]["quota_ms"] == QUOTA_MS and b["args"]["quota_ms"] == B_QUOTA_MS
     assert a["args"]["ended"] == "release" and 10_000 <= a["dur"] < QUOTA_MS * 1000
-    assert b["args"]["ended"] == "deadline" and b["dur"] == pytest.approx(QUOTA_MS * 1000)
+    assert b["args"]["ended"] == "deadline" and b["dur"] == pytest.approx(B_QUOTA_MS * 1000)
     assert b["args"]["wait_ms"] >= 15.0 and a["args"]["wait_ms"] == 0.0    # b waited for a's release
     assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=0.002)        # handed over at the release
 

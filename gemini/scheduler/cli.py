@@ -15,6 +15,7 @@ import click
 
 from gemini.config import ConfigError, load_config
 from gemini.scheduler.daemon import DEFAULT_PORT, BindError, SchedulerDaemon
+from gemini.scheduler.policy import DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS
 
 EXIT_USAGE = 2
 
@@ -43,12 +44,19 @@ def setup_logging(verbose: int, level_name: str | None) -> None:
               help="TCP port to listen on (0: any free port).")
 @click.option("--ip", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but loopback lets anyone who reaches it take GPU time.")
-@click.option("-q", "--quota", "--base-quota", "quota", type=float, default=250.0, show_default=True,
-              callback=_positive, help="Base quota (ms): a slot's length when clients report no burst size.")
-@click.option("-m", "--min-quota", "--min_quota", "min_quota", type=float, default=100.0, show_default=True,
-              callback=_positive, help="Minimum quota (ms).")
-@click.option("-w", "--window", type=float, default=10000.0, show_default=True, callback=_positive,
-              help="Sliding window (ms) over which MinUtil/MaxUtil shares are measured.")
+@click.option("-q", "--quota", "--base-quota", "quota", type=float, default=DEFAULT_BASE_QUOTA_MS,
+              show_default=True, callback=_positive,
+              help="Base quota (ms): the longest slot (a lone holder's slot is continued without a handoff).")
+@click.option("-m", "--min-quota", "--min_quota", "min_quota", type=float, default=DEFAULT_MIN_QUOTA_MS,
+              show_default=True, callback=_positive, help="Shortest slot (ms) worth granting a capped group.")
+@click.option("-w", "--window", type=float, default=DEFAULT_WINDOW_MS, show_default=True, callback=_positive,
+              help="Sliding window (ms) over which gem-schd reports shares (status, metrics).")
+@click.option("--bucket", "bucket", type=float, default=DEFAULT_BUCKET_MS, show_default=True, callback=_positive,
+              help="Depth (ms) of each MaxUtil token bucket: over any interval T a group gets at most "
+                   "MaxUtil x T + this.")
+@click.option("--board", "board", default="", metavar="PATH",
+              help="The GPU's board page (claims, continuations); default a new file in /dev/shm; 'none': no "
+                   "board.")
 @click.option("-f", "--limit-file", "--limit_file", "limit_file", default="resource-config.txt", show_default=True,
               help="Config file name (or path).")
 @click.option("-p", "--limit-file-dir", "--limit_file_dir", "limit_file_dir", default=".", show_default=True,
@@ -61,8 +69,8 @@ def setup_logging(verbose: int, level_name: str | None) -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write every slot (grant to release) and config reload to this file as a Chrome trace "
                    "(open it in ui.perfetto.dev, or plot it with gem-ctl plot).")
-def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose, log_level, metrics_port,
-         trace_path):
+def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_file_dir, verbose, log_level,
+         metrics_port, trace_path):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     setup_logging(verbose, log_level)
     if metrics_port is not None:
@@ -80,8 +88,9 @@ def main(port, ip, quota, min_quota, window, limit_file, limit_file_dir, verbose
         click.echo(f"gem-schd: bad config: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     daemon = SchedulerDaemon(config, ip=ip, port=port, base_quota_ms=quota, min_quota_ms=min_quota,
-                             window_ms=window, config_path=str(path),
-                             metrics_port=metrics_port, trace_path=trace_path)
+                             window_ms=window, bucket_ms=bucket, config_path=str(path),
+                             metrics_port=metrics_port, trace_path=trace_path,
+                             board_path=None if board.lower() == "none" else board)
 
     async def run() -> int:
         # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.

@@ -8,9 +8,12 @@ changes made by a live reload.
 Frames: one JSON frame per message (gemini.wire.sched) after the ROUTER's identity frame; a REQ peer's empty
 delimiter frame is accepted too (gem-ctl may use REQ), and replies keep it.
 
-Observers (metrics, trace; see `observers`): after every decision the daemon tells them about slots (a grant, and
-the slot's end: a release, the holder asking again, the deadline), config changes and the stop. They run on the
+Observers (metrics, trace; gemini.scheduler.observers): after every decision the daemon tells them about slots
+(a grant, and the slot's end as the policy decides it), claims, config changes and the stop. They run on the
 loop, after the grant has been sent, and an observer's exception is logged, never raised.
+
+The board (gemini.board): the daemon creates the GPU's board page, gives every group a line on it (in the
+Welcome), and publishes each grant there, so that a continued slot reaches the holder's hooks at once.
 
 Timer precision: asyncio's epoll timeouts are rounded UP to whole milliseconds, so a grant due at a slot's
 deadline would go out 0-1 ms (plus wakeup latency) late, and every handoff would leave the GPU idle for that
@@ -35,12 +38,16 @@ from typing import Any, Optional
 import zmq
 import zmq.asyncio
 
+from gemini.board import Board, BoardError
 from gemini.config import Config
+from gemini.scheduler.observers import SchedulerObserver
+from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS,
+                                     DEFAULT_WINDOW_MS, ClaimRightDecision, Decision, GrantDecision, Policy,
+                                     RefuseDecision, SlotEndDecision, diff_configs)
 from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, MAX_MESSAGE_BYTES,
-                             TO_SCHEDULER, ConfigUpdate, Error, Grant, GroupRemoved, GroupStatus, Heartbeat,
-                             HeartbeatAck, Hello, Message, MessageError, StatusReply, StatusRequest, TokenRelease,
-                             TokenRequest, Welcome, decode, encode)
-from gemini.scheduler.policy import Decision, GrantDecision, Policy, RefuseDecision, diff_configs
+                               TO_SCHEDULER, ClaimReport, ClaimRight, ConfigUpdate, Error, Grant, GroupRemoved,
+                               GroupStatus, Heartbeat, HeartbeatAck, Hello, Message, MessageError, StatusReply,
+                               StatusRequest, TokenRelease, TokenRequest, Welcome, decode, encode)
 
 log = logging.getLogger("gemini.scheduler")
 
@@ -93,16 +100,6 @@ class BindError(RuntimeError):
 
 
 @dataclass
-class _Slot:
-    """The slot the daemon last granted and has not yet seen end."""
-    group: str
-    token_seq: int
-    quota_ms: float
-    start_ms: float
-    wait_ms: float              # how long the request had waited
-
-
-@dataclass
 class _Peer:
     identity: bytes
     group: str
@@ -147,10 +144,12 @@ class SchedulerDaemon:
     """
 
     def __init__(self, config: Config, *, ip: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                 base_quota_ms: float = 250.0, min_quota_ms: float = 100.0, window_ms: float = 10000.0,
+                 base_quota_ms: float = DEFAULT_BASE_QUOTA_MS, min_quota_ms: float = DEFAULT_MIN_QUOTA_MS,
+                 window_ms: float = DEFAULT_WINDOW_MS, bucket_ms: float = DEFAULT_BUCKET_MS,
                  config_path: Optional[str] = None, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
                  debounce_s: float = 0.05, settle_s: float = 0.005,
-                 metrics_port: Optional[int] = None, trace_path: Optional[str] = None):
+                 metrics_port: Optional[int] = None, trace_path: Optional[str] = None,
+                 board_path: Optional[str] = ""):
         self.config = config
         self.ip = ip
         self.port = port
@@ -161,8 +160,14 @@ class SchedulerDaemon:
         self.metrics_port = metrics_port      # serve Prometheus metrics there (0: any free port); see metrics.py
         self.trace_path = trace_path          # write a Chrome trace of the slots there; see trace.py
         self.scheduler_id = f"{uuid.uuid4().hex[:12]}"
-        self._t0 = time.monotonic()
-        self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0)
+        self._t0_ns = time.monotonic_ns()
+        self._t0 = self._t0_ns / 1e9
+        self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0, bucket_ms=bucket_ms)
+        # The board page: "" = a fresh file in /dev/shm, None = no board (hooks then drain at every deadline
+        # and latency groups cannot claim).
+        self._board_path_arg = board_path
+        self.board: Optional[Board] = None
+        self._board_slots: dict[str, int] = {}
         self._peers: dict[bytes, _Peer] = {}
         self._owners: dict[str, bytes] = {}
         self._info: dict[str, _GroupInfo] = {g.name: _GroupInfo() for g in config.groups}
@@ -178,25 +183,62 @@ class SchedulerDaemon:
         self._lateness: collections.deque[float] = collections.deque(maxlen=4096)
         self.reloader: Optional[Any] = None   # ConfigReloader, imported lazily
         self.endpoint = ""
-        self.grants_sent = 0
-        # Objects with any of on_grant(group, token_seq, quota_ms, start_ms, wait_ms), on_slot_end(group, token_seq,
-        # quota_ms, start_ms, end_ms, wait_ms, reason), on_config(config, diff, now_ms) and on_stop(now_ms); reason
-        # is "release" (ended early), "deadline" or "stop".
-        self.observers: list = []
+        self.observers: list[SchedulerObserver] = []
         self.metrics_server: Optional[Any] = None   # MetricsServer (prometheus_client is optional)
-        self._slot: Optional[_Slot] = None
-        self._waiting_since: dict[str, float] = {}   # group -> when its pending request arrived (for wait times)
 
     # --- time ---------------------------------------------------------------------------------------------------
 
     def now_ms(self) -> float:
-        return (time.monotonic() - self._t0) * 1000.0
+        return (time.monotonic_ns() - self._t0_ns) / 1e6
+
+    def _abs_ns(self, ms: float) -> int:
+        """A time of the policy's clock as CLOCK_MONOTONIC nanoseconds (the board's and the hooks' clock)."""
+        return self._t0_ns + int(ms * 1e6)
+
+    def _policy_ms(self, abs_s: float) -> float:
+        """CLOCK_MONOTONIC seconds (a pod manager's report) on the policy's clock."""
+        return (abs_s * 1e9 - self._t0_ns) / 1e6
+
+    # --- the board --------------------------------------------------------------------------------------------------
+
+    def _open_board(self) -> None:
+        if self._board_path_arg is None:
+            return
+        path = self._board_path_arg or f"/dev/shm/gemini-board-{self.scheduler_id}"
+        try:
+            self.board = Board.create(path)
+        except (BoardError, OSError) as exc:
+            log.warning("no board page (%s): continuations and latency claims are off", exc)
+            self.board = None
+            return
+        self._assign_board_slots(self.config)
+        log.info("board page %s", self.board.path)
+
+    def _assign_board_slots(self, config: Config) -> None:
+        """Every group keeps its line while it exists; a new group takes the lowest free one."""
+        for name in [n for n in self._board_slots if config.group(n) is None]:
+            del self._board_slots[name]
+        if self.board is None:
+            return
+        used = set(self._board_slots.values())
+        free = (i for i in range(self.board.max_groups) if i not in used)
+        for name in config.names:
+            if name not in self._board_slots:
+                slot = next(free, None)
+                if slot is None:
+                    log.warning("group %s: the board is full (%d groups): its slots are never continued and "
+                                "it cannot claim", name, self.board.max_groups)
+                    continue
+                self._board_slots[name] = slot
+        self.board.set_counts(sum(1 for g in config.groups if g.latency),
+                              max(self._board_slots.values(), default=-1) + 1)
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._closed = asyncio.Event()
+        self._open_board()
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -286,12 +328,16 @@ class SchedulerDaemon:
         if self._recv_task is not None:
             self._recv_task.cancel()
         now = self.now_ms()
-        self._end_slot(now, stopping=True)
+        self._dispatch(self.policy.stop(now), now)
         self._notify("on_stop", now)
         if self._sock is not None:
             self._sock.close(0)
         if self._ctx is not None:
             self._ctx.term()
+        if self.board is not None:
+            self.board.unlink()
+            self.board.close()
+            self.board = None
         self._closed.set()
 
     # --- receiving ------------------------------------------------------------------------------------------------
@@ -358,12 +404,18 @@ class SchedulerDaemon:
         elif isinstance(msg, TokenRequest):
             if self._check_registered(identity, msg.group, envelope):
                 now = self.now_ms()
-                self._waiting_since.setdefault(msg.group, now)
                 self._dispatch(self.policy.request(msg.group, msg.overuse_ms, msg.burst_ms, now, msg.used_ms), now)
         elif isinstance(msg, TokenRelease):
             if self._check_registered(identity, msg.group, envelope):
                 now = self.now_ms()
                 self._dispatch(self.policy.release(msg.group, msg.token_seq, msg.overuse_ms, now, msg.used_ms), now)
+        elif isinstance(msg, ClaimReport):
+            if self._check_registered(identity, msg.group, envelope):
+                now = self.now_ms()
+                start, end = self._policy_ms(msg.start_s), self._policy_ms(msg.end_s)
+                decisions = self.policy.claimed(msg.group, start, end, now)
+                self._notify("on_claim", msg.group, start, min(end, now))
+                self._dispatch(decisions, now)
         elif isinstance(msg, StatusRequest):
             self._send(identity, self.status_reply(), envelope)
 
@@ -401,16 +453,24 @@ class SchedulerDaemon:
                             self._peers[owner].pid)
                 self._forget_peer(owner)
             # The old pod manager's waiting request is not the new one's: it will send its own.
-            self.policy.cancel(group, self.now_ms())
-            self._waiting_since.pop(group, None)
+            now = self.now_ms()
+            self._dispatch(self.policy.cancel(group, now), now)
         self._peers[identity] = _Peer(identity, group, msg.pid, address, time.monotonic())
         self._owners[group] = identity
         info = self._info.setdefault(group, _GroupInfo())
         info.mem_used, info.clients, info.connected = msg.mem_used, msg.clients, True
         log.info("group %s: pod manager %s (%s, pid %d) registered, %d client(s), %d bytes in use", group,
                  self._name(identity), address, msg.pid, msg.clients, msg.mem_used)
-        self._send(identity, Welcome(group, gc.min_util, gc.max_util, gc.mem_limit, self.scheduler_id, gc.turns),
-                   envelope)
+        self._send(identity, self._welcome(gc), envelope)
+        right = self.policy.claim_right(group)
+        if right is not None:
+            self._send(identity, ClaimRight(group, right.allowed, right.max_claim_ms), envelope)
+
+    def _welcome(self, gc) -> Welcome:
+        slot = self._board_slots.get(gc.name, -1)
+        path = str(self.board.path) if self.board is not None and slot >= 0 else ""
+        return Welcome(gc.name, gc.min_util, gc.max_util, gc.mem_limit, self.scheduler_id, gc.turns,
+                       gc.sched_class, gc.memory_mode, path, slot)
 
     def _on_heartbeat(self, identity: bytes, msg: Heartbeat, envelope: list[bytes]) -> None:
         if not self._check_registered(identity, msg.group, envelope):
@@ -449,40 +509,33 @@ class SchedulerDaemon:
         for d in decisions:
             owner = self._owners.get(d.group)
             if isinstance(d, GrantDecision):
-                since = self._waiting_since.pop(d.group, now)
                 if owner is None:
                     # Nobody to tell (its pod manager went away after asking): hand the token straight back.
                     log.warning("group %s was granted the token but has no pod manager; releasing it", d.group)
-                    self._end_slot(now)
+                    self._notify("on_grant", d.group, d.token_seq, d.quota_ms, d.start_ms, d.wait_ms)
                     self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, now), now)
                     continue
-                self._send(owner, Grant(d.group, d.quota_ms, d.token_seq))
-                self.grants_sent += 1
-                self._end_slot(now)
-                self._slot = _Slot(d.group, d.token_seq, d.quota_ms, now, now - since)
-                self._notify("on_grant", d.group, d.token_seq, d.quota_ms, now, now - since)
-                log.debug("grant %s quota %.3f ms seq %d share %.3f", d.group, d.quota_ms, d.token_seq,
-                          self.policy.share(d.group, self.now_ms()))
+                deadline = d.start_ms + d.quota_ms
+                slot = self._board_slots.get(d.group)
+                if self.board is not None and slot is not None:
+                    # First the board (a continuation reaches the holder's hooks there), then the message.
+                    self.board.publish(slot, d.token_seq, d.prev_seq, self._abs_ns(deadline))
+                self._send(owner, Grant(d.group, d.quota_ms, d.token_seq, d.continuation, d.prev_seq,
+                                        self._abs_ns(deadline) / 1e9))
+                self._notify("on_grant", d.group, d.token_seq, d.quota_ms, d.start_ms, d.wait_ms)
+                log.debug("grant %s quota %.3f ms seq %d%s", d.group, d.quota_ms, d.token_seq,
+                          " (continued)" if d.continuation else "")
+            elif isinstance(d, SlotEndDecision):
+                self._notify("on_slot_end", d.group, d.token_seq, d.quota_ms, d.start_ms, d.end_ms, d.wait_ms,
+                             d.reason)
+            elif isinstance(d, ClaimRightDecision):
+                log.info("group %s %s claim the GPU", d.group, "may" if d.allowed else "may no longer")
+                if owner is not None:
+                    self._send(owner, ClaimRight(d.group, d.allowed, d.max_claim_ms))
             elif isinstance(d, RefuseDecision):
-                self._waiting_since.pop(d.group, None)
                 log.info("refused group %s: %s", d.group, d.message)
                 if owner is not None:
                     self._send(owner, Error(d.code, d.message, d.group))
-        if self._slot is not None and self.policy.holder is None:
-            self._end_slot(now)
-
-    def _end_slot(self, now: float, stopping: bool = False) -> None:
-        """The slot last granted is over (if it is not already): it ended now, or at its deadline if that passed
-        first -- the same end the policy gives it."""
-        slot = self._slot
-        if slot is None:
-            return
-        self._slot = None
-        deadline = slot.start_ms + slot.quota_ms
-        end = max(slot.start_ms, min(now, deadline))
-        reason = "deadline" if end >= deadline else ("stop" if stopping else "release")
-        self._notify("on_slot_end", slot.group, slot.token_seq, slot.quota_ms, slot.start_ms, end, slot.wait_ms,
-                     reason)
 
     def _notify(self, method: str, *args) -> None:
         for obs in self.observers:
@@ -535,8 +588,8 @@ class SchedulerDaemon:
                             now - peer.last_seen)
                 self._forget_peer(identity)
                 if peer.group not in self._owners:
-                    self.policy.cancel(peer.group, self.now_ms())
-                    self._waiting_since.pop(peer.group, None)
+                    t = self.now_ms()
+                    self._dispatch(self.policy.cancel(peer.group, t), t)
         self._arm_timer()
         self._sweep_handle = self._loop.call_later(1.0, self._sweep)
 
@@ -547,6 +600,7 @@ class SchedulerDaemon:
         old = self.config
         diff = diff_configs(old, config)
         self.config = config
+        self._assign_board_slots(config)
         now = self.now_ms()
         decisions = self.policy.apply_config(config, now)
         # Refusals go to the owners of removed groups: dispatch them before forgetting those owners.
@@ -557,7 +611,8 @@ class SchedulerDaemon:
             owner = self._owners.get(name)
             gc = config.group(name)
             if owner is not None and gc is not None:
-                self._send(owner, ConfigUpdate(name, gc.min_util, gc.max_util, gc.mem_limit, gc.turns))
+                self._send(owner, ConfigUpdate(name, gc.min_util, gc.max_util, gc.mem_limit, gc.turns,
+                                               gc.sched_class, gc.memory_mode))
         for name in diff.removed:
             owner = self._owners.get(name)
             if owner is not None:
@@ -582,15 +637,13 @@ class SchedulerDaemon:
             if p is None:
                 continue
             groups.append(asdict(GroupStatus(
-                name=gc.name, min_util=gc.min_util, max_util=gc.max_util, share=p["share"],
-                mem_used=info.mem_used, mem_limit=gc.mem_limit, clients=info.clients, holding=p["holding"],
-                waiting=p["waiting"], wait_ms=p["wait_ms"], quota_ms=p["quota_ms"], grants=p["grants"],
-                connected=info.connected)))
-        holder = self.policy.holder or ""
-        if holder and not any(g["holding"] for g in groups if g["name"] == holder):
-            deadline = self.policy.holder_deadline
-            if deadline is not None and deadline <= now:
-                holder = ""
+                name=gc.name, min_util=gc.min_util, max_util=gc.max_util, share=p.share,
+                mem_used=info.mem_used, mem_limit=gc.mem_limit, clients=info.clients, holding=p.holding,
+                waiting=p.waiting, wait_ms=p.wait_ms, quota_ms=p.quota_ms, grants=p.grants,
+                connected=info.connected, sched_class=p.sched_class, target=p.target,
+                continuations=p.continuations, claims=p.claims, claim_ms=p.claim_ms,
+                claim_allowed=p.claim_allowed)))
+        holder = next((g["name"] for g in groups if g["holding"]), "")
         return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups)
 
 

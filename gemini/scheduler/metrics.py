@@ -19,6 +19,11 @@ Per group (label `group`):
     gemini_token_holder               gauge      1 while the group holds the token, else 0
     gemini_group_waiting              gauge      1 while the group waits for the token, else 0
     gemini_group_connected            gauge      1 while the group's pod manager is registered, else 0
+    gemini_group_target_ratio         gauge      the share the policy steers the group to now (0 if inactive)
+    gemini_continuations_total        counter    slots the group kept without a handoff
+    gemini_claims_total               counter    latency class: claims of the GPU
+    gemini_claim_seconds_total        counter    latency class: GPU time claimed
+    gemini_group_claim_allowed        gauge      latency class: 1 while the group may claim
 
 Scheduler-wide: gemini_window_seconds (gauge), gemini_config_reloads_total (counter),
 gemini_scheduler_info{scheduler_id} (gauge, 1).
@@ -34,6 +39,7 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
 from gemini.config import Config
+from gemini.scheduler.observers import ObserverBase
 from gemini.wire.sched import StatusReply
 
 log = logging.getLogger("gemini.scheduler.metrics")
@@ -81,6 +87,10 @@ class _StatusCollector:
             ("gemini_group_waiting", "1 while the group waits for the token", lambda g: float(g["waiting"])),
             ("gemini_group_connected", "1 while the group's pod manager is registered",
              lambda g: float(g["connected"])),
+            ("gemini_group_target_ratio", "The share the policy steers the group to now (0 if inactive)",
+             lambda g: g["target"]),
+            ("gemini_group_claim_allowed", "1 while the (latency-class) group may claim the GPU",
+             lambda g: float(g["claim_allowed"])),
         ]
         for name, help_text, value in per_group:
             family = GaugeMetricFamily(name, help_text, labels=["group"])
@@ -94,7 +104,7 @@ class _StatusCollector:
         yield info
 
 
-class SchedulerMetrics:
+class SchedulerMetrics(ObserverBase):
     """A daemon observer holding the daemon's registry: counts grants, waits and slot time as they happen."""
 
     def __init__(self, status: Callable[[], StatusReply], config: Config):
@@ -108,7 +118,14 @@ class SchedulerMetrics:
                               buckets=WAIT_BUCKETS_S, registry=self.registry)
         self.held = Counter("gemini_token_held_seconds", "Time the group held the token", ["group"],
                             registry=self.registry)
+        self.continuations = Counter("gemini_continuations", "Slots the group kept without a handoff", ["group"],
+                                     registry=self.registry)
+        self.claims = Counter("gemini_claims", "Claims of the GPU by a latency-class group", ["group"],
+                              registry=self.registry)
+        self.claimed = Counter("gemini_claim_seconds", "GPU time claimed by a latency-class group", ["group"],
+                               registry=self.registry)
         self.reloads = Counter("gemini_config_reloads", "Config reloads applied", registry=self.registry)
+        self._per_group = (self.grants, self.wait, self.held, self.continuations, self.claims, self.claimed)
         self.registry.register(_StatusCollector(status))
         self._groups: set[str] = set()
         self._sync_groups(config)
@@ -117,11 +134,10 @@ class SchedulerMetrics:
         names = set(config.names)
         for name in config.names:   # series exist (at 0) from the start, not only after the first grant
             if name not in self._groups:
-                self.grants.labels(name)
-                self.wait.labels(name)
-                self.held.labels(name)
+                for metric in self._per_group:
+                    metric.labels(name)
         for name in sorted(self._groups - names):
-            for metric in (self.grants, self.wait, self.held):
+            for metric in self._per_group:
                 try:
                     metric.remove(name)
                 except KeyError:
@@ -138,6 +154,13 @@ class SchedulerMetrics:
                     wait_ms: float, reason: str) -> None:
         if group in self._groups:
             self.held.labels(group).inc(max(end_ms - start_ms, 0.0) / 1000.0)
+            if reason == "continued":
+                self.continuations.labels(group).inc()
+
+    def on_claim(self, group: str, start_ms: float, end_ms: float) -> None:
+        if group in self._groups:
+            self.claims.labels(group).inc()
+            self.claimed.labels(group).inc(max(end_ms - start_ms, 0.0) / 1000.0)
 
     def on_config(self, config: Config, diff: Any, now_ms: float) -> None:
         self.reloads.inc()
@@ -149,7 +172,7 @@ class SchedulerMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-class MetricsServer:
+class MetricsServer(ObserverBase):
     """Serves a daemon's SchedulerMetrics over HTTP from the daemon's event loop. A daemon observer itself (it
     forwards the events to its SchedulerMetrics and closes on the daemon's stop)."""
 
@@ -185,6 +208,9 @@ class MetricsServer:
 
     def on_config(self, *args: Any) -> None:
         self.metrics.on_config(*args)
+
+    def on_claim(self, *args: Any) -> None:
+        self.metrics.on_claim(*args)
 
     def on_stop(self, now_ms: float) -> None:
         self.close()

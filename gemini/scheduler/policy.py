@@ -3,65 +3,46 @@
 All times are milliseconds (floats) on one monotonic clock chosen by the caller; the policy never reads a clock,
 so it can be driven on simulated time in tests and by the daemon on real time.
 
-It is a port of Gemini's scheduler (NTHU-LSALAB/Gemini, src/scheduler.cpp and src/schd-priority.cpp):
+One group holds the GPU at a time (a *slot*), except that a latency-class group may *claim* it at any moment
+within its budget (see below). Three mechanisms decide who gets the next slot and for how long:
 
-* one token; a grant appends the entry [now, now + quota] to the group's history;
-* usage of a group = the time its entries cover inside the sliding window [now - window_eff, now], where
-  window_eff = min(window, now - first request); time where entries of different groups overlap (a holder that
-  overran its slot while the next group already ran) is split evenly between those groups;
-* a waiting group is eligible while it is below its MaxUtil; among eligible groups, those below their MinUtil
-  come first (largest missing / (missing + usage) first, missing = MinUtil x window_eff - usage), then the least
-  usage; ties go to the one that has waited longest;
-* the quota adapts to the burst size the group's clients report;
-* the slot ends at its deadline (the next group is granted then) or earlier when the holder releases the token
-  (its clients are idle: work-conserving) or comes back with a new request (as in Gemini).
+* **Caps (MaxUtil) are token buckets.** Each capped group has a bucket that fills at MaxUtil ms per ms of wall
+  time up to a depth of `bucket_ms`; GPU time it uses empties it. A slot is only granted when the bucket allows
+  at least a useful slot (`min_quota_ms`), and it is trimmed so that the bucket is empty, not negative, when it
+  ends. So over ANY interval of length T a group gets at most MaxUtil x T + bucket_ms (a sliding-window cap
+  held only on average would let it run far above its cap for a second and below it the next). The bucket is
+  charged what the group really used: the slot up to its release, minus the part the hooks measured as not
+  theirs (the handoff at its start, at most `max_used_credit_ms`), minus time a latency group claimed the GPU,
+  plus overuse the hooks report.
+* **Floors (MinUtil) and fair shares are weighted virtual time.** Each active group (one that is waiting,
+  holding, or used the GPU in the last `active_ms`) gets a target share by water-filling: every group gets at
+  least its MinUtil and at most its MaxUtil, and what is left is split evenly (this is where Gemini's
+  "MinUtil first, then least usage" converges). Its virtual time advances by its charges divided by that
+  target; the waiting group with the least virtual time goes next. So two busy groups with MinUtil 0.7 and 0
+  get 0.7 and 0.3, and equal groups alternate. A group that comes back after being idle starts at the least
+  virtual time of the others: idle time is not banked.
+* **Continuation.** `continue_lead_ms` before a slot's deadline the holder competes with the waiting groups
+  for the next slot as if it had asked again. If it wins (nobody else waits, or it is furthest below its
+  target), it is granted a continuation that starts at the deadline: its hooks keep launching without draining
+  their queue and without a round trip. Without this, a holder whose hooks are still draining at its deadline
+  could never be chosen then, and two busy groups alternated 1:1 whatever their floors.
 
-Defects of the original that are fixed here:
+**Latency groups** (Class = latency) are not queued while they have the right to claim: their pod manager
+claims
+the GPU on the per-GPU board page (batch holders stop launching during a claim) and reports each claim's span
+afterwards. The claim budget is a bucket that fills at the group's MinUtil (depth `claim_burst_ms`); when it is
+empty the right is taken away (`ClaimRightDecision(allowed=False)`) and the group queues like any other until
+the bucket is half full again. Claimed time is charged to the claimer (and to its cap) and credited back to
+whichever slot it overlapped.
 
-* MaxUtil accuracy. Gemini grants a full quota whenever usage < MaxUtil x window, so an always-busy capped group
-  overshoots its cap by about quota x (1 - share) / window (2.5 pp with the defaults). Here a grant is decided on
-  the group's *projected* usage instead: the headroom h is the longest slot q such that the group's usage over the
-  window ending at now + q (its past entries still inside that window, plus q) stays within MaxUtil x
-  window_eff(now + q). The quota is trimmed to h, and a group only becomes eligible once h reaches a minimum
-  useful slot (theta = min(min quota, its quota)), so no tiny slots are handed out. An always-busy capped group
-  therefore sits exactly at its cap at the end of each of its slots and never above it, which keeps the long-run
-  share within a fraction of a point of the cap. (Trimming alone with the old eligibility test would also work,
-  but waiting for theta of headroom avoids a stream of sliver-sized slots and their handoff costs.)
-  The exception, as in Gemini: a group with no usage in the window is always eligible (for MaxUtil > 0), so that
-  right after the scheduler starts (window_eff ~ 0) groups get going; the effective window corrects the share
-  within a few slots.
-* MinUtil under overload. Gemini gives a group priority only once it is already below its MinUtil, so an
-  always-busy guaranteed group hovers just under its guarantee (1-2 pp with the defaults). Here "below MinUtil" is
-  judged on the usage the group will have at the next decision point (now + the longest slot that may be granted
-  instead of it), which keeps it at or above its guarantee.
-* Interleaving. After the MinUtil groups, Gemini picks the least *absolute* usage, so a group with a larger cap
-  waits behind a smaller one until the smaller one is capped: slots come in window-long waves (0.3/0.6 groups
-  alternate 1:1, then the 0.6 group runs alone), and since history leaves the window in the order it came, the
-  wave repeats every window. Shares are right over the window but off by tens of points over 1 s. Here usage is
-  compared as a fraction of each active group's fair target -- min(cap, level), water-filled so that the targets
-  add up to 1 -- so slots interleave in proportion to where the shares converge, from the start. Caps stay caps:
-  groups whose caps do not bind still split evenly, and with equal caps this is exactly Gemini's rule.
-* The time at which a waiting, capped group next becomes eligible is computed exactly (`next_wakeup`), instead of
-  Gemini's "when the oldest history entry leaves the window", which can wake too early (busy loop) or too late.
-* Quota: no hard-coded constants; base/min quota and window are parameters. Without a burst estimate the base
-  quota is used (bounded by MaxUtil x window); with one, clamp(0.5 x burst + 0.5 x previous quota, min quota,
-  MaxUtil x window), where the cap wins if MaxUtil x window is below the min quota.
-* Measured use. A slot is charged from its grant, but its holder only starts after the grant has travelled
-  to its processes and the GPU has switched contexts (about 0.14 ms on an H200), so every group fell short of
-  its cap by that much per slot (2-3 pp with 20 ms slots). The hooks measure the GPU time they really had in
-  a slot with CUDA events; the charge shrinks to it, by at most max_used_credit_ms (2 ms) per slot.
-* Usage is computed incrementally (only the recent time that changed is swept again), so a decision costs about
-  the same with thousands of short work-conserving slots in the window as with a few long ones.
-* Configuration reloads keep history, refuse requests of removed groups explicitly and never silently ignore an
-  unknown group.
+The sliding window (`window_ms`, opened at the first request) is what gem-schd *reports* (`share`, `status`);
+it no longer decides anything.
 """
 from __future__ import annotations
 
-import bisect
-import heapq
 import math
-from collections import Counter
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
 
 from gemini.config import Config, GroupConfig
@@ -69,15 +50,40 @@ from gemini.wire.sched import ERR_UNKNOWN_GROUP
 
 EPS = 1e-6  # ms; tolerance of eligibility tests against float rounding
 
+DEFAULT_BASE_QUOTA_MS = 100.0
+DEFAULT_MIN_QUOTA_MS = 5.0
+DEFAULT_WINDOW_MS = 10_000.0
+DEFAULT_BUCKET_MS = 12.0
+DEFAULT_CLAIM_BURST_MS = 50.0
+DEFAULT_MAX_CLAIM_MS = 20.0
+DEFAULT_CONTINUE_LEAD_MS = 1.0
+MAX_CREDIT_FRACTION = 0.15
+
 
 # --- decisions --------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class GrantDecision:
-    """Give the token to `group` for `quota_ms`, starting now."""
+    """Give the token to `group` for `quota_ms` from `start_ms` (now, or a continuation's old deadline)."""
     group: str
     quota_ms: float
     token_seq: int
+    start_ms: float = 0.0
+    continuation: bool = False      # the holder keeps the GPU: its slot `prev_seq` runs on without a handoff
+    prev_seq: int = 0
+    wait_ms: float = 0.0            # how long the request waited
+
+
+@dataclass(frozen=True)
+class SlotEndDecision:
+    """A slot is over at `end_ms`: released early, at its deadline, continued, or the daemon stops."""
+    group: str
+    token_seq: int
+    quota_ms: float
+    start_ms: float
+    end_ms: float
+    wait_ms: float
+    reason: str                     # "release" | "deadline" | "continued" | "stop"
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,15 @@ class RefuseDecision:
     message: str
 
 
-Decision = Union[GrantDecision, RefuseDecision]
+@dataclass(frozen=True)
+class ClaimRightDecision:
+    """A latency group may (or may no longer) claim the GPU; each claim lasts at most `max_claim_ms`."""
+    group: str
+    allowed: bool
+    max_claim_ms: float
+
+
+Decision = Union[GrantDecision, SlotEndDecision, RefuseDecision, ClaimRightDecision]
 
 
 @dataclass(frozen=True)
@@ -103,26 +117,74 @@ class ConfigDiff:
         return not (self.added or self.changed or self.removed)
 
 
+def _settings(g: GroupConfig) -> tuple:
+    return (g.min_util, g.max_util, g.mem_limit, g.turns, g.sched_class, g.memory_mode)
+
+
 def diff_configs(old: Config, new: Config) -> ConfigDiff:
     old_groups = {g.name: g for g in old.groups}
     new_groups = {g.name: g for g in new.groups}
     added = tuple(n for n in new_groups if n not in old_groups)
     removed = tuple(n for n in old_groups if n not in new_groups)
-    def settings(g: GroupConfig) -> tuple:
-        return g.min_util, g.max_util, g.mem_limit, g.turns
-
-    changed = tuple(n for n, g in new_groups.items() if n in old_groups and settings(g) != settings(old_groups[n]))
+    changed = tuple(n for n, g in new_groups.items()
+                    if n in old_groups and _settings(g) != _settings(old_groups[n]))
     return ConfigDiff(added, changed, removed)
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """What the policy reports about one group (gem-schd status, metrics)."""
+    name: str
+    min_util: float
+    max_util: float
+    sched_class: str
+    share: float                # of the reporting window
+    holding: bool
+    waiting: bool
+    wait_ms: float
+    quota_ms: float             # the last slot granted
+    grants: int
+    continuations: int
+    bucket_ms: float            # cap bucket level (inf when uncapped)
+    target: float               # water-filled target share among the active groups (0 if inactive)
+    claim_allowed: bool
+    claims: int
+    claim_ms: float             # claimed GPU time in total
 
 
 # --- internal state ---------------------------------------------------------------------------------------------
 
-@dataclass
-class _Entry:
-    group: str
-    start: float
-    end: float
-    token_seq: int
+class _Bucket:
+    """A token bucket in ms of GPU time: fills at `rate` per ms of wall time up to `depth`."""
+
+    __slots__ = ("rate", "depth", "level", "t")
+
+    def __init__(self, rate: float, depth: float, now: float):
+        self.rate, self.depth, self.level, self.t = rate, depth, depth, now
+
+    def at(self, now: float) -> float:
+        if now <= self.t:
+            return self.level
+        return min(self.depth, self.level + self.rate * (now - self.t))
+
+    def advance(self, now: float) -> None:
+        if now > self.t:
+            self.level = self.at(now)
+            self.t = now
+
+    def add(self, ms: float, now: float) -> None:
+        """Debit (ms > 0 used) or refund (ms < 0) GPU time."""
+        self.advance(now)
+        self.level = min(self.depth, self.level - ms)
+
+    def time_to_reach(self, level: float, now: float) -> float:
+        """When the bucket reaches `level` (now if it has; inf if it never will)."""
+        cur = self.at(now)
+        if cur >= level - EPS:
+            return now
+        if self.rate <= 0 or level > self.depth + EPS:
+            return math.inf
+        return now + (level - cur) / self.rate
 
 
 @dataclass
@@ -132,132 +194,159 @@ class _Waiting:
 
 
 @dataclass
-class _Holder:
+class _Slot:
     group: str
     token_seq: int
     start: float
-    deadline: float
+    quota: float
+    wait_ms: float
+    reserved: float             # GPU time reserved from the bucket and virtual time at the grant
+    prev_seq: int = 0           # the slot this one continues (0: a fresh grant)
+    claim_credit: float = 0.0   # claimed by latency groups while this slot ran
+    decided: bool = False       # the continuation decision was taken (lead point passed)
+
+    @property
+    def deadline(self) -> float:
+        return self.start + self.quota
+
+
+@dataclass
+class _Past:
+    """A finished slot, kept for a window: late overuse, measured use and claim credits still apply to it."""
+    group: str
+    token_seq: int
+    start: float
+    end: float
+    charge: float
+
+
+class _Usage:
+    """Charged GPU time of one group as (start, end, rate) segments, for the reporting window only."""
+
+    __slots__ = ("segments",)
+
+    def __init__(self) -> None:
+        self.segments: deque[tuple[float, float, float]] = deque()
+
+    def add(self, start: float, end: float, amount: float) -> None:
+        if amount == 0.0:
+            return
+        if end <= start:
+            end = start + abs(amount)
+        self.segments.append((start, end, amount / (end - start)))
+
+    def prune(self, before: float) -> None:
+        # Segments are appended roughly in time order; late corrections may end up behind newer ones, so pruning
+        # only drops from the left while the head is old (a stale one further in is harmless, and rare).
+        while self.segments and self.segments[0][1] < before:
+            self.segments.popleft()
+
+    def between(self, a: float, b: float) -> float:
+        total = 0.0
+        for s, e, rate in self.segments:
+            lo, hi = max(s, a), min(e, b)
+            if hi > lo:
+                total += (hi - lo) * rate
+        return max(total, 0.0)
 
 
 @dataclass
 class _Group:
     cfg: GroupConfig
-    prev_quota: float
+    bucket: Optional[_Bucket]           # None when uncapped
+    vtime: float = 0.0
     waiting: Optional[_Waiting] = None
+    last_active: float = -math.inf
     grants: int = 0
+    continuations: int = 0
     last_quota: float = 0.0
+    usage: _Usage = field(default_factory=_Usage)
+    # latency class
+    claim_bucket: Optional[_Bucket] = None
+    claim_allowed: bool = False
+    claims: int = 0
+    claim_ms: float = 0.0
 
 
-class _Usage:
-    """Disjoint usage segments of one group, sorted, with prefix sums: segment i is [starts[i], ends[i]) used at
-    `rates[i]` (1 alone, 1/k when k groups overlap); cum[i] = usage of segments lo..i-1 (plus a constant).
-    Segments before index `lo` have left the window."""
+def fair_targets(caps: dict[str, float], floors: Optional[dict[str, float]] = None) -> dict[str, float]:
+    """Max-min fair shares with floors and caps (water-filling): each group gets clamp(level, floor, cap), the
+    level chosen so that the shares add up to 1 (every group gets its cap when the caps add up to less; the
+    floors scaled down to add up to 1 when they add up to more)."""
+    floors = floors or {}
+    lo = {n: min(max(floors.get(n, 0.0), 0.0), c) for n, c in caps.items()}
+    if sum(caps.values()) <= 1.0:
+        return dict(caps)
+    total_lo = sum(lo.values())
+    if total_lo >= 1.0:
+        return {n: v / total_lo for n, v in lo.items()} if total_lo > 0 else {n: 0.0 for n in caps}
+    # sum(clamp(L, lo, cap)) is continuous and non-decreasing in L: bisect on the breakpoints, then solve.
+    points = sorted({0.0, 1.0, *lo.values(), *caps.values()})
 
-    __slots__ = ("starts", "ends", "rates", "cum", "lo")
+    def total(level: float) -> float:
+        return sum(min(max(level, lo[n]), c) for n, c in caps.items())
 
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-        self.rates: list[float] = []
-        self.cum: list[float] = [0.0]
-        self.lo = 0
-
-    def add(self, start: float, end: float, rate: float) -> None:
-        if len(self.ends) > self.lo and self.ends[-1] == start and self.rates[-1] == rate:
-            self.ends[-1] = end
-            self.cum[-1] += (end - start) * rate
-            return
-        self.starts.append(start)
-        self.ends.append(end)
-        self.rates.append(rate)
-        self.cum.append(self.cum[-1] + (end - start) * rate)
-
-    def truncate_from(self, t: float) -> None:
-        """Forget all usage after time t."""
-        k = bisect.bisect_left(self.starts, t, self.lo)      # segments k.. start at or after t
-        if k < len(self.starts):
-            del self.starts[k:], self.ends[k:], self.rates[k:], self.cum[k + 1:]
-        if k > self.lo and self.ends[k - 1] > t:
-            self.cum[k] -= (self.ends[k - 1] - t) * self.rates[k - 1]
-            self.ends[k - 1] = t
-
-    def prune_before(self, cutoff: float) -> None:
-        """Drop segments that ended before `cutoff`."""
-        self.lo = bisect.bisect_left(self.ends, cutoff, self.lo)
-        if self.lo > 256 and 2 * self.lo > len(self.starts):
-            lo, base = self.lo, self.cum[self.lo]
-            self.starts, self.ends, self.rates = self.starts[lo:], self.ends[lo:], self.rates[lo:]
-            self.cum = [c - base for c in self.cum[lo:]]
-            self.lo = 0
-
-    @property
-    def empty(self) -> bool:
-        return len(self.starts) <= self.lo
-
-    def between(self, a: float, b: float) -> float:
-        """Usage inside [a, b]."""
-        if b <= a:
-            return 0.0
-        i = bisect.bisect_right(self.ends, a, self.lo)        # first segment ending after a
-        j = bisect.bisect_left(self.starts, b, self.lo)       # segments i..j-1 start before b
-        if i >= j:
-            return 0.0
-        total = self.cum[j] - self.cum[i]
-        if self.starts[i] < a:
-            total -= (a - self.starts[i]) * self.rates[i]
-        if self.ends[j - 1] > b:
-            total -= (self.ends[j - 1] - max(b, self.starts[j - 1])) * self.rates[j - 1]
-        return max(total, 0.0)
-
-    def pieces(self, a: float, b: float):
-        """(start, end, rate) of the segments inside [a, b], clipped."""
-        i = bisect.bisect_right(self.ends, a, self.lo)
-        while i < len(self.starts) and self.starts[i] < b:
-            yield max(self.starts[i], a), min(self.ends[i], b), self.rates[i]
-            i += 1
-
-    def tail_point(self, budget: float) -> float:
-        """The smallest time x such that the usage in [x, +inf) is at most `budget` (-inf if all of it is)."""
-        n = len(self.starts)
-        if n <= self.lo or self.cum[n] - self.cum[self.lo] <= budget:
-            return -math.inf
-        target = self.cum[n] - budget
-        i = bisect.bisect_left(self.cum, target, self.lo, n + 1) - 1
-        return self.ends[i] - (budget - (self.cum[n] - self.cum[i + 1])) / self.rates[i]
+    a = 0.0
+    for p in points:
+        if total(p) >= 1.0:
+            b = p
+            break
+        a = p
+    else:
+        b = 1.0
+    ta, tb = total(a), total(b)
+    level = b if tb == ta else a + (1.0 - ta) * (b - a) / (tb - ta)
+    return {n: min(max(level, lo[n]), c) for n, c in caps.items()}
 
 
 class Policy:
-    """Gemini's token policy. See the module docstring.
+    """gem-schd's scheduling policy. See the module docstring.
 
-    Parameters: the Config (groups), base quota (used when a request carries no burst estimate), min quota,
-    window (all ms) and the scheduler's start time on the caller's clock.
+    Parameters (ms): `base_quota_ms` the longest slot, `min_quota_ms` the shortest slot worth granting a capped
+    group, `window_ms` the reporting window, `bucket_ms` the depth of a cap's bucket, `claim_burst_ms` the depth
+    of a latency group's claim budget, `max_claim_ms` the longest single claim, `continue_lead_ms` how long
+    before a deadline the holder's continuation is decided, `max_used_credit_ms` how much of a slot the hooks'
+    measurement may forgive, `active_ms` how long after its last use a group still counts for the targets.
     """
 
-    def __init__(self, config: Config, base_quota_ms: float = 250.0, min_quota_ms: float = 100.0,
-                 window_ms: float = 10000.0, start_ms: float = 0.0, max_used_credit_ms: float = 2.0):
+    def __init__(self, config: Config, base_quota_ms: float = DEFAULT_BASE_QUOTA_MS,
+                 min_quota_ms: float = DEFAULT_MIN_QUOTA_MS, window_ms: float = DEFAULT_WINDOW_MS,
+                 start_ms: float = 0.0, max_used_credit_ms: float = 2.0, *, bucket_ms: float = DEFAULT_BUCKET_MS,
+                 claim_burst_ms: float = DEFAULT_CLAIM_BURST_MS, max_claim_ms: float = DEFAULT_MAX_CLAIM_MS,
+                 continue_lead_ms: float = DEFAULT_CONTINUE_LEAD_MS, active_ms: Optional[float] = None,
+                 cap_slot_fraction: float = 0.5, continuation: bool = True):
         for name, value in (("base_quota_ms", base_quota_ms), ("min_quota_ms", min_quota_ms),
-                            ("window_ms", window_ms)):
+                            ("window_ms", window_ms), ("bucket_ms", bucket_ms), ("claim_burst_ms", claim_burst_ms),
+                            ("max_claim_ms", max_claim_ms)):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if not (math.isfinite(continue_lead_ms) and continue_lead_ms >= 0):
+            raise ValueError(f"continue_lead_ms must be >= 0, got {continue_lead_ms!r}")
         self.base_quota_ms = float(base_quota_ms)
         self.min_quota_ms = float(min_quota_ms)
         self.window_ms = float(window_ms)
+        self.bucket_ms = float(bucket_ms)
+        self.claim_burst_ms = float(claim_burst_ms)
+        self.max_claim_ms = float(max_claim_ms)
+        self.continue_lead_ms = float(continue_lead_ms)
+        self.cap_slot_fraction = min(1.0, max(0.0, float(cap_slot_fraction)))
+        self.continuation = bool(continuation)   # off only to show what it is for (tests)
         self.start_ms = float(start_ms)
-        # At most this much of a slot is forgiven when its holder reports it used less GPU time (see
-        # _apply_used): enough for the handoff at the slot's start, too little for a lying client to matter.
+        # At most this much of a slot is forgiven when its holder reports it used less GPU time: enough for the
+        # handoff at the slot's start, too little for a lying client to matter.
         self.max_used_credit_ms = max(0.0, float(max_used_credit_ms))
+        self.active_ms = float(active_ms) if active_ms is not None else max(4 * self.base_quota_ms, 500.0)
         self.config = config
-        self._groups: dict[str, _Group] = {g.name: _Group(g, self.base_quota_ms) for g in config.groups}
-        self._entries: list[_Entry] = []             # sorted by start (grants happen in time order)
-        self._by_seq: dict[int, _Entry] = {}
-        self._last_entry: dict[str, _Entry] = {}
-        self._holder: Optional[_Holder] = None
+        self._groups: dict[str, _Group] = {}
+        self._holder: Optional[_Slot] = None
+        self._past: deque[_Past] = deque()
+        self._claims: deque[tuple[str, float, float]] = deque()   # (group, start, end) reported, for a window
         self._seq = 0
-        self._starts: list[float] = []               # entry starts, for bisect
-        self._usages: dict[str, _Usage] = {}
-        self._dirty = math.inf                        # usage after this time must be recomputed
-        self._len_heap: list[tuple[float, int]] = []  # (-length, token_seq): longest entry, lazily cleaned
+        self._started = False
         self._last_now = self.start_ms
+        self._targets_key: Optional[frozenset] = None
+        self._targets: dict[str, float] = {}
+        for gc in config.groups:
+            self._groups[gc.name] = self._new_group(gc, self.start_ms)
 
     # --- public API ---------------------------------------------------------------------------------------------
 
@@ -270,11 +359,26 @@ class Policy:
         return self._holder.deadline if self._holder else None
 
     @property
+    def holder_seq(self) -> Optional[int]:
+        return self._holder.token_seq if self._holder else None
+
+    @property
     def groups(self) -> list[str]:
         return list(self._groups)
 
     def waiting(self) -> list[str]:
         return [n for n, g in self._groups.items() if g.waiting is not None]
+
+    def initial_decisions(self) -> list[Decision]:
+        """Claim rights of the latency groups at the start (the daemon sends them at each Welcome too)."""
+        return [ClaimRightDecision(n, g.claim_allowed, self.max_claim_ms)
+                for n, g in self._groups.items() if g.cfg.latency]
+
+    def claim_right(self, group: str) -> Optional[ClaimRightDecision]:
+        g = self._groups.get(group)
+        if g is None or not g.cfg.latency:
+            return None
+        return ClaimRightDecision(group, g.claim_allowed, self.max_claim_ms)
 
     def request(self, group: str, overuse_ms: float = 0.0, burst_ms: float = 0.0,
                 now: float = 0.0, used_ms: float = 0.0) -> list[Decision]:
@@ -283,75 +387,136 @@ class Policy:
         g = self._groups.get(group)
         if g is None:
             return [self._unknown(group)]
-        if not self._entries and all(gr.waiting is None for gr in self._groups.values()) and self._seq == 0:
-            # The window starts with the first request, not when the daemon started: idle time before any
-            # client came would otherwise count as unused window, letting groups overshoot their caps until
-            # it slides out (and then stall them while the overshoot is paid back).
+        if not self._started:
+            # The reporting window starts with the first request, not when the daemon started: idle time before
+            # any client came would otherwise count as unused window.
+            self._started = True
             self.start_ms = now
-        self._apply_overuse(self._last_entry.get(group), overuse_ms, now)
-        if self._holder is not None and self._holder.group == group:
-            # As in Gemini: the holder coming back means its clients stopped using the token.
-            self._end_slot(now)
-        self._apply_used(self._last_entry.get(group), used_ms)
+        out: list[Decision] = []
+        self._apply_overuse(group, overuse_ms, now)
+        h = self._holder
+        if h is not None and h.group == group and h.start <= now:
+            # As in Gemini: the holder asking again means its clients stopped using this slot.
+            out += self._end_slot(now, "release", used_ms)
+        else:
+            self._apply_used(group, used_ms, now)
         burst = burst_ms if (math.isfinite(burst_ms) and burst_ms > 0) else 0.0
         if g.waiting is None:
             g.waiting = _Waiting(now, burst)
+            self._activate(g, now)
         else:  # a re-sent request (e.g. after a pod manager re-registered): keep its place in the queue
             g.waiting.burst = burst
-        return self._schedule(now)
+        return out + self._schedule(now)
 
     def release(self, group: str, token_seq: int, overuse_ms: float = 0.0, now: float = 0.0,
                 used_ms: float = 0.0) -> list[Decision]:
-        """The group's clients are idle. Ends the slot at once if it is the current one; for an older token only
-        its overuse (and measured use) is applied."""
+        """The group's clients are idle. Ends the slot at once if it is the current one (or the one the current
+        continuation continues); for an older token only its overuse and measured use are applied."""
         now = self._now(now)
         h = self._holder
+        out: list[Decision] = []
         if h is not None and h.group == group and h.token_seq == token_seq:
-            self._end_slot(now)
-            self._apply_used(self._by_seq.get(token_seq), used_ms)
-            return self._schedule(now)
-        if group not in self._groups and group not in self._last_entry:
+            self._apply_overuse(group, overuse_ms, now)
+            out += self._end_slot(now, "release", used_ms)
+            return out + self._schedule(now)
+        if h is not None and h.group == group and self._continues(h, token_seq):
+            # Released before the deadline at which its continuation was to start: the continuation never runs,
+            # and the slot it continued ends now instead of at its deadline.
+            out += self._end_slot(now, "release")
+            out += self._shorten_past(token_seq, now)
+            self._apply_overuse(group, overuse_ms, now)
+            self._apply_used(group, used_ms, now, token_seq)
+            return out + self._schedule(now)
+        if group not in self._groups and not any(p.group == group for p in self._past):
             return [self._unknown(group)]
-        entry = self._by_seq.get(token_seq)
-        if entry is not None and entry.group == group:
-            # (An entry already out of the window, or a token of another scheduler run, is ignored.)
-            self._apply_overuse(entry, overuse_ms, now)
-            self._apply_used(entry, used_ms)
-        return self._schedule(now)
+        self._apply_overuse(group, overuse_ms, now)
+        self._apply_used(group, used_ms, now, token_seq)
+        return out + self._schedule(now)
 
-    def cancel(self, group: str, now: float) -> None:
+    def cancel(self, group: str, now: float) -> list[Decision]:
         """Drop the group's waiting request (its pod manager went away)."""
-        self._now(now)
+        now = self._now(now)
         g = self._groups.get(group)
         if g is not None:
             g.waiting = None
+        return self._schedule(now)
+
+    def claimed(self, group: str, start_ms: float, end_ms: float, now: float) -> list[Decision]:
+        """A latency group's pod manager reports a claim it made: [start_ms, end_ms] on the policy's clock."""
+        now = self._now(now)
+        g = self._groups.get(group)
+        if g is None:
+            return [self._unknown(group)]
+        if not (math.isfinite(start_ms) and math.isfinite(end_ms)):
+            return []
+        # A claim cannot be in the future, nor longer than its bound plus a margin for the report's travel.
+        end_ms = min(end_ms, now)
+        start_ms = max(start_ms, end_ms - self.max_claim_ms - 5.0)
+        dur = end_ms - start_ms
+        if dur <= 0:
+            return []
+        if not self._started:
+            self._started = True
+            self.start_ms = start_ms
+        self._activate(g, now)
+        g.claims += 1
+        g.claim_ms += dur
+        if g.claim_bucket is not None:
+            g.claim_bucket.add(dur, now)
+        self._charge(g, dur, now)
+        g.usage.add(start_ms, end_ms, dur)
+        self._claims.append((group, start_ms, end_ms))
+        # Credit the overlapped slots of other groups: their holders stopped launching during the claim.
+        h = self._holder
+        if h is not None and h.group != group:
+            overlap = max(0.0, min(end_ms, h.deadline) - max(start_ms, h.start))
+            h.claim_credit += overlap
+        for p in self._past:
+            if p.group == group:
+                continue
+            overlap = max(0.0, min(end_ms, p.end) - max(start_ms, p.start))
+            if overlap > 0:
+                overlap = min(overlap, p.charge)
+                p.charge -= overlap
+                pg = self._groups.get(p.group)
+                if pg is not None:
+                    self._charge(pg, -overlap, now)
+                    pg.usage.add(max(start_ms, p.start), min(end_ms, p.end), -overlap)
+        out = self._update_claim_right(g, now)
+        return out + self._schedule(now)
 
     def tick(self, now: float) -> list[Decision]:
-        """Time passed: end an expired slot and grant if someone is eligible."""
-        return self._schedule(self._now(now))
+        """Time passed: decide a continuation, end an expired slot, grant if someone is eligible, and give
+        claim rights back."""
+        now = self._now(now)
+        out: list[Decision] = []
+        for g in self._groups.values():
+            if g.cfg.latency:
+                out += self._update_claim_right(g, now)
+        return out + self._schedule(now)
 
     def next_wakeup(self, now: float) -> Optional[float]:
-        """When `tick` should be called next: the holder's deadline, else the earliest time a waiting group becomes
-        eligible (None: nothing will happen until a new message)."""
+        """When `tick` should be called next (None: nothing happens until a new message)."""
         now = self._now(now)
-        if self._holder is not None:
-            return max(now, self._holder.deadline)
-        best: Optional[float] = None
-        for name, g in self._groups.items():
-            if g.waiting is None:
-                continue
-            t = self._eligible_at(name, g, now)
-            if t is not None:
-                t = self._confirm(name, g, t)
-            if t is not None and (best is None or t < best):
-                best = t
-        return best
+        best = math.inf
+        h = self._holder
+        if h is not None:
+            if not h.decided:
+                best = max(now, h.deadline - self.continue_lead_ms)
+            else:
+                best = max(now, h.deadline)
+        else:
+            for g in self._groups.values():
+                if g.waiting is not None:
+                    best = min(best, self._eligible_at(g, now))
+        for g in self._groups.values():
+            if g.cfg.latency and not g.claim_allowed and g.claim_bucket is not None:
+                best = min(best, g.claim_bucket.time_to_reach(self._claim_regrant_level(), now))
+        return None if best == math.inf else best
 
     def apply_config(self, config: Config, now: float) -> list[Decision]:
-        """Switch to a new config. History is kept; new MinUtil/MaxUtil apply from the next grant; a removed
-        group's holder finishes its slot and its waiting request is refused. The entries of a removed group stay
-        until they leave the window (they still count in overlaps, and again for the group if it is re-added
-        within a window: it did use that GPU time)."""
+        """Switch to a new config. Buckets, virtual times and history are kept; new MinUtil/MaxUtil apply from
+        the next decision; a removed group's holder finishes its slot and its waiting request is refused."""
         now = self._now(now)
         out: list[Decision] = []
         new_names = set(config.names)
@@ -364,49 +529,86 @@ class Policy:
         for gc in config.groups:
             old = self._groups.get(gc.name)
             if old is None:
-                self._groups[gc.name] = _Group(gc, self.base_quota_ms)
-            else:
-                old.cfg = gc
+                self._groups[gc.name] = self._new_group(gc, now)
+                if gc.latency:
+                    out.append(ClaimRightDecision(gc.name, self._groups[gc.name].claim_allowed, self.max_claim_ms))
+                continue
+            was_latency = old.cfg.latency
+            old.cfg = gc
+            old.bucket = self._retune_bucket(old.bucket, gc.max_util, now)
+            if gc.latency:
+                if old.claim_bucket is None:
+                    old.claim_bucket = _Bucket(gc.min_util, self.claim_burst_ms, now)
+                else:
+                    old.claim_bucket.advance(now)
+                    old.claim_bucket.rate = gc.min_util
+                allowed = self._claim_ok(old, now)
+                if allowed != old.claim_allowed or not was_latency:
+                    old.claim_allowed = allowed
+                    out.append(ClaimRightDecision(gc.name, allowed, self.max_claim_ms))
+            elif was_latency:
+                old.claim_bucket, old.claim_allowed = None, False
+                out.append(ClaimRightDecision(gc.name, False, self.max_claim_ms))
         self.config = config
+        self._targets_key = None
         out.extend(self._schedule(now))
         return out
 
+    def stop(self, now: float) -> list[Decision]:
+        """The daemon stops: the current slot ends now."""
+        now = self._now(now)
+        if self._holder is None:
+            return []
+        return self._end_slot(now, "stop")
+
+    # --- reports ------------------------------------------------------------------------------------------------
+
     def window_eff(self, now: float) -> float:
-        return max(0.0, min(self.window_ms, now - self.start_ms))
+        return max(0.0, min(self.window_ms, now - self.start_ms)) if self._started else 0.0
 
     def usage(self, group: str, now: float) -> float:
-        """ms of GPU time the group used inside [now - window_eff, now]."""
-        u = self._usage().get(group)
-        return u.between(now - self.window_eff(now), now) if u else 0.0
+        """ms of GPU time charged to the group inside [now - window_eff, now] (the running slot up to now)."""
+        g = self._groups.get(group)
+        if g is None:
+            return 0.0
+        a = now - self.window_eff(now)
+        g.usage.prune(now - self.window_ms)
+        total = g.usage.between(a, now)
+        h = self._holder
+        if h is not None and h.group == group and h.start < now:
+            total += max(0.0, min(now, h.deadline) - max(a, h.start))
+        return total
 
     def share(self, group: str, now: float) -> float:
         w = self.window_eff(now)
-        return self.usage(group, now) / w if w > 0 else 0.0
+        return min(1.0, self.usage(group, now) / w) if w > 0 else 0.0
 
-    def status(self, now: float) -> dict[str, dict]:
-        """Per group: name, min_util, max_util, share, holding, waiting, wait_ms, quota_ms, grants."""
+    def status(self, now: float) -> dict[str, GroupStatus]:
+        now = self._now(now)
+        targets = self._current_targets(now)
         out = {}
         for name, g in self._groups.items():
-            out[name] = {
-                "name": name, "min_util": g.cfg.min_util, "max_util": g.cfg.max_util,
-                "share": self.share(name, now),
-                "holding": self._holder is not None and self._holder.group == name and self._holder.deadline > now,
-                "waiting": g.waiting is not None,
-                "wait_ms": (now - g.waiting.arrival) if g.waiting else 0.0,
-                "quota_ms": g.last_quota, "grants": g.grants,
-            }
+            h = self._holder
+            out[name] = GroupStatus(
+                name=name, min_util=g.cfg.min_util, max_util=g.cfg.max_util, sched_class=g.cfg.sched_class,
+                share=self.share(name, now),
+                holding=h is not None and h.group == name and h.start <= now < h.deadline,
+                waiting=g.waiting is not None, wait_ms=(now - g.waiting.arrival) if g.waiting else 0.0,
+                quota_ms=g.last_quota, grants=g.grants, continuations=g.continuations,
+                bucket_ms=self._level(g, now) if g.bucket is not None else math.inf,
+                target=targets.get(name, 0.0), claim_allowed=g.claim_allowed, claims=g.claims,
+                claim_ms=g.claim_ms)
         return out
 
     def history(self) -> list[tuple[str, float, float, int]]:
-        """(group, start, end, token_seq) of the entries still kept (for tests and debugging)."""
-        return [(e.group, e.start, e.end, e.token_seq) for e in self._entries]
+        """(group, start, end, token_seq) of the finished slots still kept, then the running one."""
+        out = [(p.group, p.start, p.end, p.token_seq) for p in self._past]
+        if self._holder is not None:
+            h = self._holder
+            out.append((h.group, h.start, h.deadline, h.token_seq))
+        return out
 
-    def desired_quota(self, group: str) -> float:
-        """The quota the group would get if granted now (before trimming to its headroom)."""
-        g = self._groups[group]
-        return self._desired(g)
-
-    # --- internals ----------------------------------------------------------------------------------------------
+    # --- internals: groups, buckets, virtual time ------------------------------------------------------------------
 
     def _now(self, now: float) -> float:
         # Never let time run backwards, whatever the caller passes.
@@ -420,292 +622,300 @@ class Policy:
     def _unknown(self, group: str) -> RefuseDecision:
         return RefuseDecision(group, ERR_UNKNOWN_GROUP, f"group {group!r} is not in {self.config.path}")
 
-    def _clamp(self, quota: float, cfg: GroupConfig) -> float:
-        hi = cfg.max_util * self.window_ms
-        q = max(quota, self.min_quota_ms)
-        return min(q, hi) if hi > 0 else q
+    def _new_group(self, gc: GroupConfig, now: float) -> _Group:
+        g = _Group(gc, self._retune_bucket(None, gc.max_util, now))
+        if gc.latency:
+            g.claim_bucket = _Bucket(gc.min_util, self.claim_burst_ms, now)
+            g.claim_allowed = self._claim_ok(g, now)
+        return g
 
-    def _desired(self, g: _Group) -> float:
-        burst = g.waiting.burst if g.waiting else 0.0
-        if burst > 0:
-            return self._clamp(0.5 * burst + 0.5 * g.prev_quota, g.cfg)
-        # The base quota is used as given (even below the min quota), bounded only by MaxUtil x window.
-        hi = g.cfg.max_util * self.window_ms
-        return min(self.base_quota_ms, hi) if hi > 0 else self.base_quota_ms
+    def _retune_bucket(self, bucket: Optional[_Bucket], cap: float, now: float) -> Optional[_Bucket]:
+        if cap >= 1.0:
+            return None
+        if bucket is None:
+            return _Bucket(cap, self.bucket_ms, now)
+        bucket.advance(now)
+        bucket.rate = cap
+        return bucket
 
-    def _apply_overuse(self, entry: Optional[_Entry], overuse_ms: float, now: float) -> None:
-        if entry is None or not (math.isfinite(overuse_ms) and overuse_ms > 0):
-            return
-        new_end = min(now, entry.end + overuse_ms)
-        if new_end > entry.end:
-            self._set_end(entry, new_end)
+    def _level(self, g: _Group, now: float) -> float:
+        return g.bucket.at(now) if g.bucket is not None else math.inf
 
-    def _apply_used(self, entry: Optional[_Entry], used_ms: float) -> None:
-        """The holder measured (with CUDA events) the GPU time it really had in the slot: from its first kernel
-        to the end of its work. The part of the slot before that -- the grant travelling to the hooks, the GPU
-        switching contexts -- was nobody's, and charging it made every group fall short of its cap by the
-        handoff time of each of its slots. The charge shrinks to the measured use, by at most
-        max_used_credit_ms, so a client that reports too little cannot gain more than that per slot."""
-        if entry is None or not (math.isfinite(used_ms) and used_ms > 0) or self.max_used_credit_ms <= 0:
-            return
-        new_end = max(entry.start + used_ms, entry.end - self.max_used_credit_ms)
-        if new_end < entry.end:
-            self._set_end(entry, new_end)
+    def _activate(self, g: _Group, now: float) -> None:
+        """A group becomes active (asks, or claims): its virtual time catches up with the active groups', so
+        that idle time is not banked and a group that comes back cannot take a long run while others wait."""
+        if now - g.last_active > self.active_ms:
+            floor = self._min_active_vtime(now, exclude=g)
+            if floor is not None and g.vtime < floor:
+                g.vtime = floor
+            self._targets_key = None
+        g.last_active = now
 
-    def _end_slot(self, now: float) -> None:
+    def _is_active(self, name: str, g: _Group, now: float) -> bool:
+        h = self._holder
+        return (g.waiting is not None or (h is not None and h.group == name)
+                or now - g.last_active <= self.active_ms)
+
+    def _vtime_now(self, name: str, g: _Group, now: float) -> float:
+        """The group's virtual time as of now: the holder's includes only the part of its slot that has run."""
+        h = self._holder
+        if h is not None and h.group == name:
+            ahead = max(0.0, h.deadline - max(now, h.start))
+            return g.vtime - ahead / self._weight(name, now)
+        return g.vtime
+
+    def _min_active_vtime(self, now: float, exclude: Optional[_Group] = None) -> Optional[float]:
+        values = [self._vtime_now(n, g, now) for n, g in self._groups.items()
+                  if g is not exclude and self._is_active(n, g, now)]
+        return min(values) if values else None
+
+    def _current_targets(self, now: float) -> dict[str, float]:
+        active = frozenset(n for n, g in self._groups.items() if self._is_active(n, g, now))
+        if active != self._targets_key:
+            self._targets_key = active
+            self._targets = fair_targets({n: self._groups[n].cfg.max_util for n in active},
+                                         {n: self._groups[n].cfg.min_util for n in active})
+        return self._targets
+
+    def _weight(self, name: str, now: float) -> float:
+        return max(self._current_targets(now).get(name, 0.0), 1e-3)
+
+    def _charge(self, g: _Group, ms: float, now: float) -> None:
+        """Charge (ms > 0) or refund (ms < 0) GPU time to a group's cap bucket and virtual time."""
+        if g.bucket is not None:
+            g.bucket.add(ms, now)
+        g.vtime += ms / self._weight(g.cfg.name, now)
+
+    # --- internals: slots ----------------------------------------------------------------------------------------
+
+    def _continues(self, h: _Slot, token_seq: int) -> bool:
+        """Is the running slot `h` a continuation, not yet started, of slot `token_seq`?"""
+        return h.prev_seq == token_seq and h.start > self._last_now
+
+    def _shorten_past(self, token_seq: int, end: float) -> list[Decision]:
+        """A finished slot really ended at `end`, before the end it was given: refund the difference."""
+        for p in reversed(self._past):
+            if p.token_seq == token_seq:
+                if end < p.end:
+                    cut = min(p.end - end, p.charge)
+                    p.end = max(p.start, end)
+                    p.charge -= cut
+                    g = self._groups.get(p.group)
+                    if g is not None:
+                        self._charge(g, -cut, end)
+                        g.usage.add(p.end, p.end + cut, -cut)
+                break
+        return []
+
+    def _end_slot(self, now: float, reason: str, used_ms: float = 0.0, at: Optional[float] = None) -> list[Decision]:
+        """End the running slot at `at` (default: now, or its deadline if that came first) and settle its charge
+        (on the buckets at `now`)."""
         h = self._holder
         assert h is not None
-        entry = self._by_seq.get(h.token_seq)
-        if entry is not None and entry.end > now:
-            self._set_end(entry, max(now, entry.start))
         self._holder = None
+        end = min(max(now if at is None else at, h.start), h.deadline)
+        span = end - h.start
+        charge = span
+        if used_ms and math.isfinite(used_ms) and used_ms > 0 and self.max_used_credit_ms > 0:
+            charge = min(charge, max(used_ms, span - self._credit(span)))
+        charge = max(0.0, charge - min(h.claim_credit, charge))
+        g = self._groups.get(h.group)
+        if g is not None:
+            self._charge(g, charge - h.reserved, now)    # settle the reservation made at the grant
+            g.usage.add(h.start, end, charge)
+            g.last_active = max(g.last_active, now)
+        self._past.append(_Past(h.group, h.token_seq, h.start, end, charge))
+        self._prune(now)
+        return [SlotEndDecision(h.group, h.token_seq, h.quota, h.start, end, h.wait_ms, reason)]
 
-    def _set_end(self, entry: _Entry, end: float) -> None:
-        self._dirty = min(self._dirty, entry.end, end)
-        entry.end = end
-        heapq.heappush(self._len_heap, (-(entry.end - entry.start), entry.token_seq))
+    def _apply_overuse(self, group: str, overuse_ms: float, now: float) -> None:
+        """The group's hooks measured that its work ran `overuse_ms` past its last slot's deadline."""
+        if not (math.isfinite(overuse_ms) and overuse_ms > 0):
+            return
+        last = next((p for p in reversed(self._past) if p.group == group), None)
+        if last is None:
+            return
+        overuse = min(overuse_ms, max(0.0, now - last.end))    # it cannot have run into the future
+        if overuse <= 0:
+            return
+        g = self._groups.get(group)
+        last.charge += overuse
+        if g is not None:
+            self._charge(g, overuse, now)
+            g.usage.add(last.end, last.end + overuse, overuse)
 
-    def _max_len(self) -> float:
-        heap = self._len_heap
-        while heap:
-            neg, seq = heap[0]
-            e = self._by_seq.get(seq)
-            if e is None or e.end - e.start != -neg:
-                heapq.heappop(heap)
-                continue
-            return -neg
-        return 0.0
+    def _apply_used(self, group: str, used_ms: float, now: float, token_seq: Optional[int] = None) -> None:
+        """Measured use reported after the slot ended (with the next request, or a late release): shrink its
+        charge, by at most the credit."""
+        if not (math.isfinite(used_ms) and used_ms > 0) or self.max_used_credit_ms <= 0:
+            return
+        for p in reversed(self._past):
+            if p.group == group and (token_seq is None or p.token_seq == token_seq):
+                span = p.end - p.start
+                new = min(p.charge, max(used_ms, span - self._credit(span)))
+                refund = p.charge - new
+                if refund > 0:
+                    p.charge = new
+                    g = self._groups.get(group)
+                    if g is not None:
+                        self._charge(g, -refund, now)
+                        g.usage.add(p.start, p.end, -refund)
+                return
+
+    def _credit(self, span: float) -> float:
+        """How much of a slot the hooks' measurement may forgive: the handoff at its start (the grant's travel,
+        the GPU switching contexts, the previous holder's last queued work), at most max_used_credit_ms and at
+        most 15% of the slot, so that a client that under-reports gains little."""
+        return min(self.max_used_credit_ms, MAX_CREDIT_FRACTION * span)
 
     def _prune(self, now: float) -> None:
         cutoff = now - self.window_ms
-        i = 0
-        hold = self._holder.token_seq if self._holder else -1
-        while i < len(self._entries) and self._entries[i].end < cutoff and self._entries[i].token_seq != hold:
-            i += 1
-        if i:
-            for e in self._entries[:i]:
-                self._by_seq.pop(e.token_seq, None)
-                if self._last_entry.get(e.group) is e:
-                    del self._last_entry[e.group]
-            del self._entries[:i]
-            del self._starts[:i]
-            for u in self._usages.values():
-                u.prune_before(cutoff)
-            if len(self._len_heap) > 4 * len(self._entries) + 64:
-                self._len_heap = [(-(e.end - e.start), e.token_seq) for e in self._entries]
-                heapq.heapify(self._len_heap)
-
-    def _usage(self) -> dict[str, _Usage]:
-        """Usage segments per group. A sweep over the history splits overlapping time evenly between the groups
-        active in it. History only changes near the present (grants start now, overuse extends an entry up to now,
-        a release cuts the current entry), so only the time after the earliest change is swept again."""
-        t = self._dirty
-        if t == math.inf:
-            return self._usages
-        self._dirty = math.inf
-        for u in self._usages.values():
-            u.truncate_from(t)
-        first = bisect.bisect_left(self._starts, t - self._max_len())
-        events: list[tuple[float, int, str]] = []
-        for e in self._entries[first:]:
-            if e.end > t and e.end > e.start:
-                events.append((max(e.start, t), 1, e.group))
-                events.append((e.end, -1, e.group))
-        events.sort(key=lambda ev: (ev[0], ev[1]))
-        active: Counter[str] = Counter()
-        prev = t
-        for when, kind, grp in events:
-            if active and when > prev:
-                rate = 1.0 / len(active)
-                for name in active:
-                    seg = self._usages.get(name)
-                    if seg is None:
-                        seg = self._usages[name] = _Usage()
-                    seg.add(prev, when, rate)
-            if kind > 0:
-                active[grp] += 1
-            else:
-                active[grp] -= 1
-                if active[grp] <= 0:
-                    del active[grp]
-            prev = when
-        return self._usages
+        while self._past and self._past[0].end < cutoff:
+            self._past.popleft()
+        while self._claims and self._claims[0][2] < cutoff:
+            self._claims.popleft()
 
     def _theta(self, g: _Group) -> float:
-        """Smallest slot worth granting to a capped group: the min quota, or less if the group's quota or its
-        reported burst is smaller (a group that needs 30 ms should not wait for 100 ms of headroom)."""
-        theta = min(self.min_quota_ms, self._desired(g))
+        """The shortest slot worth granting a capped group: the min quota, or its burst if that is smaller."""
+        theta = min(self.min_quota_ms, self.base_quota_ms)
         if g.waiting is not None and g.waiting.burst > 0:
             theta = min(theta, g.waiting.burst)
+        if g.bucket is not None and g.cfg.max_util < 1.0:
+            full = self.bucket_ms / (1.0 - g.cfg.max_util)      # the slot a full bucket allows
+            # Fewer, longer slots: every handoff costs the GPU a context switch (~0.14 ms), so a capped group
+            # waits until its bucket allows a good part of a full slot; waiting costs it nothing (the bucket
+            # fills meanwhile), as long as it is served before the bucket overflows.
+            theta = max(theta, self.cap_slot_fraction * full)
+            theta = min(theta, full, self.base_quota_ms)     # never more than a full bucket allows
         return theta
 
-    def _headroom(self, name: str, g: _Group, now: float, limit: float) -> float:
-        """Longest slot q <= limit starting now such that the group's usage over the window ending at now + q
-        stays within MaxUtil x window_eff(now + q) (all entries end by now when this is called)."""
-        cap = g.cfg.max_util
-        if cap >= 1.0:
-            return limit
-        if cap <= 0.0:
-            return 0.0
-        u = self._usage().get(name)
-        W = self.window_ms
-        C = cap * W
-        # Late phase: window_eff(now + q) = W. phi(q) = usage in [now + q - W, now] + q is non-decreasing in q
-        # (the window start slides over the group's old segments at rate 1, shedding at most rate 1 of usage).
-        # Walk the group's segments from the window start, solving phi(q) = C piece by piece.
-        a = now - W
-        phi = u.between(a, now) if u else 0.0
-        q_late: float
-        if phi > C + EPS:
-            q_late = -1.0
-        else:
-            q = 0.0
-            q_late = math.inf
-            pieces = u.pieces(a, now) if u else iter(())
-            # phi may touch C and stay flat there while the window slides over the group's own full-rate
-            # segments, so only a strict rise above C ends the walk.
-            for p_start, p_end, rate in pieces:
-                if p_start > a + q:  # a gap of no usage: phi grows at rate 1
-                    gap = p_start - (a + q)
-                    if phi + gap > C + EPS:
-                        q_late = q + max(C - phi, 0.0)
-                        break
-                    phi += gap
-                    q += gap
-                length = p_end - max(p_start, a + q)
-                grow = (1.0 - rate) * length
-                if rate < 1.0 and phi + grow > C + EPS:
-                    q_late = q + max(C - phi, 0.0) / (1.0 - rate)
-                    break
-                phi += grow
-                q += length
-                if q >= limit:
-                    break
-            if q_late == math.inf:
-                q_late = q + max(C - phi, 0.0) if q < limit else limit
-        boundary = self.start_ms + W - now  # q at which window_eff reaches W
-        if boundary <= 0 or (q_late >= boundary):
-            return min(max(q_late, 0.0), limit)
-        # Early phase: window_eff(now + q) = now + q - start, the window covers the whole history.
-        total = u.between(self.start_ms, now) if u else 0.0
-        q_early = (cap * (now - self.start_ms) - total) / (1.0 - cap)
-        return min(max(q_early, 0.0), limit)
-
-    def _eligibility(self, name: str, g: _Group, now: float) -> Optional[float]:
-        """The quota the group may be granted now, or None if it is not eligible."""
-        if g.cfg.max_util <= 0.0:
-            return None
-        desired = self._desired(g)
-        if self.usage(name, now) <= 0.0:
-            return desired
-        h = self._headroom(name, g, now, desired)
-        if h >= self._theta(g) - EPS:
-            return min(desired, max(h, self._theta(g)))
-        return None
-
-    def _eligible_at(self, name: str, g: _Group, now: float) -> Optional[float]:
-        """Earliest time >= now at which the waiting group becomes eligible, if nobody uses the GPU meanwhile on
-        its behalf (its history is fixed while it waits)."""
+    def _quota(self, g: _Group, at: float) -> Optional[float]:
+        """The slot the group may be granted at time `at`, or None if its cap does not allow a useful one."""
         cap = g.cfg.max_util
         if cap <= 0.0:
             return None
-        if self._eligibility(name, g, now) is not None:
-            return now
-        u = self._usage().get(name)
-        if u is None:
-            return now
+        if g.bucket is None:
+            return self.base_quota_ms
+        level = g.bucket.at(at)
+        room = level / (1.0 - cap)          # run this long and the bucket is empty at the end
         theta = self._theta(g)
-        W = self.window_ms
-        # Early phase: eligible once total + theta <= cap x (t + theta - start), while t + theta <= start + W.
-        # (Only while still in the early phase: later the history has been pruned.)
-        if now + theta < self.start_ms + W:
-            total = u.between(self.start_ms, math.inf)
-            t_early = self.start_ms + (total + theta) / cap - theta
-            if t_early + theta <= self.start_ms + W:
-                return max(now, t_early)
-        # Late phase: eligible once usage in [t + theta - W, inf) <= cap x W - theta. Find the smallest window start
-        # `a` with at most that much usage to its right (a bisection on the prefix sums).
-        a = u.tail_point(cap * W - theta)
-        t = max(now, self.start_ms + W - theta, a + W - theta)
+        if room < theta - EPS:
+            return None
+        return min(self.base_quota_ms, max(room, theta))
+
+    def _eligible_at(self, g: _Group, now: float) -> float:
+        cap = g.cfg.max_util
+        if cap <= 0.0:
+            return math.inf
+        if g.bucket is None:
+            return now
+        need = self._theta(g) * (1.0 - cap)
+        t = g.bucket.time_to_reach(need, now)
+        if t > now and self._quota(g, t) is None:   # float rounding: nudge so the daemon does not spin
+            t += 1e-3
         return t
 
-    def _confirm(self, name: str, g: _Group, t: float) -> float:
-        """Guard against float rounding making the computed time a hair early (the daemon would wake, find no
-        one eligible and spin): check the eligibility test itself at t, nudging t forward a little if needed."""
-        for step in (0.0, 1e-3, 1e-2, 0.1):
-            if self._eligibility(name, g, t + step) is not None:
-                return t + step
-        return t + 1.0
+    def _choose(self, at: float, now: float, holder: Optional[str] = None) -> Optional[tuple[str, float]]:
+        """Who gets the slot that starts at `at`, and its quota: among the eligible waiting groups (and the
+        holder, when deciding a continuation), the least virtual time; a tie goes to a waiting group (the
+        holder's virtual time already counts the slot it holds), then to the one that has waited longest."""
+        best: Optional[tuple[tuple, str, float]] = None
+        for name, g in self._groups.items():
+            if name == holder:
+                arrival = math.inf
+            elif g.waiting is not None:
+                arrival = g.waiting.arrival
+            else:
+                continue
+            quota = self._quota(g, at)
+            if quota is None:
+                continue
+            key = (g.vtime, name == holder, arrival, name)
+            if best is None or key < best[0]:
+                best = (key, name, quota)
+        return None if best is None else (best[1], best[2])
 
     def _schedule(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
         h = self._holder
         if h is not None:
-            if h.deadline > now:
-                return []
-            self._holder = None
-        self._prune(now)
-        eligible: list[tuple[str, _Group, float]] = []
-        for name, g in self._groups.items():
-            if g.waiting is None:
-                continue
-            quota = self._eligibility(name, g, now)
-            if quota is not None:
-                eligible.append((name, g, quota))
-        if not eligible:
-            return []
-        # MinUtil is judged at the next decision point, now + the longest slot that may be granted instead: a group
-        # that only got priority once already below its minimum would sit below it on average (by about a slot's
-        # worth of decay; 1-2 pp with the defaults). Looking ahead keeps an always-busy group at or above it.
-        horizon = now + max(q for _, _, q in eligible)
-        weff_h = self.window_eff(horizon)
-        usages = self._usage()
-        targets = fair_targets({n: gr.cfg.max_util for n, gr in self._groups.items()
-                                if gr.waiting is not None or (n in usages and self.usage(n, now) > EPS)})
-        best_key = None
-        best = eligible[0]
-        for name, g, quota in eligible:
-            assert g.waiting is not None
-            u = usages.get(name)
-            usage_h = u.between(horizon - weff_h, now) if u else 0.0
-            missing = g.cfg.min_util * weff_h - usage_h
-            if missing > EPS:
-                key = (0, -missing / (missing + usage_h), g.waiting.arrival, name)
-            else:
-                # least usage relative to the group's fair target (see the module docstring)
-                key = (1, self.usage(name, now) / max(targets.get(name, g.cfg.max_util), EPS), g.waiting.arrival,
-                       name)
-            if best_key is None or key < best_key:
-                best_key, best = key, (name, g, quota)
-        name, g, quota = best
-        g.prev_quota = self._desired(g)
+            if now < h.deadline - self.continue_lead_ms - EPS or (h.decided and now < h.deadline):
+                return out
+            if not h.decided:
+                h.decided = True
+                out += self._decide_continuation(h, now)
+                if self._holder is not h:
+                    return out            # continued
+                if now < h.deadline:
+                    return out            # someone else goes next, at the deadline
+            out += self._end_slot(now, "deadline")
+        # No holder: grant the best eligible waiting group.
+        choice = self._choose(now, now)
+        if choice is None:
+            return out
+        name, quota = choice
+        g = self._groups[name]
+        assert g.waiting is not None
+        wait = now - g.waiting.arrival
         g.waiting = None
+        out.append(self._grant(name, g, quota, now, wait))
+        return out
+
+    def _decide_continuation(self, h: _Slot, now: float) -> list[Decision]:
+        """At the lead point: does the holder keep the GPU past its deadline? It competes with the waiting
+        groups with its virtual time as it will be at the deadline (the reservation already counts it)."""
+        g = self._groups.get(h.group)
+        if g is None or not self.continuation:
+            return []
+        choice = self._choose(h.deadline, now, holder=h.group)
+        if choice is None or choice[0] != h.group:
+            return []
+        quota = choice[1]
+        # Continue: the old slot ends at its deadline, the new one starts there.
+        deadline = h.deadline
+        out: list[Decision] = list(self._end_slot(now, "continued", at=deadline))
+        g.continuations += 1
+        grant = self._grant(h.group, g, quota, now, 0.0, start=deadline, prev_seq=h.token_seq)
+        out.append(grant)
+        return out
+
+    def _grant(self, name: str, g: _Group, quota: float, now: float, wait: float, start: Optional[float] = None,
+               prev_seq: int = 0) -> GrantDecision:
+        """Grant a slot from `start` (default now; a continuation's starts at the old deadline)."""
+        start = now if start is None else start
+        self._seq += 1
         g.grants += 1
         g.last_quota = quota
-        self._seq += 1
-        entry = _Entry(name, now, now + quota, self._seq)
-        self._entries.append(entry)
-        self._starts.append(now)
-        self._by_seq[self._seq] = entry
-        self._last_entry[name] = entry
-        self._dirty = min(self._dirty, now)
-        heapq.heappush(self._len_heap, (-quota, self._seq))
-        self._holder = _Holder(name, self._seq, now, now + quota)
-        return [GrantDecision(name, quota, self._seq)]
+        g.last_active = max(g.last_active, now)
+        self._charge(g, quota, now)                       # reserved; settled when the slot ends
+        self._holder = _Slot(name, self._seq, start, quota, wait, reserved=quota, prev_seq=prev_seq)
+        return GrantDecision(name, quota, self._seq, start, bool(prev_seq), prev_seq, wait)
 
+    # --- internals: claims ----------------------------------------------------------------------------------------
 
-def fair_targets(caps: dict[str, float]) -> dict[str, float]:
-    """Max-min fair shares under caps (water-filling): each group gets min(cap, level), the level chosen so
-    that the shares add up to 1 (or every group gets its cap when the caps add up to less)."""
-    if sum(caps.values()) <= 1.0:
-        return dict(caps)
-    left, level, pending = 1.0, 0.0, sorted(caps.items(), key=lambda kv: kv[1])
-    while pending:
-        level = left / len(pending)
-        if pending[0][1] >= level:
-            break
-        name, cap = pending.pop(0)
-        left -= cap
-    return {name: min(cap, level) for name, cap in caps.items()}
+    def _claim_regrant_level(self) -> float:
+        return self.claim_burst_ms / 2.0
+
+    def _claim_ok(self, g: _Group, now: float) -> bool:
+        if not g.cfg.latency or g.claim_bucket is None or g.cfg.min_util <= 0 or g.cfg.max_util <= 0:
+            return False
+        if g.bucket is not None and g.bucket.at(now) <= 0:
+            return False
+        return g.claim_bucket.at(now) > 0
+
+    def _update_claim_right(self, g: _Group, now: float) -> list[Decision]:
+        """Take the right to claim away when the budget is spent; give it back when it is half full again."""
+        if not g.cfg.latency or g.claim_bucket is None:
+            return []
+        if g.claim_allowed:
+            if not self._claim_ok(g, now):
+                g.claim_allowed = False
+                return [ClaimRightDecision(g.cfg.name, False, self.max_claim_ms)]
+            return []
+        if g.claim_bucket.at(now) >= self._claim_regrant_level() - EPS and self._claim_ok(g, now):
+            g.claim_allowed = True
+            return [ClaimRightDecision(g.cfg.name, True, self.max_claim_ms)]
+        return []
 
 
 def group_names(decisions: Iterable[Decision]) -> list[str]:

@@ -13,7 +13,9 @@ Format: the Trace Event "JSON array" format, one event per line, the separating 
 * one "X" (complete) event per slot -- a grant and its end -- written when the slot ends, with ts (the grant)
   and dur in microseconds since the daemon started; args: token_seq, quota_ms, wait_ms (how long the request
   waited), ended ("release": the group's clients went idle or asked again; "deadline": the quota ran out;
-  "stop": the daemon stopped);
+  "continued": the holder kept the GPU in a new slot that starts where this one ends; "stop": the daemon
+  stopped);
+* one "X" event (cat "claim") per claim a latency group reported, on its track;
 * one track (tid) per group, named by "thread_name" metadata, in config order;
 * an instant event "config" at the start and at every applied reload (args: the groups' MinUtil, MaxUtil,
   MemoryLimit, and what the reload added, changed and removed), so that a plot can draw the limits in force.
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any, Optional
 
 from gemini.config import Config
+from gemini.scheduler.observers import ObserverBase
 
 log = logging.getLogger("gemini.scheduler.trace")
 
@@ -41,11 +44,11 @@ SCHEDULER_TID = 0      # the track of scheduler-wide events (config, stop)
 
 def _groups_arg(config: Config) -> dict[str, dict[str, Any]]:
     return {g.name: {"min_util": g.min_util, "max_util": g.max_util, "mem_limit": g.mem_limit,
-                     "process_sharing": "turns" if g.turns else "together"}
+                     "process_sharing": "turns" if g.turns else "together", "class": g.sched_class}
             for g in config.groups}
 
 
-class TraceWriter:
+class TraceWriter(ObserverBase):
     """A daemon observer that writes the trace file. Opened (truncated) at construction; OSError if it cannot."""
 
     def __init__(self, path: str | os.PathLike, daemon: Any):
@@ -79,6 +82,10 @@ class TraceWriter:
                      "tid": self._tid(group),
                      "args": {"token_seq": token_seq, "quota_ms": round(quota_ms, 3), "wait_ms": round(wait_ms, 3),
                               "ended": reason}})
+
+    def on_claim(self, group: str, start_ms: float, end_ms: float) -> None:
+        self._event({"ph": "X", "name": f"{group} claim", "cat": "claim", "ts": _us(start_ms),
+                     "dur": _us(max(0.0, end_ms - start_ms)), "tid": self._tid(group), "args": {}})
 
     def on_config(self, config: Config, diff: Any, now_ms: float) -> None:
         for name in config.names:

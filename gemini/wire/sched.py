@@ -5,7 +5,9 @@ dataclasses below are the schema; `encode`/`decode` are the only way in and
 out, and `decode` rejects anything that does not fit the schema with a
 MessageError, so a bad peer can be logged and ignored.
 
-Times are in milliseconds (floats) so that the JSON stays readable in traces.
+Durations are in milliseconds (floats) so that the JSON stays readable in traces. Instants that both sides
+must agree on (a continued slot's deadline, a claim's span) are absolute CLOCK_MONOTONIC seconds (`*_s`): the
+daemons of one GPU run on one machine and share that clock.
 """
 from __future__ import annotations
 
@@ -53,6 +55,15 @@ class TokenRelease:
 
 
 @dataclass(frozen=True)
+class ClaimReport:
+    """A latency group's claim is over: it held the GPU from start_s to end_s (CLOCK_MONOTONIC seconds)."""
+    TYPE: ClassVar[str] = "claim_report"
+    group: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     TYPE: ClassVar[str] = "heartbeat"
     group: str
@@ -77,6 +88,10 @@ class Welcome:
     mem_limit: int
     scheduler_id: str           # changes when gem-schd restarts
     turns: bool = False         # ProcessSharing = turns: the group's processes hold the token one at a time
+    sched_class: str = "batch"  # Class: batch or latency
+    memory_mode: str = "device"  # MemoryMode: device or unified
+    board_path: str = ""        # the GPU's board page ("" if none)
+    board_slot: int = -1        # the group's line on it
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,18 @@ class Grant:
     group: str
     quota_ms: float
     token_seq: int
+    continuation: bool = False  # the group keeps the GPU: slot prev_seq runs on until deadline_s
+    prev_seq: int = 0
+    deadline_s: float = 0.0     # the slot's end on gem-schd's clock (CLOCK_MONOTONIC seconds); 0 = now + quota
+
+
+@dataclass(frozen=True)
+class ClaimRight:
+    """A latency group may (or may no longer) claim the GPU; each claim lasts at most max_claim_ms."""
+    TYPE: ClassVar[str] = "claim_right"
+    group: str
+    allowed: bool
+    max_claim_ms: float
 
 
 @dataclass(frozen=True)
@@ -96,6 +123,8 @@ class ConfigUpdate:
     max_util: float
     mem_limit: int
     turns: bool = False
+    sched_class: str = "batch"
+    memory_mode: str = "device"
 
 
 @dataclass(frozen=True)
@@ -138,6 +167,12 @@ class GroupStatus:
     quota_ms: float
     grants: int
     connected: bool
+    sched_class: str = "batch"
+    target: float = 0.0         # the share the policy steers it to now (0 when it is not active)
+    continuations: int = 0      # slots it kept without a handoff
+    claims: int = 0             # latency class: claims made, and the GPU time they took
+    claim_ms: float = 0.0
+    claim_allowed: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,12 +184,13 @@ class StatusReply:
     groups: list = field(default_factory=list)   # list of GroupStatus as dicts
 
 
-Message = Union[Hello, TokenRequest, TokenRelease, Heartbeat, StatusRequest, Welcome, Grant, ConfigUpdate,
-                GroupRemoved, HeartbeatAck, Error, StatusReply]
+Message = Union[Hello, TokenRequest, TokenRelease, ClaimReport, Heartbeat, StatusRequest, Welcome, Grant,
+                ClaimRight, ConfigUpdate, GroupRemoved, HeartbeatAck, Error, StatusReply]
 _BY_TYPE: dict[str, type] = {cls.TYPE: cls for cls in Message.__args__}  # type: ignore[attr-defined]
 
-TO_SCHEDULER = frozenset({Hello, TokenRequest, TokenRelease, Heartbeat, StatusRequest})
-FROM_SCHEDULER = frozenset({Welcome, Grant, ConfigUpdate, GroupRemoved, HeartbeatAck, Error, StatusReply})
+TO_SCHEDULER = frozenset({Hello, TokenRequest, TokenRelease, ClaimReport, Heartbeat, StatusRequest})
+FROM_SCHEDULER = frozenset({Welcome, Grant, ClaimRight, ConfigUpdate, GroupRemoved, HeartbeatAck, Error,
+                            StatusReply})
 
 _CHECKS = {
     "str": lambda v: isinstance(v, str) and len(v) <= 4096,

@@ -1,0 +1,49 @@
+"""What gem-schd tells its observers (the trace writer, the metrics server): slots, claims, reloads, the stop.
+
+The daemon calls them on its event loop after it has carried out a decision (a grant is sent before anyone is
+told about it). An observer's exception is logged and never reaches the daemon.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from gemini.config import Config
+
+
+@runtime_checkable
+class SchedulerObserver(Protocol):
+    def on_grant(self, group: str, token_seq: int, quota_ms: float, start_ms: float, wait_ms: float) -> None:
+        """A slot was granted (start_ms: when it starts; a continuation's is the old slot's deadline)."""
+
+    def on_slot_end(self, group: str, token_seq: int, quota_ms: float, start_ms: float, end_ms: float,
+                    wait_ms: float, reason: str) -> None:
+        """A slot ended: reason "release", "deadline", "continued" or "stop"."""
+
+    def on_claim(self, group: str, start_ms: float, end_ms: float) -> None:
+        """A latency group reported a claim it made (times on the daemon's clock)."""
+
+    def on_config(self, config: Config, diff: Any, now_ms: float) -> None:
+        """A reload was applied."""
+
+    def on_stop(self, now_ms: float) -> None:
+        """The daemon stops."""
+
+
+class ObserverBase:
+    """Does nothing for every event; observers override what they need."""
+
+    def on_grant(self, group: str, token_seq: int, quota_ms: float, start_ms: float, wait_ms: float) -> None:
+        pass
+
+    def on_slot_end(self, group: str, token_seq: int, quota_ms: float, start_ms: float, end_ms: float,
+                    wait_ms: float, reason: str) -> None:
+        pass
+
+    def on_claim(self, group: str, start_ms: float, end_ms: float) -> None:
+        pass
+
+    def on_config(self, config: Config, diff: Any, now_ms: float) -> None:
+        pass
+
+    def on_stop(self, now_ms: float) -> None:
+        pass
