@@ -29,7 +29,7 @@ MS = 1_000_000  # ns
 # =============================================================================================
 
 def welcome(limit: int = 1000, sid: str = "s1", group: str = GROUP, turns: bool = False) -> sm.Welcome:
-    return sm.Welcome(group=group, min_util=0.1, max_util=0.9, mem_limit=limit, scheduler_id=sid, turns=turns)
+    return sm.Welcome(group=group, min_util=0.1, max_util=1.0, mem_limit=limit, scheduler_id=sid, turns=turns)
 
 
 def upstream(actions) -> list:

@@ -1,0 +1,112 @@
+"""Claims of a latency-class group: its pod manager gives the GPU to the group's hooks at once.
+
+While gem-schd lets the group claim (ClaimRight), a hook's TOKEN_REQUEST is answered at once, without a
+round trip to gem-schd: the pod manager writes the claim's end on the GPU's board page (batch holders stop
+launching while a claim lasts) and grants the hook the claim as its token. Every hook of the group that asks
+during a claim shares it. The claim ends when its last holder gives it back (idle) or goes away, or at its
+end (at most `max_claim_ms` after it started; a hook still busy then asks again and gets a new claim), and
+its span is reported to gem-schd (ClaimReport), which charges it to the group's budget and credits the
+slot it interrupted. A pod manager that dies leaves a claim that expires by itself.
+
+Pure: no sockets; the board is injected; time passed in (seconds on CLOCK_MONOTONIC, the board's clock).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+log = logging.getLogger("gemini.podmgr")
+
+CLAIM_SEQ_BASE = 1 << 62    # claim tokens are numbered apart from gem-schd's slots
+
+
+class ClaimBoard(Protocol):
+    def claim(self, slot: int, until_ns: int) -> None: ...
+
+    def unclaim(self, slot: int) -> None: ...
+
+
+@dataclass
+class Claim:
+    seq: int
+    start: float
+    until: float
+    holders: set[int] = field(default_factory=set)
+
+
+class ClaimBroker:
+    """The claims of one latency group."""
+
+    def __init__(self) -> None:
+        self.allowed = False
+        self.max_claim_s = 0.020
+        self.board: Optional[ClaimBoard] = None
+        self.slot = -1
+        self.current: Optional[Claim] = None
+        self._next_seq = CLAIM_SEQ_BASE
+        self.claims = 0
+
+    @property
+    def usable(self) -> bool:
+        """May a request be answered with a claim now?"""
+        return self.allowed and self.board is not None and self.slot >= 0
+
+    def set_right(self, allowed: bool, max_claim_ms: float) -> None:
+        if allowed != self.allowed:
+            log.info("this group %s claim the GPU", "may" if allowed else "may no longer")
+        self.allowed = allowed
+        if max_claim_ms > 0:
+            self.max_claim_s = max_claim_ms / 1000.0
+
+    def attach(self, board: Optional[ClaimBoard], slot: int) -> None:
+        self.board, self.slot = board, slot
+
+    def owns(self, token_seq: int) -> bool:
+        return token_seq >= CLAIM_SEQ_BASE
+
+    def request(self, client_id: int, now: float) -> tuple[int, int, list[tuple[float, float]]]:
+        """A hook asks: (token_seq, quota_ns) of the claim it joins, and the spans of claims that ended."""
+        ended = self.expire(now)
+        c = self.current
+        if c is None:
+            assert self.board is not None
+            c = self.current = Claim(self._next_seq, now, now + self.max_claim_s)
+            self._next_seq += 1
+            self.claims += 1
+            self.board.claim(self.slot, int(c.until * 1e9))
+        c.holders.add(client_id)
+        return c.seq, max(0, int((c.until - now) * 1e9)), ended
+
+    def release(self, client_id: int, token_seq: int, now: float) -> list[tuple[float, float]]:
+        c = self.current
+        if c is None or c.seq != token_seq:
+            return []
+        c.holders.discard(client_id)
+        return self._end(now) if not c.holders else []
+
+    def gone(self, client_id: int, now: float) -> list[tuple[float, float]]:
+        c = self.current
+        if c is None or client_id not in c.holders:
+            return []
+        c.holders.discard(client_id)
+        return self._end(now) if not c.holders else []
+
+    def expire(self, now: float) -> list[tuple[float, float]]:
+        """A claim past its end is over (its holders ask again for a new one)."""
+        c = self.current
+        if c is not None and now >= c.until:
+            return self._end(c.until)
+        return []
+
+    def _end(self, end: float) -> list[tuple[float, float]]:
+        c = self.current
+        assert c is not None
+        self.current = None
+        if self.board is not None:
+            self.board.unclaim(self.slot)
+        return [(c.start, max(c.start, end))]
+
+    def end_all(self, now: float) -> list[tuple[float, float]]:
+        """The pod manager lost its board or its right: end a running claim now."""
+        return self._end(now) if self.current is not None else []
