@@ -17,7 +17,6 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -79,14 +78,29 @@ void gem_conn_reset_after_fork(struct gem_conn *c) {
 
 /* ---- raw I/O ------------------------------------------------------------------------------- */
 
+/* The socket stays non-blocking after connect, so no send or recv can block past these bounds. */
+#define IO_BOUND_NS (5 * GEM_NS_PER_S)
+
+/* Write a whole frame. A pod manager that takes none of it for 5 s is treated as gone. */
 static int write_all(int fd, const void *buf, size_t len) {
     const char *p = buf;
+    int64_t limit = gem_now_ns() + IO_BOUND_NS;
     while (len > 0) {
         /* MSG_NOSIGNAL: a dead pod manager must not SIGPIPE the program */
         ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                int64_t left = limit - gem_now_ns();
+                if (left <= 0) {
+                    errno = ETIMEDOUT;
+                    return -1;
+                }
+                struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+                poll(&pfd, 1, (int)(left / GEM_NS_PER_MS) + 1);
+                continue;
+            }
             return -1;
         }
         p += n;
@@ -106,7 +120,7 @@ static int read_frame(int fd, struct gem_msg *m, int wait_ms, char *why, size_t 
         return errno == EINTR ? 0 : -1;
     char *p = (char *)m;
     size_t got = 0;
-    int64_t limit = gem_now_ns() + 5 * GEM_NS_PER_S;
+    int64_t limit = gem_now_ns() + IO_BOUND_NS;
     while (got < sizeof *m) {
         ssize_t n = recv(fd, p + got, sizeof *m - got, 0);
         if (n == 0) {
@@ -172,8 +186,7 @@ static int connect_tcp(const char *ip, int port, int timeout_ms, char *why, size
         return -1;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    return fd;
+    return fd; /* still non-blocking: read_frame and write_all bound every wait */
 }
 
 /* Connect and handshake. Returns the fd, -1 (unreachable: retry) or -2 (refused: do not retry). */

@@ -1,0 +1,185 @@
+"""The hook's connection to its pod manager (hook/client.c) against a misbehaving pod manager.
+
+The real hook runs preloaded in a ctypes program on the simulated driver; the pod manager is a scripted fake
+(FakePmgr) that answers the handshake and then does what a test tells it: answer late, send half a frame,
+close the connection at a chosen moment. Each test shows one promise of client.c holding:
+
+- a partial frame never blocks a call past the 5 s bound (it breaks the connection instead).
+"""
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from gemini.wire import hook as hp
+from tests.e2e_fixtures import Sim, finish, start
+
+MiB = 1 << 20
+
+
+# --- a scripted pod manager --------------------------------------------------------------------------------
+
+class FakeConn:
+    """One hook connection of the fake pod manager."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.hello: hp.Hello | None = None
+        self.lock = threading.Lock()
+
+    def send(self, msg: hp.Message, seq: int) -> None:
+        self.send_raw(hp.encode(msg, seq))
+
+    def send_raw(self, data: bytes) -> None:
+        with self.lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+Handler = Callable[[FakeConn, int, hp.Message], None]
+
+
+class FakePmgr:
+    """A pod manager on 127.0.0.1 that answers HELLO (recording the hook's pid) and hands every other
+    request to `handler` (default: MEM_INFO answered with `mem_limit`, the rest ignored)."""
+
+    def __init__(self, handler: Handler | None = None, mem_limit: int = 64 * MiB):
+        self.mem_limit = mem_limit
+        self.handler = handler or self.answer_meminfo
+        self.hellos: list[hp.Hello] = []
+        self.requests: list[tuple[int, hp.Message]] = []      # (hook pid, message)
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.conns: list[FakeConn] = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def answer_meminfo(self, conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.MemInfo):
+            conn.send(hp.MemReply(verdict=0, used=0, limit=self.mem_limit), seq)
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            conn = FakeConn(sock)
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: FakeConn) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = conn.sock.recv(65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            while len(buf) >= hp.MSG_SIZE:
+                frame, buf = buf[:hp.MSG_SIZE], buf[hp.MSG_SIZE:]
+                seq, msg = hp.decode(frame, hp.HOOK_TO_PMGR)
+                if isinstance(msg, hp.Hello):
+                    conn.hello = msg
+                    self.hellos.append(msg)
+                    conn.send(hp.HelloAck(client_id=len(self.hellos), mem_limit=self.mem_limit, mem_used=0,
+                                          group=msg.pod_name), seq)
+                    continue
+                self.requests.append((conn.hello.pid if conn.hello else 0, msg))
+                self.handler(conn, seq, msg)
+
+    def close(self) -> None:
+        self._stop = True
+        self.listener.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def fake_pmgr():
+    made: list[FakePmgr] = []
+
+    def make(handler: Handler | None = None, **kw) -> FakePmgr:
+        f = FakePmgr(handler, **kw)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()
+
+
+# --- programs --------------------------------------------------------------------------------------------
+
+CLIENT = r'''
+import ctypes, json, os, socket, sys, threading, time
+c_void_p, c_size_t, c_int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+CUdeviceptr, byref = ctypes.c_ulonglong, ctypes.byref
+cu = ctypes.CDLL("libcuda.so.1")
+
+def setup():
+    dev, ctx = c_int(), c_void_p()
+    assert cu.cuInit(0) == 0 and cu.cuDeviceGet(byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+    return ctx
+
+def meminfo():
+    free, total = c_size_t(), c_size_t()
+    t0 = time.monotonic()
+    rc = cu.cuMemGetInfo_v2(byref(free), byref(total))
+    return {"rc": rc, "free": free.value, "total": total.value, "seconds": time.monotonic() - t0}
+
+def partial(_args):
+    setup()
+    print(json.dumps(meminfo()), flush=True)
+
+{"partial": partial}[sys.argv[1]](sys.argv[2:])
+'''
+
+@pytest.fixture(scope="module")
+def client_py(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("client") / "client.py"
+    path.write_text(CLIENT)
+    return path
+
+
+def hooked_env(sim: Sim, pmgr: FakePmgr, **extra) -> dict:
+    return sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                   GEMINI_POD_MANAGER_PORT=pmgr.port, **extra)
+
+
+def test_a_partial_frame_breaks_the_connection_within_5_s(sim, fake_pmgr, client_py):
+    """The pod manager sends the first 100 bytes of a reply and then nothing, keeping the connection open.
+    The call gives up on the frame within the 5 s bound (the connection breaks, the CUDA call still returns
+    the driver's numbers) instead of blocking in recv forever."""
+    def half_a_reply(conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.MemInfo):
+            conn.send_raw(hp.encode(hp.MemReply(verdict=0, used=0, limit=1 * MiB), seq)[:100])
+
+    pmgr = fake_pmgr(half_a_reply)
+    proc = start([sys.executable, str(client_py), "partial"], hooked_env(sim, pmgr))
+    r = finish(proc, timeout=20)
+    assert r.rc == 0, r
+    out = r.json
+    assert out["rc"] == 0 and out["total"] == sim.mem_bytes, out     # unclamped: the pod manager's answer was lost
+    assert 4.5 < out["seconds"] < 8, out
+    assert "truncated frame" in r.err, r
+
