@@ -4,11 +4,15 @@ The real hook runs preloaded in a ctypes program on the simulated driver; the po
 (FakePmgr) that answers the handshake and then does what a test tells it: answer late, send half a frame,
 close the connection at a chosen moment. Each test shows one promise of client.c holding:
 
-- a partial frame never blocks a call past the 5 s bound (it breaks the connection instead).
+- a partial frame never blocks a call past the 5 s bound (it breaks the connection instead);
+- a connection that breaks while other threads still use its descriptor never lets their frames land in
+  another descriptor of the program that reuses the number.
 """
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -151,14 +155,75 @@ def partial(_args):
     setup()
     print(json.dumps(meminfo()), flush=True)
 
-{"partial": partial}[sys.argv[1]](sys.argv[2:])
+def reuse(args):
+    # Thread R waits for the reply to an allocation (the pod manager never answers it, then closes the
+    # connection); thread W's MEM_INFO frame is held back in send() (the test's send shim) until after the
+    # break. Meanwhile the program opens sockets of its own. Returns how many bytes reached them.
+    ctx = setup()
+    results = {}
+    def alloc():
+        cu.cuCtxSetCurrent(ctx)
+        p = CUdeviceptr()
+        results["alloc"] = cu.cuMemAlloc_v2(byref(p), c_size_t(1 << 20))
+    def info():
+        cu.cuCtxSetCurrent(ctx)
+        results["meminfo"] = meminfo()
+    r = threading.Thread(target=alloc)
+    r.start()
+    time.sleep(0.2)
+    w = threading.Thread(target=info)
+    w.start()
+    r.join()                          # the connection broke: the allocation failed
+    pairs = [socket.socketpair() for _ in range(32)]   # the program's own descriptors, numbers reused
+    w.join()                          # W's held-back frame went out (or failed) meanwhile
+    stray = 0
+    for a, b in pairs:
+        for s in (a, b):
+            s.setblocking(False)
+            try:
+                stray += len(s.recv(4096))
+            except BlockingIOError:
+                pass
+    results["stray_bytes"] = stray
+    print(json.dumps(results), flush=True)
+
+{"partial": partial, "reuse": reuse}[sys.argv[1]](sys.argv[2:])
 '''
+
+# Holds back each MEM_INFO frame the hook sends for GEMTEST_HOLD_MEM_INFO_MS, then sends it with a raw
+# system call: the window in which another thread breaks the connection and the program reuses numbers.
+SEND_SHIM = r'''
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+ssize_t send(int fd, const void *buf, size_t len, int flags) {
+    const char *hold = getenv("GEMTEST_HOLD_MEM_INFO_MS");
+    uint16_t type = 0;
+    if (len == 256) memcpy(&type, (const char *)buf + 6, 2);
+    if (hold && type == 9) usleep((useconds_t)atoi(hold) * 1000);
+    return syscall(SYS_sendto, fd, buf, len, flags, NULL, 0);
+}
+'''
+
 
 @pytest.fixture(scope="module")
 def client_py(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("client") / "client.py"
     path.write_text(CLIENT)
     return path
+
+
+@pytest.fixture(scope="module")
+def send_shim(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("shim")
+    (d / "shim.c").write_text(SEND_SHIM)
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(d / "libsendshim.so"),
+                    str(d / "shim.c")], check=True)
+    return d / "libsendshim.so"
 
 
 def hooked_env(sim: Sim, pmgr: FakePmgr, **extra) -> dict:
@@ -183,3 +248,25 @@ def test_a_partial_frame_breaks_the_connection_within_5_s(sim, fake_pmgr, client
     assert 4.5 < out["seconds"] < 8, out
     assert "truncated frame" in r.err, r
 
+
+def test_a_broken_connections_descriptor_is_not_reused_under_a_writer(sim, fake_pmgr, client_py, send_shim):
+    """Thread R waits for an answer; thread W's request is held back inside send(). The pod manager closes
+    the connection: R sees it break and the allocation fails. The program then opens 32 socket pairs. W's
+    frame must not go out on any of them: the broken connection's descriptor stays reserved (shut down) until
+    W, its last user, leaves."""
+    closed = threading.Event()
+
+    def close_after_alloc(conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.MemAlloc) and not closed.is_set():
+            closed.set()
+            threading.Timer(0.5, conn.close).start()        # after W's frame is held back in send()
+
+    pmgr = fake_pmgr(close_after_alloc)
+    env = hooked_env(sim, pmgr, GEMTEST_HOLD_MEM_INFO_MS=1500)
+    env["LD_PRELOAD"] = f"{sim.hook} {send_shim}"
+    r = finish(start([sys.executable, str(client_py), "reuse"], env), timeout=40)
+    assert r.rc == 0, r
+    out = r.json
+    assert closed.is_set()
+    assert out["alloc"] != 0, out                              # the break reached R
+    assert out["stray_bytes"] == 0, f"a frame of the hook landed in a socket of the program: {out}"
