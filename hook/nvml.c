@@ -105,5 +105,9 @@ GEM_EXPORT int nvmlDeviceGetMemoryInfo_v2(struct nvmlDevice_st *device, struct g
 }
 
 void gem_nvml_after_fork(void) {
-    /* So far the child inherits the parent's NVML connections as they are (issue 17, item 7). */
+    /* The parent's connections are the parent's (a thread of the parent may be reading one right now):
+     * the child keeps the table's UUIDs and endpoints but opens connections of its own. */
+    pthread_mutex_init(&nvml_conn_mu, NULL);
+    for (int i = 0; i < n_nvml_conns; i++)
+        gem_conn_reset_after_fork(&nvml_conns[i].conn);
 }

@@ -6,7 +6,8 @@ close the connection at a chosen moment. Each test shows one promise of client.c
 
 - a partial frame never blocks a call past the 5 s bound (it breaks the connection instead);
 - a connection that breaks while other threads still use its descriptor never lets their frames land in
-  another descriptor of the program that reuses the number.
+  another descriptor of the program that reuses the number;
+- a fork child never uses its parent's connections (NVML's included).
 """
 from __future__ import annotations
 
@@ -86,7 +87,42 @@ def reuse(args):
     results["stray_bytes"] = stray
     print(json.dumps(results), flush=True)
 
-{"partial": partial, "reuse": reuse}[sys.argv[1]](sys.argv[2:])
+def nvml_fork(_args):
+    # A thread of the parent asks NVML all along (each answer takes the pod manager 0.5 s); the main thread
+    # forks, and the child asks once.
+    nv = ctypes.CDLL("libnvidia-ml.so.1")
+    assert nv.nvmlInit_v2() == 0
+    class Mem(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+    h = c_void_p()
+    assert nv.nvmlDeviceGetHandleByIndex_v2(0, byref(h)) == 0
+    def total():
+        m = Mem()
+        assert nv.nvmlDeviceGetMemoryInfo(h, byref(m)) == 0
+        return m.total
+    parent_totals, stop = [total()], threading.Event()
+    def ask():
+        while not stop.is_set():
+            parent_totals.append(total())
+    t = threading.Thread(target=ask)
+    t.start()
+    time.sleep(0.7)                   # the thread is waiting for an answer now
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        t0 = time.monotonic()
+        got = total()
+        os.write(w, json.dumps({"pid": os.getpid(), "total": got, "seconds": time.monotonic() - t0}).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        child = json.loads(f.read() or "{}")
+    os.waitpid(pid, 0)
+    stop.set()
+    t.join()
+    print(json.dumps({"pid": os.getpid(), "child": child, "parent_totals": parent_totals}), flush=True)
+
+{"partial": partial, "reuse": reuse, "nvml_fork": nvml_fork}[sys.argv[1]](sys.argv[2:])
 '''
 
 # Holds back each MEM_INFO frame the hook sends for GEMTEST_HOLD_MEM_INFO_MS, then sends it with a raw
@@ -169,3 +205,23 @@ def test_a_broken_connections_descriptor_is_not_reused_under_a_writer(sim, fake_
     assert closed.is_set()
     assert out["alloc"] != 0, out                              # the break reached R
     assert out["stray_bytes"] == 0, f"a frame of the hook landed in a socket of the program: {out}"
+
+
+def test_a_fork_child_gets_its_own_nvml_connection(sim, fake_pmgr, client_py):
+    """The parent's NVML connection is busy (a thread waits for an answer) when the program forks. The child's
+    NVML query must open a connection of its own (a HELLO with its pid) and get its group's limit promptly,
+    not wait behind the parent's reader it inherited, nor talk on the parent's socket."""
+    limit = 48 * MiB
+
+    def slow_answer(conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.MemInfo):
+            threading.Timer(0.5, conn.send, (hp.MemReply(verdict=0, used=0, limit=limit), seq)).start()
+
+    pmgr = fake_pmgr(slow_answer, mem_limit=limit)
+    r = finish(start([sys.executable, str(client_py), "nvml_fork"], hooked_env(sim, pmgr)), timeout=60)
+    assert r.rc == 0, r
+    out = r.json
+    child = out["child"]
+    assert child["total"] == limit and child["seconds"] < 3, child
+    assert child["pid"] in {h.pid for h in pmgr.hellos}, f"the child used its parent's connection: {pmgr.hellos}"
+    assert set(out["parent_totals"]) == {limit}, out["parent_totals"]
