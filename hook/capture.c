@@ -6,6 +6,7 @@
 
 #include "capture.h"
 #include "real.h"
+#include "settings.h"
 
 atomic_int gem_active_captures;
 
@@ -17,6 +18,9 @@ struct capture_key {
 static pthread_mutex_t capture_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct capture_key captures[GEM_MAX_CAPTURES];
 static int ncaptures;
+/* Captures begun while the table was full: not known by stream, but still open as far as the hook can
+ * tell, so they keep gem_active_captures up (no drain may synchronise) until as many unknown ends. */
+static int untracked;
 
 static struct capture_key capture_key_of(CUstream s, int ptsz) {
     struct capture_key k = {s, 0};
@@ -34,12 +38,25 @@ void gem_capture_changed(CUstream stream, int begins, int ptsz, CUresult rc) {
     for (int i = 0; i < ncaptures; i++)
         if (captures[i].stream == k.stream && pthread_equal(captures[i].thread, k.thread))
             found = i;
-    if (begins && rc == CUDA_SUCCESS && found < 0 && ncaptures < GEM_MAX_CAPTURES) {
-        captures[ncaptures++] = k;
+    if (begins && rc == CUDA_SUCCESS && found < 0) {
+        if (ncaptures < GEM_MAX_CAPTURES) {
+            captures[ncaptures++] = k;
+        } else {
+            if (untracked++ == 0)
+                GEM_LOG(GEM_LOG_WARN, "more than %d stream captures open at once: the hook cannot tell which "
+                        "of the extra ones end, and stops draining (and measuring slots) until as many "
+                        "unknown captures have ended", GEM_MAX_CAPTURES);
+        }
         atomic_fetch_add(&gem_active_captures, 1);
     } else if (!begins && found >= 0) {
         /* the capture is over whatever the result (an invalidated capture ends too) */
         captures[found] = captures[--ncaptures];
+        atomic_fetch_sub(&gem_active_captures, 1);
+    } else if (!begins && untracked > 0 &&
+               (rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)) {
+        /* the end of a capture the hook saw begin but could not store (an end of a stream that was not
+         * capturing fails otherwise) */
+        untracked--;
         atomic_fetch_sub(&gem_active_captures, 1);
     }
     pthread_mutex_unlock(&capture_mu);
@@ -59,6 +76,6 @@ int gem_stream_is_capturing(CUstream s, int ptsz) {
 
 void gem_capture_after_fork(void) {
     pthread_mutex_init(&capture_mu, NULL);
-    ncaptures = 0;
+    ncaptures = untracked = 0;
     atomic_store(&gem_active_captures, 0);
 }

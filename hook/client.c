@@ -13,16 +13,23 @@
  * message, then the call fails and the CUDA call returns an error. The next
  * call reconnects (the HELLO carries the memory the process already holds, so
  * a restarted pod manager rebuilds its accounting).
+ *
+ * Each connection is a session with a generation number and a count of the
+ * calls using it. Threads use its descriptor outside the lock (a writer in
+ * send, the reader in poll/recv), so a session that breaks is shut down, which
+ * wakes them all and fails their I/O, but closed only when its last user
+ * leaves: until then its number cannot be reused by the program, and no frame
+ * can land in someone else's file or socket.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -32,11 +39,21 @@
 #include "stats.h"
 #include "util.h"
 
+struct gem_session {
+    int fd;
+    uint64_t generation;        /* 1 for the conn's first session, then counting up */
+    int users;                  /* calls that may use fd outside c->mu */
+    int broken;                 /* shut down: no new users; closed when users drops to 0 */
+    int reader_active;          /* a thread is reading replies for everyone */
+    struct gem_session *next;   /* the conn's live sessions: the current one and broken ones in use */
+};
+
 struct gem_waiter {
     uint32_t seq;
     int done;
     int result;
     struct gem_msg *reply;
+    struct gem_session *session; /* the reply can only come on the session the request went out on */
     struct gem_waiter *next;
 };
 
@@ -54,7 +71,6 @@ void gem_conn_init(struct gem_conn *c, const char *ip, int port, int ordinal, co
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->send_mu, NULL);
     cond_init_monotonic(&c->cv);
-    c->fd = -1;
     snprintf(c->ip, sizeof c->ip, "%s", ip);
     c->port = port;
     c->device_ordinal = ordinal;
@@ -63,14 +79,18 @@ void gem_conn_init(struct gem_conn *c, const char *ip, int port, int ordinal, co
 }
 
 void gem_conn_reset_after_fork(struct gem_conn *c) {
-    /* The parent's connection is the parent's: the child must not read its replies. */
-    if (c->fd >= 0)
-        close(c->fd);
+    /* The parent's sessions are the parent's: the child closes its copies of their descriptors (never
+     * shutdown(), which would end them for the parent too) and forgets them; its parent's threads,
+     * their users, do not exist here. */
+    for (struct gem_session *s = c->sessions, *next; s; s = next) {
+        next = s->next;
+        close(s->fd);
+        free(s);
+    }
+    c->sessions = c->current = NULL;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->send_mu, NULL);
     cond_init_monotonic(&c->cv);
-    c->fd = -1;
-    c->reader_active = 0;
     c->connecting = 0;
     c->waiters = NULL;
     c->next_connect_ns = 0;
@@ -79,14 +99,29 @@ void gem_conn_reset_after_fork(struct gem_conn *c) {
 
 /* ---- raw I/O ------------------------------------------------------------------------------- */
 
+/* The socket stays non-blocking after connect, so no send or recv can block past these bounds. */
+#define IO_BOUND_NS (5 * GEM_NS_PER_S)
+
+/* Write a whole frame. A pod manager that takes none of it for 5 s is treated as gone. */
 static int write_all(int fd, const void *buf, size_t len) {
     const char *p = buf;
+    int64_t limit = gem_now_ns() + IO_BOUND_NS;
     while (len > 0) {
         /* MSG_NOSIGNAL: a dead pod manager must not SIGPIPE the program */
         ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                int64_t left = limit - gem_now_ns();
+                if (left <= 0) {
+                    errno = ETIMEDOUT;
+                    return -1;
+                }
+                struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+                poll(&pfd, 1, (int)(left / GEM_NS_PER_MS) + 1);
+                continue;
+            }
             return -1;
         }
         p += n;
@@ -106,7 +141,7 @@ static int read_frame(int fd, struct gem_msg *m, int wait_ms, char *why, size_t 
         return errno == EINTR ? 0 : -1;
     char *p = (char *)m;
     size_t got = 0;
-    int64_t limit = gem_now_ns() + 5 * GEM_NS_PER_S;
+    int64_t limit = gem_now_ns() + IO_BOUND_NS;
     while (got < sizeof *m) {
         ssize_t n = recv(fd, p + got, sizeof *m - got, 0);
         if (n == 0) {
@@ -172,8 +207,7 @@ static int connect_tcp(const char *ip, int port, int timeout_ms, char *why, size
         return -1;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    return fd;
+    return fd; /* still non-blocking: read_frame and write_all bound every wait */
 }
 
 /* Connect and handshake. Returns the fd, -1 (unreachable: retry) or -2 (refused: do not retry). */
@@ -222,7 +256,7 @@ static int open_session(struct gem_conn *c, char *why, size_t why_len) {
 
 /* Make sure there is a session. Called with c->mu held; may drop it while connecting. */
 static int ensure_connected(struct gem_conn *c) {
-    while (c->fd < 0) {
+    while (!c->current) {
         if (c->connecting) {
             pthread_cond_wait(&c->cv, &c->mu);
             continue;
@@ -251,17 +285,27 @@ static int ensure_connected(struct gem_conn *c) {
             nanosleep(&ts, NULL);
             backoff = backoff * 2 > GEM_NS_PER_S ? GEM_NS_PER_S : backoff * 2;
         }
+        struct gem_session *s = fd >= 0 ? calloc(1, sizeof *s) : NULL;
+        if (fd >= 0 && !s) {
+            close(fd);
+            fd = -1;
+            snprintf(why, sizeof why, "out of memory");
+        }
         pthread_mutex_lock(&c->mu);
         c->connecting = 0;
         pthread_cond_broadcast(&c->cv);
-        if (fd >= 0) {
-            c->fd = fd;
+        if (s) {
+            s->fd = fd;
+            s->generation = ++c->generation;
+            s->next = c->sessions;
+            c->sessions = c->current = s;
             c->next_connect_ns = 0;
             if (c->ever_connected)
                 atomic_fetch_add(&gem_stats.reconnects, 1);
             c->ever_connected = 1;
-            GEM_LOG(GEM_LOG_DEBUG, "connected to the pod manager of group '%s' at %s:%d (client %llu)",
-                    c->group, c->ip, c->port, (unsigned long long)c->client_id);
+            GEM_LOG(GEM_LOG_DEBUG, "connected to the pod manager of group '%s' at %s:%d (client %llu, "
+                    "connection %llu)", c->group, c->ip, c->port, (unsigned long long)c->client_id,
+                    (unsigned long long)s->generation);
             break;
         }
         c->last_failure = fd == -2 ? GEM_CALL_REFUSED : GEM_CALL_UNREACHABLE;
@@ -277,22 +321,39 @@ static int ensure_connected(struct gem_conn *c) {
     return GEM_CALL_OK;
 }
 
-/* The connection died: fail every waiter, forget the fd. Called with c->mu held. */
-static void mark_broken(struct gem_conn *c, int fd, const char *why) {
-    if (c->fd != fd)
+/* A call leaves session s. The last user of a broken session closes it. Called with c->mu held. */
+static void session_leave(struct gem_conn *c, struct gem_session *s) {
+    if (--s->users > 0 || !s->broken)
+        return;
+    for (struct gem_session **pp = &c->sessions; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    close(s->fd);
+    free(s);
+}
+
+/* Session s died: no new call uses it, the calls on it fail, and its descriptor is shut down (which wakes
+ * a reader in poll and a writer waiting for room) but stays open until its last user leaves. Called with
+ * c->mu held, by a user of s. */
+static void mark_broken(struct gem_conn *c, struct gem_session *s, const char *why) {
+    if (s->broken)
         return;
     GEM_LOG(GEM_LOG_WARN, "lost the connection to the pod manager at %s:%d: %s", c->ip, c->port, why);
-    close(fd);
-    c->fd = -1;
+    s->broken = 1;
+    if (c->current == s)
+        c->current = NULL;
+    shutdown(s->fd, SHUT_RDWR);
     for (struct gem_waiter *w = c->waiters; w; w = w->next)
-        if (!w->done) {
+        if (w->session == s && !w->done) {
             w->done = 1;
             w->result = GEM_CALL_BROKEN;
         }
     pthread_cond_broadcast(&c->cv);
 }
 
-static void dispatch(struct gem_conn *c, const struct gem_msg *m) {
+static void dispatch(struct gem_conn *c, struct gem_session *s, const struct gem_msg *m) {
     if (m->hdr.seq == 0) {
         /* a push */
         if (m->hdr.type == GEM_MSG_LIMIT_UPDATE) {
@@ -307,7 +368,7 @@ static void dispatch(struct gem_conn *c, const struct gem_msg *m) {
     if (m->hdr.type == GEM_MSG_MEM_REPLY)
         c->mem_limit = m->u.mem_reply.limit;
     for (struct gem_waiter *w = c->waiters; w; w = w->next)
-        if (w->seq == m->hdr.seq && !w->done) {
+        if (w->session == s && w->seq == m->hdr.seq && !w->done) {
             *w->reply = *m;
             w->done = 1;
             w->result = GEM_CALL_OK;
@@ -325,25 +386,27 @@ int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply
     }
     if (++c->next_seq == 0)
         c->next_seq = 1;
-    struct gem_waiter w = {.seq = c->next_seq, .reply = reply};
+    struct gem_session *s = c->current;
+    s->users++; /* from here until session_leave, s->fd stays open (if shut down) and s stays allocated */
+    struct gem_waiter w = {.seq = c->next_seq, .reply = reply, .session = s};
     req->hdr.seq = w.seq;
     w.next = c->waiters;
     c->waiters = &w;
-    int fd = c->fd;
     pthread_mutex_unlock(&c->mu);
 
     pthread_mutex_lock(&c->send_mu);
-    int sent = write_all(fd, req, sizeof *req);
+    int sent = write_all(s->fd, req, sizeof *req);
+    int send_errno = errno;
     pthread_mutex_unlock(&c->send_mu);
 
     pthread_mutex_lock(&c->mu);
     if (sent != 0)
-        mark_broken(c, fd, strerror(errno));
+        mark_broken(c, s, strerror(send_errno));
     int64_t start = gem_now_ns();
     int64_t give_up = timeout_ns > 0 ? start + timeout_ns : INT64_MAX;
     int64_t next_note = start + 10 * GEM_NS_PER_S;
     while (!w.done) {
-        if (c->fd != fd) {
+        if (s->broken) {
             w.done = 1;
             w.result = GEM_CALL_BROKEN;
             break;
@@ -359,19 +422,19 @@ int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply
                     c->ip, c->port, (double)(now - start) / 1e9, req->hdr.type);
             next_note = now + 10 * GEM_NS_PER_S;
         }
-        if (!c->reader_active) {
-            c->reader_active = 1;
+        if (!s->reader_active) {
+            s->reader_active = 1;
             pthread_mutex_unlock(&c->mu);
             struct gem_msg m;
             char why[128] = "";
             int64_t wait_ns = give_up - now < 200 * GEM_NS_PER_MS ? give_up - now : 200 * GEM_NS_PER_MS;
-            int r = read_frame(fd, &m, (int)(wait_ns / GEM_NS_PER_MS) + 1, why, sizeof why);
+            int r = read_frame(s->fd, &m, (int)(wait_ns / GEM_NS_PER_MS) + 1, why, sizeof why);
             pthread_mutex_lock(&c->mu);
-            c->reader_active = 0;
+            s->reader_active = 0;
             if (r < 0)
-                mark_broken(c, fd, why);
+                mark_broken(c, s, why);
             else if (r == 1)
-                dispatch(c, &m);
+                dispatch(c, s, &m);
             pthread_cond_broadcast(&c->cv); /* someone else may need to read now */
         } else {
             struct timespec ts;
@@ -385,6 +448,7 @@ int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply
             *pp = w.next;
             break;
         }
+    session_leave(c, s);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (w.result == GEM_CALL_OK && reply->hdr.type == GEM_MSG_ERROR)

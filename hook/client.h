@@ -11,12 +11,14 @@
 #include "gemini_proto.h"
 
 struct gem_waiter;
+struct gem_session;             /* one connection: descriptor, generation, users (client.c) */
 struct gem_conn {
-    pthread_mutex_t mu;         /* guards everything below but fd writes */
+    pthread_mutex_t mu;         /* guards everything below but descriptor I/O */
     pthread_mutex_t send_mu;    /* one writer at a time */
     pthread_cond_t cv;
-    int fd;                     /* -1 when not connected */
-    int reader_active;          /* a thread is reading replies for everyone */
+    struct gem_session *current;  /* NULL when not connected */
+    struct gem_session *sessions; /* every session still open: current, and broken ones with users */
+    uint64_t generation;        /* of the last session opened */
     uint32_t next_seq;
     struct gem_waiter *waiters;
     char ip[64];

@@ -47,11 +47,12 @@
  * to this list. */
 static void (*const after_fork_child[])(void) = {
     gem_stats_after_fork,       /* the child's counters start at zero */
+    gem_real_after_fork,        /* its locks free */
     gem_device_after_fork,      /* no connection of the parent's, fail-open forgotten */
     gem_capture_after_fork,     /* no capture open */
     gem_gate_after_fork,        /* no token, no watcher */
     gem_memory_after_fork,      /* no allocations */
-    gem_nvml_after_fork,
+    gem_nvml_after_fork,        /* no NVML connection of the parent's */
 };
 
 static void on_fork_child(void) {

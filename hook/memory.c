@@ -300,15 +300,30 @@ void gem_memory_on_sync(void) {
     pthread_mutex_unlock(&pool_mu);
 }
 
-/* `pool` NULL: the device's current pool (cuMemAllocAsync). */
-static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream, int ptsz) {
+/* A pool the table has no room for is still the caller's pool: its blocks are counted one by one, as
+ * when a pool's reservation cannot be read. Said once, loudly: the group is then charged by the block,
+ * not by what the pool keeps reserved. */
+static void pool_table_full(CUmemoryPool pool) {
+    static atomic_int said;
+    if (!atomic_exchange(&said, 1))
+        GEM_LOG(GEM_LOG_WARN, "the process uses more than %d memory pools: pool %p and any later one are "
+                "charged block by block, not by their reservation", MAX_POOLS, (void *)pool);
+}
+
+/* A stream-ordered allocation, made as the caller asked: from `pool` (from_pool: cuMemAllocFromPoolAsync)
+ * or from the device's current pool (cuMemAllocAsync; `pool` is NULL). */
+static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, int from_pool, CUstream stream,
+                             int ptsz) {
     struct gem_device *d = gem_current_device();
-    if (!pool && (!HAVE_REAL(cuDeviceGetMemPool) || REAL(cuDeviceGetMemPool)(&pool, d->cudev) != CUDA_SUCCESS))
-        pool = NULL;
+    CUmemoryPool read = pool; /* the pool whose reservation grows */
+    if (!from_pool && (!HAVE_REAL(cuDeviceGetMemPool) || REAL(cuDeviceGetMemPool)(&read, d->cudev) != CUDA_SUCCESS))
+        read = NULL;
     int ok = 0;
     pthread_mutex_lock(&pool_mu);
-    struct pool_acct *a = pool ? pool_entry(pool, d->ordinal, 1) : NULL;
-    uint64_t before = a ? pool_reserved(pool, &ok) : 0;
+    struct pool_acct *a = read ? pool_entry(read, d->ordinal, 1) : NULL;
+    if (read && !a)
+        pool_table_full(read);
+    uint64_t before = a ? pool_reserved(read, &ok) : 0;
     if (a && ok && before < a->counted) {
         unreserve(d, a->counted - before, GEM_MEM_ASYNC); /* given back since we last looked */
         a->counted = before;
@@ -319,11 +334,11 @@ static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
         pthread_mutex_unlock(&pool_mu);
         return rc;
     }
-    if (ptsz)
-        rc = a ? REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytes, pool, stream)
-               : REAL(cuMemAllocAsync_ptsz)(dptr, bytes, stream);
+    if (from_pool)
+        rc = ptsz ? REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytes, pool, stream)
+                  : REAL(cuMemAllocFromPoolAsync)(dptr, bytes, pool, stream);
     else
-        rc = a ? REAL(cuMemAllocFromPoolAsync)(dptr, bytes, pool, stream) : REAL(cuMemAllocAsync)(dptr, bytes, stream);
+        rc = ptsz ? REAL(cuMemAllocAsync_ptsz)(dptr, bytes, stream) : REAL(cuMemAllocAsync)(dptr, bytes, stream);
     if (rc != CUDA_SUCCESS || !a || !ok) {
         if (rc != CUDA_SUCCESS)
             unreserve(d, estimate, GEM_MEM_ASYNC);
@@ -333,7 +348,7 @@ static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
         return rc;
     }
     int ok_after;
-    uint64_t after = pool_reserved(pool, &ok_after);
+    uint64_t after = pool_reserved(read, &ok_after);
     uint64_t growth = ok_after && after > before ? after - before : 0;
     if (settle(d, estimate, growth, GEM_MEM_ASYNC) != 0) {
         /* the pool grew past what the group may hold: undo the allocation and give the growth back */
@@ -343,7 +358,7 @@ static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
             REAL(cuMemFreeAsync)(*dptr, stream);
         if (HAVE_REAL(cuStreamSynchronize))
             REAL(cuStreamSynchronize)(stream);
-        REAL(cuMemPoolTrimTo)(pool, (size_t)before);
+        REAL(cuMemPoolTrimTo)(read, (size_t)before);
         unreserve(d, estimate, GEM_MEM_ASYNC);
         atomic_fetch_add(&gem_stats.mem_rollbacks, 1);
         *dptr = 0;
@@ -363,14 +378,14 @@ static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
         NEED_REAL(name);                                                               \
         if (!dptr || bytesize == 0 || !accounting())                                   \
             return REAL(name) args;                                                    \
-        return alloc_pooled(dptr, bytesize, NULL, hStream, pt);                        \
+        return alloc_pooled(dptr, bytesize, NULL, 0, hStream, pt);                     \
     }
 #define GEM_MEM_ALLOC_FROM_POOL(kind, lib, ret, name, since, pt, params, args, pool)    \
     GEM_EXPORT CUresult name params {                                                  \
         NEED_REAL(name);                                                               \
         if (!dptr || !(pool) || bytesize == 0 || !accounting())                        \
             return REAL(name) args;                                                    \
-        return alloc_pooled(dptr, bytesize, (pool), hStream, pt);                      \
+        return alloc_pooled(dptr, bytesize, (pool), 1, hStream, pt);                   \
     }
 #define GEM_MEM_NOTHING(...)
 #define GEM_MEM_LAUNCH GEM_MEM_NOTHING

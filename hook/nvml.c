@@ -4,10 +4,12 @@
  * A process may use NVML without CUDA (nvidia-smi, a monitoring thread), so the device is found by
  * UUID: the process's own CUDA device if it has one, else a connection of its own to the pod manager
  * for that UUID (GEMINI_POD_MANAGERS, or the default one). If no pod manager answers for the device,
- * NVML's own numbers are returned untouched.
+ * NVML's own numbers are returned untouched, as they are (with a warning, once) for devices beyond the
+ * table of connections.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -18,7 +20,8 @@
 #include "real.h"
 #include "settings.h"
 
-#define MAX_NVML_CONNS 8
+/* One connection per GPU, as many as the hook manages CUDA devices. */
+#define MAX_NVML_CONNS GEM_MAX_DEVICES
 static pthread_mutex_t nvml_conn_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     char uuid[GEM_UUID_LEN];
@@ -49,6 +52,12 @@ static struct gem_conn *conn_for_nvml_device(struct nvmlDevice_st *device) {
         gem_conn_init(c, ip, port, -1, uuid, NULL);
     }
     pthread_mutex_unlock(&nvml_conn_mu);
+    if (!c) {
+        static atomic_int said;
+        if (!atomic_exchange(&said, 1))
+            GEM_LOG(GEM_LOG_WARN, "NVML: more than %d GPUs queried; %s and any further GPU show NVML's own "
+                    "memory numbers, not their group's limit", MAX_NVML_CONNS, uuid);
+    }
     return c;
 }
 
@@ -96,5 +105,9 @@ GEM_EXPORT int nvmlDeviceGetMemoryInfo_v2(struct nvmlDevice_st *device, struct g
 }
 
 void gem_nvml_after_fork(void) {
-    /* So far the child inherits the parent's NVML connections as they are (issue 17, item 7). */
+    /* The parent's connections are the parent's (a thread of the parent may be reading one right now):
+     * the child keeps the table's UUIDs and endpoints but opens connections of its own. */
+    pthread_mutex_init(&nvml_conn_mu, NULL);
+    for (int i = 0; i < n_nvml_conns; i++)
+        gem_conn_reset_after_fork(&nvml_conns[i].conn);
 }

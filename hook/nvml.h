@@ -6,6 +6,6 @@
 #ifndef GEMINI_NVML_H
 #define GEMINI_NVML_H
 
-void gem_nvml_after_fork(void);
+void gem_nvml_after_fork(void);        /* the child opens its own connections */
 
 #endif /* GEMINI_NVML_H */

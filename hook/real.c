@@ -78,3 +78,10 @@ int gem_resolve_nvml(void) {
     pthread_mutex_unlock(&nvml_mu);
     return nvml ? 0 : -1;
 }
+
+void gem_real_after_fork(void) {
+    /* A thread of the parent may have held the lock, or been resolving libcuda, at the fork. */
+    pthread_mutex_init(&nvml_mu, NULL);
+    if (!atomic_load(&gem_real_ready))
+        resolve_once = (pthread_once_t)PTHREAD_ONCE_INIT; /* resolving was not done: the child starts over */
+}

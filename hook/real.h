@@ -53,6 +53,8 @@ static inline int gem_ensure_real(void) {
 /* Resolve the NVML rows, once the program has loaded libnvidia-ml.so.1. Returns 0, or -1 if it has not. */
 int gem_resolve_nvml(void);
 
+void gem_real_after_fork(void);          /* the child's locks are free */
+
 /* The C library's dlsym (the hook exports its own). NULL if it cannot be found. */
 typedef void *(*gem_dlsym_fn)(void *, const char *);
 gem_dlsym_fn gem_real_dlsym(void);

@@ -3,7 +3,8 @@
 # Included by the top-level Makefile; also usable alone from the repository
 # root:  make -f tests/simcuda/sim.mk sim clients
 #
-#   sim      $(BUILD)/simcuda/libcuda.so.1 (+ libcuda.so for -lcuda)
+#   sim      $(BUILD)/simcuda/libcuda.so.1 (+ libcuda.so for -lcuda), and
+#            $(BUILD)/simcuda/libnvidia-ml.so.1 (the NVML memory queries)
 #   clients  $(BUILD)/clients/workload-procaddr  (dlopen + cuGetProcAddress_v2)
 #            $(BUILD)/clients/workload-linked    (-lcuda; no rpath, so the
 #            libcuda.so.1 on the library path at run time is the one used)
@@ -20,6 +21,7 @@ SIM_SRC  := $(addprefix $(SIM_DIR)/,sim_state.c sim_ctx.c sim_exec.c sim_mem.c s
 SIM_HDR  := $(SIM_DIR)/sim_api.h $(SIM_DIR)/sim_internal.h hook/cuda_types.h
 SIM_LIB  := $(BUILD)/simcuda/libcuda.so.1
 SIM_LINK := $(BUILD)/simcuda/libcuda.so
+SIM_NVML := $(BUILD)/simcuda/libnvidia-ml.so.1
 SIM_CFLAGS  := -std=gnu11 -O2 -g -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -pthread -Ihook \
                $(if $(WERROR),-Werror)
 SIM_LDFLAGS := -shared -pthread -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -Wl,--no-undefined
@@ -30,7 +32,7 @@ CLIENTS       := $(BUILD)/clients/workload-procaddr $(BUILD)/clients/workload-li
 
 .PHONY: sim clients
 
-sim: $(SIM_LIB) $(SIM_LINK)
+sim: $(SIM_LIB) $(SIM_LINK) $(SIM_NVML)
 
 $(SIM_LIB): $(SIM_SRC) $(SIM_HDR) $(SIM_DIR)/sim.mk
 	@mkdir -p $(dir $@)
@@ -38,6 +40,10 @@ $(SIM_LIB): $(SIM_SRC) $(SIM_HDR) $(SIM_DIR)/sim.mk
 
 $(SIM_LINK): $(SIM_LIB)
 	ln -sf libcuda.so.1 $@
+
+$(SIM_NVML): $(SIM_DIR)/sim_nvml.c $(SIM_DIR)/sim.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(SIM_CFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -Wl,--no-undefined -o $@ $<
 
 clients: $(CLIENTS)
 

@@ -1,0 +1,227 @@
+"""The hook's connection to its pod manager (hook/client.c) against a misbehaving pod manager.
+
+The real hook runs preloaded in a ctypes program on the simulated driver; the pod manager is a scripted fake
+(FakePmgr) that answers the handshake and then does what a test tells it: answer late, send half a frame,
+close the connection at a chosen moment. Each test shows one promise of client.c holding:
+
+- a partial frame never blocks a call past the 5 s bound (it breaks the connection instead);
+- a connection that breaks while other threads still use its descriptor never lets their frames land in
+  another descriptor of the program that reuses the number;
+- a fork child never uses its parent's connections (NVML's included).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gemini.wire import hook as hp
+from tests.e2e_fixtures import Sim, finish, start
+from tests.fake_pmgr import FakeConn, FakePmgr, fake_pmgrs
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def fake_pmgr():
+    yield from fake_pmgrs()
+
+
+# --- programs --------------------------------------------------------------------------------------------
+
+CLIENT = r'''
+import ctypes, json, os, socket, sys, threading, time
+c_void_p, c_size_t, c_int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+CUdeviceptr, byref = ctypes.c_ulonglong, ctypes.byref
+cu = ctypes.CDLL("libcuda.so.1")
+
+def setup():
+    dev, ctx = c_int(), c_void_p()
+    assert cu.cuInit(0) == 0 and cu.cuDeviceGet(byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+    return ctx
+
+def meminfo():
+    free, total = c_size_t(), c_size_t()
+    t0 = time.monotonic()
+    rc = cu.cuMemGetInfo_v2(byref(free), byref(total))
+    return {"rc": rc, "free": free.value, "total": total.value, "seconds": time.monotonic() - t0}
+
+def partial(_args):
+    setup()
+    print(json.dumps(meminfo()), flush=True)
+
+def reuse(args):
+    # Thread R waits for the reply to an allocation (the pod manager never answers it, then closes the
+    # connection); thread W's MEM_INFO frame is held back in send() (the test's send shim) until after the
+    # break. Meanwhile the program opens sockets of its own. Returns how many bytes reached them.
+    ctx = setup()
+    results = {}
+    def alloc():
+        cu.cuCtxSetCurrent(ctx)
+        p = CUdeviceptr()
+        results["alloc"] = cu.cuMemAlloc_v2(byref(p), c_size_t(1 << 20))
+    def info():
+        cu.cuCtxSetCurrent(ctx)
+        results["meminfo"] = meminfo()
+    r = threading.Thread(target=alloc)
+    r.start()
+    time.sleep(0.2)
+    w = threading.Thread(target=info)
+    w.start()
+    r.join()                          # the connection broke: the allocation failed
+    pairs = [socket.socketpair() for _ in range(32)]   # the program's own descriptors, numbers reused
+    w.join()                          # W's held-back frame went out (or failed) meanwhile
+    stray = 0
+    for a, b in pairs:
+        for s in (a, b):
+            s.setblocking(False)
+            try:
+                stray += len(s.recv(4096))
+            except BlockingIOError:
+                pass
+    results["stray_bytes"] = stray
+    print(json.dumps(results), flush=True)
+
+def nvml_fork(_args):
+    # A thread of the parent asks NVML all along (each answer takes the pod manager 0.5 s); the main thread
+    # forks, and the child asks once.
+    nv = ctypes.CDLL("libnvidia-ml.so.1")
+    assert nv.nvmlInit_v2() == 0
+    class Mem(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+    h = c_void_p()
+    assert nv.nvmlDeviceGetHandleByIndex_v2(0, byref(h)) == 0
+    def total():
+        m = Mem()
+        assert nv.nvmlDeviceGetMemoryInfo(h, byref(m)) == 0
+        return m.total
+    parent_totals, stop = [total()], threading.Event()
+    def ask():
+        while not stop.is_set():
+            parent_totals.append(total())
+    t = threading.Thread(target=ask)
+    t.start()
+    time.sleep(0.7)                   # the thread is waiting for an answer now
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        t0 = time.monotonic()
+        got = total()
+        os.write(w, json.dumps({"pid": os.getpid(), "total": got, "seconds": time.monotonic() - t0}).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        child = json.loads(f.read() or "{}")
+    os.waitpid(pid, 0)
+    stop.set()
+    t.join()
+    print(json.dumps({"pid": os.getpid(), "child": child, "parent_totals": parent_totals}), flush=True)
+
+{"partial": partial, "reuse": reuse, "nvml_fork": nvml_fork}[sys.argv[1]](sys.argv[2:])
+'''
+
+# Holds back each MEM_INFO frame the hook sends for GEMTEST_HOLD_MEM_INFO_MS, then sends it with a raw
+# system call: the window in which another thread breaks the connection and the program reuses numbers.
+SEND_SHIM = r'''
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+ssize_t send(int fd, const void *buf, size_t len, int flags) {
+    const char *hold = getenv("GEMTEST_HOLD_MEM_INFO_MS");
+    uint16_t type = 0;
+    if (len == 256) memcpy(&type, (const char *)buf + 6, 2);
+    if (hold && type == 9) usleep((useconds_t)atoi(hold) * 1000);
+    return syscall(SYS_sendto, fd, buf, len, flags, NULL, 0);
+}
+'''
+
+
+@pytest.fixture(scope="module")
+def client_py(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("client") / "client.py"
+    path.write_text(CLIENT)
+    return path
+
+
+@pytest.fixture(scope="module")
+def send_shim(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("shim")
+    (d / "shim.c").write_text(SEND_SHIM)
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(d / "libsendshim.so"),
+                    str(d / "shim.c")], check=True)
+    return d / "libsendshim.so"
+
+
+def hooked_env(sim: Sim, pmgr: FakePmgr, **extra) -> dict:
+    return sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                   GEMINI_POD_MANAGER_PORT=pmgr.port, **extra)
+
+
+def test_a_partial_frame_breaks_the_connection_within_5_s(sim, fake_pmgr, client_py):
+    """The pod manager sends the first 100 bytes of a reply and then nothing, keeping the connection open.
+    The call gives up on the frame within the 5 s bound (the connection breaks, the CUDA call still returns
+    the driver's numbers) instead of blocking in recv forever."""
+    def half_a_reply(conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.MemInfo):
+            conn.send_raw(hp.encode(hp.MemReply(verdict=0, used=0, limit=1 * MiB), seq)[:100])
+
+    pmgr = fake_pmgr(half_a_reply)
+    proc = start([sys.executable, str(client_py), "partial"], hooked_env(sim, pmgr))
+    r = finish(proc, timeout=20)
+    assert r.rc == 0, r
+    out = r.json
+    assert out["rc"] == 0 and out["total"] == sim.mem_bytes, out     # unclamped: the pod manager's answer was lost
+    assert 4.5 < out["seconds"] < 8, out
+    assert "truncated frame" in r.err, r
+
+
+def test_a_broken_connections_descriptor_is_not_reused_under_a_writer(sim, fake_pmgr, client_py, send_shim):
+    """Thread R waits for an answer; thread W's request is held back inside send(). The pod manager closes
+    the connection: R sees it break and the allocation fails. The program then opens 32 socket pairs. W's
+    frame must not go out on any of them: the broken connection's descriptor stays reserved (shut down) until
+    W, its last user, leaves."""
+    closed = threading.Event()
+
+    def close_after_alloc(conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.MemAlloc) and not closed.is_set():
+            closed.set()
+            threading.Timer(0.5, conn.close).start()        # after W's frame is held back in send()
+
+    pmgr = fake_pmgr(close_after_alloc)
+    env = hooked_env(sim, pmgr, GEMTEST_HOLD_MEM_INFO_MS=1500)
+    env["LD_PRELOAD"] = f"{sim.hook} {send_shim}"
+    r = finish(start([sys.executable, str(client_py), "reuse"], env), timeout=40)
+    assert r.rc == 0, r
+    out = r.json
+    assert closed.is_set()
+    assert out["alloc"] != 0, out                              # the break reached R
+    assert out["stray_bytes"] == 0, f"a frame of the hook landed in a socket of the program: {out}"
+
+
+def test_a_fork_child_gets_its_own_nvml_connection(sim, fake_pmgr, client_py):
+    """The parent's NVML connection is busy (a thread waits for an answer) when the program forks. The child's
+    NVML query must open a connection of its own (a HELLO with its pid) and get its group's limit promptly,
+    not wait behind the parent's reader it inherited, nor talk on the parent's socket."""
+    limit = 48 * MiB
+
+    def slow_answer(conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.MemInfo):
+            threading.Timer(0.5, conn.send, (hp.MemReply(verdict=0, used=0, limit=limit), seq)).start()
+
+    pmgr = fake_pmgr(slow_answer, mem_limit=limit)
+    r = finish(start([sys.executable, str(client_py), "nvml_fork"], hooked_env(sim, pmgr)), timeout=60)
+    assert r.rc == 0, r
+    out = r.json
+    child = out["child"]
+    assert child["total"] == limit and child["seconds"] < 3, child
+    assert child["pid"] in {h.pid for h in pmgr.hellos}, f"the child used its parent's connection: {pmgr.hellos}"
+    assert set(out["parent_totals"]) == {limit}, out["parent_totals"]
