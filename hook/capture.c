@@ -1,5 +1,13 @@
 /*
- * capture.c -- tracking the process's open stream captures.
+ * capture.c -- tracking the process's open stream captures, and keeping the
+ * hook's own synchronising calls apart from them.
+ *
+ * A drain (cuCtxSynchronize, an event on the legacy stream) would invalidate
+ * any capture open in the context. Checking for open captures and then
+ * draining is not enough: a capture could begin in another thread in
+ * between. So the two exclude each other under one lock: a drain starts only
+ * when no capture is open or beginning, and a capture begin waits until the
+ * drains in progress are over (at most one drain's length).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -16,6 +24,9 @@ struct capture_key {
     pthread_t thread; /* for per-thread default streams, whose handle is the same in every thread */
 };
 static pthread_mutex_t capture_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t capture_cv = PTHREAD_COND_INITIALIZER;  /* a drain ended */
+static int draining;            /* the hook's own synchronising calls in progress */
+static int beginning;           /* capture begins in progress (counted as open for a drain) */
 static struct capture_key captures[GEM_MAX_CAPTURES];
 static int ncaptures;
 /* Captures begun while the table was full: not known by stream, but still open as far as the hook can
@@ -31,9 +42,19 @@ static struct capture_key capture_key_of(CUstream s, int ptsz) {
     return k;
 }
 
+void gem_capture_before_begin(void) {
+    pthread_mutex_lock(&capture_mu);
+    while (draining > 0)
+        pthread_cond_wait(&capture_cv, &capture_mu);
+    beginning++;
+    pthread_mutex_unlock(&capture_mu);
+}
+
 void gem_capture_changed(CUstream stream, int begins, int ptsz, CUresult rc) {
     struct capture_key k = capture_key_of(stream, ptsz);
     pthread_mutex_lock(&capture_mu);
+    if (begins)
+        beginning--;
     int found = -1;
     for (int i = 0; i < ncaptures; i++)
         if (captures[i].stream == k.stream && pthread_equal(captures[i].thread, k.thread))
@@ -62,6 +83,22 @@ void gem_capture_changed(CUstream stream, int begins, int ptsz, CUresult rc) {
     pthread_mutex_unlock(&capture_mu);
 }
 
+int gem_capture_drain_enter(void) {
+    pthread_mutex_lock(&capture_mu);
+    int may = ncaptures == 0 && untracked == 0 && beginning == 0;
+    if (may)
+        draining++;
+    pthread_mutex_unlock(&capture_mu);
+    return may;
+}
+
+void gem_capture_drain_exit(void) {
+    pthread_mutex_lock(&capture_mu);
+    if (--draining == 0)
+        pthread_cond_broadcast(&capture_cv);
+    pthread_mutex_unlock(&capture_mu);
+}
+
 int gem_stream_is_capturing(CUstream s, int ptsz) {
     /* The legacy stream cannot be captured, and querying it during another
      * thread's capture is itself an unsafe call: never ask about it. */
@@ -76,6 +113,7 @@ int gem_stream_is_capturing(CUstream s, int ptsz) {
 
 void gem_capture_after_fork(void) {
     pthread_mutex_init(&capture_mu, NULL);
-    ncaptures = untracked = 0;
+    pthread_cond_init(&capture_cv, NULL);
+    ncaptures = untracked = draining = beginning = 0;
     atomic_store(&gem_active_captures, 0);
 }

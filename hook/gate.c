@@ -143,24 +143,27 @@ static void wake_watcher(void) {
 /* The slot's first kernel is about to be launched on `stream`: mark the GPU's position with an event, so
  * that the GPU time the slot really had (from the first kernel, after the grant travelled here and the
  * GPU switched contexts, to the end of the drain) can be measured. Called with g->mu held, in the
- * launching thread, only while no stream of the process captures (never record into a capture). */
+ * launching thread, only while no stream of the process captures or begins to (never record into a
+ * capture, nor on the legacy stream while one is open). */
 static void mark_slot_start(struct gem_gate *g, CUstream stream, int ptsz) {
     g->slot_measured = 0;
     if (!HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuEventElapsedTime) ||
-        atomic_load(&gem_active_captures) > 0)
+        atomic_load(&gem_active_captures) > 0 || !gem_capture_drain_enter())
         return;
     CUcontext ctx = NULL;
-    if (!HAVE_REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
-        return;
-    if (g->ev_ctx != ctx) { /* events belong to a context; the old ones (if any) are left to it */
-        g->ev_start = g->ev_end = NULL;
-        if (REAL(cuEventCreate)(&g->ev_start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-            REAL(cuEventCreate)(&g->ev_end, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
-            return;
-        g->ev_ctx = ctx;
+    if (HAVE_REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx) {
+        int have_events = g->ev_ctx == ctx;
+        if (!have_events) { /* events belong to a context; the old ones (if any) are left to it */
+            g->ev_start = g->ev_end = NULL;
+            have_events = REAL(cuEventCreate)(&g->ev_start, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+                          REAL(cuEventCreate)(&g->ev_end, CU_EVENT_DEFAULT) == CUDA_SUCCESS;
+            if (have_events)
+                g->ev_ctx = ctx;
+        }
+        CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
+        g->slot_measured = have_events && REAL(cuEventRecord)(g->ev_start, s) == CUDA_SUCCESS;
     }
-    CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
-    g->slot_measured = REAL(cuEventRecord)(g->ev_start, s) == CUDA_SUCCESS;
+    gem_capture_drain_exit();
 }
 
 /* Wait for the process's outstanding work in ctx; returns the time it was done. If the slot's start was
@@ -169,12 +172,13 @@ static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns) {
     *used_ns = 0;
     int measured = g->slot_measured;
     g->slot_measured = 0;
-    if (atomic_load(&gem_active_captures) > 0) {
+    if (!gem_capture_drain_enter()) {
         /* A context-wide synchronise would break the capture; captured work is
          * not running anyway, and other streams' work is charged next time. */
         atomic_fetch_add(&gem_stats.drain_skipped_capture, 1);
         return gem_now_ns();
     }
+    /* From here until gem_capture_drain_exit no capture can begin. */
     atomic_fetch_add(&gem_stats.drains, 1);
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
@@ -197,7 +201,9 @@ static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns) {
     }
     if (exchanged)
         REAL(cuThreadExchangeStreamCaptureMode)(&mode);
-    return gem_now_ns();
+    int64_t done = gem_now_ns();
+    gem_capture_drain_exit();
+    return done;
 }
 
 /* End the current slot: stop launches, drain, measure overuse. Called with g->mu held and the

@@ -4,7 +4,8 @@
  *   LAUNCH         gate (gate.h's gem_gate_launch), then the real launch
  *   SYNC           the real call, then each module's sync hook: the burst is
  *                  over (gate), pools may have shrunk (memory)
- *   CAPTURE_*      the real call, then the capture table (capture.h)
+ *   CAPTURE_*      the real call (a begin waits while the hook drains), then
+ *                  the capture table (capture.h)
  *
  * It has no header of its own: nothing calls these but the program, and
  * hook_exports.h declares them (symbols.c hands them out).
@@ -37,6 +38,8 @@
     GEM_EXPORT CUresult name params {                                                           \
         if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \
             return CUDA_ERROR_NOT_INITIALIZED;                                                  \
+        if (begins)                                                                             \
+            gem_capture_before_begin(); /* not while the hook drains */                         \
         CUresult rc = REAL(name) args;                                                          \
         gem_capture_changed((stream), (begins), pt, rc);                                        \
         return rc;                                                                              \

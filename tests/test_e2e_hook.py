@@ -452,3 +452,82 @@ def test_fork_child_exits_cleanly_and_the_parent_keeps_launching(sim, backends, 
         # the child's hook reported at exit, and its counters started at zero
         assert sim.stats_of(child["pid"])["launches"] == 1, child
     assert finish(rival).rc == 0
+
+
+CAPTURE_RACE = r"""
+import ctypes, json, os, sys, threading, time
+sys.path.insert(0, os.environ["E2E_CLIENTS_DIR"])
+from pyclient import GEM_SPIN_PTX
+c_void_p, c_size_t, c_int, c_u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64
+CUdeviceptr, byref = ctypes.c_ulonglong, ctypes.byref
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx = c_int(), c_void_p()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+mod, fn, buf = c_void_p(), c_void_p(), CUdeviceptr()
+assert cu.cuModuleLoadData(byref(mod), GEM_SPIN_PTX.encode() + b"\0") == 0
+assert cu.cuModuleGetFunction(byref(fn), mod, b"gem_spin") == 0
+assert cu.cuMemAlloc_v2(byref(buf), c_size_t(48)) == 0
+seconds = float(sys.argv[1])
+stop = threading.Event()
+
+def launch(stream, slot):
+    out, dur = CUdeviceptr(buf.value + 24 * slot), c_u64(1000000)
+    params = (c_void_p * 2)(ctypes.cast(byref(out), c_void_p), ctypes.cast(byref(dur), c_void_p))
+    return cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, None)
+
+def bursts(res):
+    # short bursts with idle gaps: each gap ends with an early release, which drains first
+    cu.cuCtxSetCurrent(ctx)
+    s = c_void_p()
+    assert cu.cuStreamCreate(byref(s), 1) == 0
+    while not stop.is_set():
+        res["errors"] += launch(s, 0) != 0
+        res["errors"] += cu.cuStreamSynchronize(s) != 0
+        res["bursts"] += 1
+        time.sleep(0.02)
+
+res = {"bursts": 0, "errors": 0, "captures": 0, "invalidated": 0, "other": []}
+t = threading.Thread(target=bursts, args=(res,))
+t.start()
+s, g = c_void_p(), c_void_p()
+assert cu.cuStreamCreate(byref(s), 1) == 0
+t0 = time.monotonic()
+while time.monotonic() - t0 < seconds:
+    rc = cu.cuStreamBeginCapture_v2(s, 2)          # RELAXED: only a context-wide synchronise can break it
+    if rc == 0:
+        launch(s, 1)
+        time.sleep(0.005)                           # open for a while, then closed for a while
+        rc = cu.cuStreamEndCapture(s, byref(g))
+        res["captures"] += 1
+        if rc == 901:
+            res["invalidated"] += 1
+        elif rc != 0:
+            res["other"].append(rc)
+    else:
+        res["other"].append(rc)
+    time.sleep(0.005)
+stop.set()
+t.join()
+res["pid"] = os.getpid()
+print(json.dumps(res))
+"""
+
+
+def test_a_capture_begun_during_a_drain_is_not_broken(sim, backends, tmp_path):
+    """One thread runs short bursts while another begins and ends a capture every few milliseconds; the
+    process's tokens expire and are drained (cuCtxSynchronize) many times meanwhile. The simulated
+    cuCtxSynchronize waits 30 ms before it looks at the captures, so a capture begun after the drain checked
+    for open ones, but before it synchronised, would be invalidated. The check and the drain must exclude
+    capture begins: no capture is ever invalidated, while drains still happen."""
+    be = backends([Group("r", 0.0, 1.0)])
+    script = tmp_path / "capture_race.py"
+    script.write_text(CAPTURE_RACE)
+    res = run([sys.executable, str(script), "1.5"], sim.hooked(be, "r", SIMCUDA_CTX_SYNC_DELAY_US=30000), timeout=60)
+    assert res.rc == 0, res
+    out = res.json
+    assert out["errors"] == 0 and out["other"] == [], out
+    assert out["captures"] > 20 and out["bursts"] > 20, out
+    stats = sim.stats_of(out["pid"])
+    assert stats["drains"] >= 10, stats
+    assert out["invalidated"] == 0, f"{out['invalidated']} of {out['captures']} captures were invalidated by a drain"

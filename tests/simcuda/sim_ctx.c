@@ -12,6 +12,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SIM_STACK_MAX 128
 #define SIM_PT_MAX 16
@@ -208,8 +209,21 @@ CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
     return CUDA_SUCCESS;
 }
 
+/* SIMCUDA_CTX_SYNC_DELAY_US: cuCtxSynchronize sleeps this long before it looks at the captures of the
+ * context, widening the window in which another thread can begin one (tests of the hook's drain). */
+static void ctx_sync_delay(void)
+{
+    static long delay_us = -1;
+    if (delay_us < 0) {
+        const char *v = getenv("SIMCUDA_CTX_SYNC_DELAY_US");
+        delay_us = v && *v ? strtol(v, NULL, 10) : 0;
+    }
+    if (delay_us > 0) usleep((useconds_t)delay_us);
+}
+
 CUresult cuCtxSynchronize(void)
 {
+    ctx_sync_delay();
     struct sim_ctx *c;
     CUresult rc = sim_ctx_get(&c);
     if (rc) return rc;
