@@ -217,6 +217,26 @@ def test_misreported_use_moves_a_share_by_at_most_the_credit(used_factor):
         assert share <= 0.3 + DEFAULT_BUCKET_MS / charged
 
 
+def test_an_overrun_is_charged_once_to_the_group_that_overran():
+    """A's work ran 3 ms into B's slot: A is charged those 3 ms, B's slot 3 ms less, and the charges add up
+    to the wall time (the hooks' measurements are not needed for it)."""
+    p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 20.0, 5.0, 10_000.0, continuation=False)
+    [ga] = grants(p.request("a", now=0.0))
+    p.request("b", now=1.0)
+    [gb] = grants(p.tick(20.0))
+    p.request("a", overuse_ms=3.0, now=23.5)                       # A drained 3 ms past its deadline
+    ends(p.tick(40.0))
+    assert p.usage("a", 40.0) == pytest.approx(23.0) and p.usage("b", 40.0) == pytest.approx(17.0)
+    # reported after B's slot ended: B is credited then
+    p2 = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 20.0, 5.0, 10_000.0, continuation=False)
+    p2.request("a", now=0.0)
+    p2.request("b", now=1.0)
+    p2.tick(20.0)
+    p2.tick(40.0)
+    p2.release("a", ga.token_seq, overuse_ms=3.0, now=41.0)
+    assert p2.usage("a", 41.0) == pytest.approx(23.0) and p2.usage("b", 41.0) == pytest.approx(17.0)
+
+
 # --- continuations ------------------------------------------------------------------------------------------------
 
 def test_a_lone_holder_is_continued_without_a_handoff():

@@ -203,6 +203,7 @@ class _Slot:
     reserved: float             # GPU time reserved from the bucket and virtual time at the grant
     prev_seq: int = 0           # the slot this one continues (0: a fresh grant)
     claim_credit: float = 0.0   # claimed by latency groups while this slot ran
+    head_shared: float = 0.0    # how long the previous holder's overrun shared the start of this slot
     decided: bool = False       # the continuation decision was taken (lead point passed)
 
     @property
@@ -718,6 +719,9 @@ class Policy:
         charge = span
         if used_ms and math.isfinite(used_ms) and used_ms > 0 and self.max_used_credit_ms > 0:
             charge = min(charge, max(used_ms, span - self._credit(span)))
+        # The previous holder's overrun took the start of this slot, and is charged to that holder; the hooks'
+        # own measurement may already have taken it off.
+        charge = min(charge, span - min(h.head_shared, span))
         charge = max(0.0, charge - min(h.claim_credit, charge))
         g = self._groups.get(h.group)
         if g is not None:
@@ -738,6 +742,28 @@ class Policy:
         overuse = min(overuse_ms, max(0.0, now - last.end))    # it cannot have run into the future
         if overuse <= 0:
             return
+        # Past its deadline the holder's last work runs into the next group's slot (time-sliced with its first
+        # kernels on a GPU, interleaved on the simulator). Exactly one group pays for that time: the holder
+        # that overran, in full; the next slot is credited as much (when it ends, or now if it has), unless
+        # its own hooks' measurement already took more off. Then the charges add up to the wall time.
+        end = last.end + overuse
+        shared = 0.0
+        h = self._holder
+        if h is not None and h.group != group and h.start < end and h.start >= last.end - EPS:
+            shared = min(h.deadline, end) - max(h.start, last.end)
+            h.head_shared = max(h.head_shared, shared)
+        else:
+            nxt = next((p for p in self._past if p.group != group and p.start >= last.end - EPS and p.start < end),
+                       None)
+            if nxt is not None:
+                shared = min(nxt.end, end) - max(nxt.start, last.end)
+                refund = min(max(0.0, shared) - (nxt.end - nxt.start - nxt.charge), nxt.charge)
+                refund = max(0.0, refund)
+                nxt.charge -= refund
+                ng = self._groups.get(nxt.group)
+                if ng is not None and refund > 0:
+                    self._charge(ng, -refund, now)
+                    ng.usage.add(nxt.start, nxt.start + shared, -refund)
         g = self._groups.get(group)
         last.charge += overuse
         if g is not None:
