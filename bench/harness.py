@@ -36,10 +36,12 @@ class Group:
     max_util: float = 1.0
     mem_limit: str = "8GiB"
     turns: bool = False     # ProcessSharing = turns
+    sched_class: str = "batch"   # Class = latency: claims the GPU within a budget of its MinUtil
 
     def ini(self) -> str:
         return (f"[{self.name}]\nMinUtil = {self.min_util}\nMaxUtil = {self.max_util}\nMemoryLimit = {self.mem_limit}\n"
-                + ("ProcessSharing = turns\n" if self.turns else ""))
+                + ("ProcessSharing = turns\n" if self.turns else "")
+                + (f"Class = {self.sched_class}\n" if self.sched_class != "batch" else ""))
 
 
 def write_config(path: Path, groups: list[Group]) -> Path:

@@ -108,6 +108,11 @@ class Board:
         return board
 
     @property
+    def latency_groups(self) -> int:
+        """Latency groups in gem-schd's config (a pod manager then asks its hooks for a short queue)."""
+        return int(self._b.claims.latency_groups)
+
+    @property
     def generation(self) -> int:
         return int(self._b.head.generation)
 

@@ -68,6 +68,7 @@ static void cond_init_monotonic(pthread_cond_t *cv) {
 void gem_conn_init(struct gem_conn *c, const char *ip, int port, int ordinal, const char *uuid,
                    const uint64_t *mem_in_use) {
     memset(c, 0, sizeof *c);
+    c->board_slot = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->send_mu, NULL);
     cond_init_monotonic(&c->cv);
@@ -251,6 +252,9 @@ static int open_session(struct gem_conn *c, char *why, size_t why_len) {
     c->client_id = reply.u.hello_ack.client_id;
     c->mem_limit = reply.u.hello_ack.mem_limit;
     snprintf(c->group, sizeof c->group, "%.*s", GEM_NAME_LEN - 1, reply.u.hello_ack.group);
+    c->ack_flags = reply.u.hello_ack.flags;
+    c->board_slot = reply.u.hello_ack.board_slot;
+    snprintf(c->board_path, sizeof c->board_path, "%.*s", GEM_BOARD_PATH_LEN - 1, reply.u.hello_ack.board_path);
     return fd;
 }
 

@@ -28,6 +28,9 @@ struct gem_conn {
     uint64_t client_id;
     uint64_t mem_limit;         /* from HELLO_ACK / LIMIT_UPDATE / MEM_REPLY */
     char group[GEM_NAME_LEN];
+    uint32_t ack_flags;         /* HELLO_ACK: GEM_ACK_* */
+    int32_t board_slot;         /* HELLO_ACK: the group's line on the board page, -1 if none */
+    char board_path[GEM_BOARD_PATH_LEN];  /* HELLO_ACK: the GPU's board page, "" if none */
     int connecting;             /* a thread is connecting; others wait on cv */
     int ever_connected;         /* a later connect is a reconnect */
     int last_failure;           /* what a call gets while next_connect_ns has not come */

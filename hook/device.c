@@ -7,9 +7,14 @@
  * opened by the first message (client.c).
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "device.h"
 #include "real.h"
@@ -85,6 +90,51 @@ static void device_setup(struct gem_device *d, int ordinal) {
     d->initialised = 1;
 }
 
+static pthread_mutex_t board_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static const struct gem_board *map_board(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        GEM_LOG(GEM_LOG_WARN, "cannot open the board page %s (%s): no claims or continuations for this "
+                "process", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == (off_t)sizeof(struct gem_board))
+        p = mmap(NULL, sizeof(struct gem_board), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        GEM_LOG(GEM_LOG_WARN, "%s is not a board page: no claims or continuations for this process", path);
+        return NULL;
+    }
+    const struct gem_board *b = p;
+    if (__atomic_load_n(&b->head.magic, __ATOMIC_ACQUIRE) != GEM_BOARD_MAGIC ||
+        b->head.version != GEM_BOARD_VERSION) {
+        munmap(p, sizeof(struct gem_board));
+        GEM_LOG(GEM_LOG_WARN, "%s is not a board page of this version", path);
+        return NULL;
+    }
+    return b;
+}
+
+const struct gem_board *gem_device_board(struct gem_device *d) {
+    pthread_mutex_lock(&d->conn.mu);
+    char path[GEM_BOARD_PATH_LEN];
+    snprintf(path, sizeof path, "%s", d->conn.board_path);
+    pthread_mutex_unlock(&d->conn.mu);
+    pthread_mutex_lock(&board_mu);
+    if (strcmp(path, d->board_path) != 0) {
+        snprintf(d->board_path, sizeof d->board_path, "%s", path);
+        d->board = path[0] ? map_board(path) : NULL;
+        if (d->board)
+            GEM_LOG(GEM_LOG_DEBUG, "GPU %d: board page %s", d->ordinal, path);
+    }
+    const struct gem_board *b = d->board;
+    pthread_mutex_unlock(&board_mu);
+    return b;
+}
+
 int gem_runtime_ready(void) { return atomic_load_explicit(&runtime_ready, memory_order_acquire); }
 
 int gem_runtime_init(void) {
@@ -141,6 +191,7 @@ struct gem_device *gem_device_by_ordinal(CUdevice dev) {
 
 void gem_device_after_fork(void) {
     pthread_mutex_init(&runtime_mu, NULL);
+    pthread_mutex_init(&board_mu, NULL);    /* the mappings themselves are inherited and stay valid */
     atomic_store(&fail_open_active, 0);
     int count = atomic_load(&gem_device_count);
     for (int i = 0; i < count; i++)

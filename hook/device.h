@@ -22,6 +22,11 @@ struct gem_device {
     int initialised;
     uint64_t mem_in_use;        /* bytes this process holds on the device (memory.c counts, HELLO reports) */
     struct gem_conn conn;
+    /* The GPU's board page, mapped read-only (NULL if the pod manager named none, or it could not be
+     * mapped), and the path it was mapped from. A board is never unmapped: a thread may still read one
+     * it loaded a moment ago; a new gem-schd makes a new board, and the old 64 KiB stay mapped. */
+    const struct gem_board *board;
+    char board_path[GEM_BOARD_PATH_LEN];
 };
 
 extern struct gem_device gem_devices[GEM_MAX_DEVICES];
@@ -49,6 +54,10 @@ void gem_enter_fail_open(void);          /* GEMINI_FAIL_OPEN and no pod manager:
 int gem_fail_open_active(void);
 /* Nothing to gate or count: GEMINI_DISABLE, or failing open. */
 int gem_ungated(void);
+
+/* The board the device's pod manager named in its last handshake, mapped on first use (NULL if none).
+ * Call after a successful exchange with the pod manager; cheap when nothing changed. */
+const struct gem_board *gem_device_board(struct gem_device *d);
 
 void gem_device_after_fork(void);        /* the child has no connection and holds no memory yet */
 

@@ -15,7 +15,17 @@
  *   - a watcher thread expires tokens on time even when nobody launches, and
  *     gives an idle process's token back early (work-conserving);
  *   - launches into a capturing stream are never gated (nothing runs), and
- *     the hook never synchronises while a capture is open.
+ *     the hook never synchronises while a capture is open;
+ *   - the board page (the GPU's shared page, board.h) tells a holder whose
+ *     slot gem-schd continued to keep launching at its deadline, without
+ *     draining or asking; tells a batch holder to pause while a latency group
+ *     claims the GPU; and tells a holder in turns mode that others wait, so
+ *     it passes its turn on when its burst ends;
+ *   - a latency group's hooks hold claims, not slots: they give a claim back
+ *     half a millisecond (GEMINI_CLAIM_IDLE_MS) after their burst ends;
+ *   - while a grant asks for it, the work queued on the GPU is kept short
+ *     (inflight.h), so a slot's end or a claim takes effect within about a
+ *     millisecond.
  *
  * Overuse is measured with the host clock at the moment the drain returns,
  * in a thread that is already waiting for it. We chose this over CUDA events
@@ -31,15 +41,21 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "board.h"
 #include "capture.h"
 #include "client.h"
 #include "device.h"
 #include "gate.h"
+#include "inflight.h"
 #include "real.h"
 #include "settings.h"
 #include "stats.h"
 
-struct gem_gate gem_gates[GEM_MAX_DEVICES];
+/* What a holder reads for claims when there is no board, or its own group claims: never paused. */
+static const int64_t no_claim = 0;
+
+struct gem_gate gem_gates[GEM_MAX_DEVICES] = {
+    [0 ... GEM_MAX_DEVICES - 1] = {.claim_word = &no_claim, .marker_mask = ~0ull, .board_slot = -1}};
 /* Until the constructor measures the tick, the shortcut is off (never true before a real deadline). */
 int64_t gem_coarse_margin_ns = INT64_MAX / 2;
 
@@ -85,6 +101,7 @@ static void ensure_gates(void) {
             g->dev = &gem_devices[i];
             g->state = GEM_TOKEN_NONE;
             gemhook_burst_init(&g->est, gem_cfg.burst_merge_ns, gem_cfg.burst_window_ns);
+            gem_inflight_init(&g->inflight);
         }
         atomic_store_explicit(&gates_ready, 1, memory_order_release);
     }
@@ -244,6 +261,68 @@ static void report_failure(struct gem_gate *g, int rc, const struct gem_msg *rep
                 (double)gem_cfg.token_timeout_ns / 1e9);
 }
 
+/* What the pod manager said in its handshake (the board, the group's class) and in this grant (keep the
+ * queue short). Called with g->mu held after a grant. */
+static void apply_grant_terms(struct gem_gate *g, uint32_t flags) {
+    struct gem_device *d = g->dev;
+    g->latency = (d->conn.ack_flags & GEM_ACK_LATENCY) != 0;
+    g->board = gem_device_board(d);
+    g->board_slot = g->board ? d->conn.board_slot : -1;
+    atomic_store(&g->claim_word, (g->board && !g->latency) ? &g->board->claims.claim_until_ns : &no_claim);
+    g->bound = (flags & GEM_GRANT_BOUND) != 0;
+    uint64_t per_marker = atomic_load(&g->inflight.launches_per_marker);
+    atomic_store(&g->marker_mask, g->bound ? per_marker - 1 : ~0ull);
+}
+
+/* The slot ran out: if gem-schd continued it (the board's line for the group names this token as the one
+ * it continues, with a later deadline), keep holding it -- no drain, no request. Not in turns mode while
+ * others wait for the turn: then the holder asks again and the pod manager passes it on. Called with
+ * g->mu held and the state HELD; returns whether the token continues. */
+static int try_continue_locked(struct gem_gate *g, int64_t now) {
+    if (!g->board || g->board_slot < 0 || g->latency)
+        return 0;
+    if (gemhook_board_waiters(g->board, (uint32_t)g->board_slot) > 0)
+        return 0;
+    uint64_t seq, prev;
+    int64_t deadline;
+    if (!gemhook_board_read(g->board, (uint32_t)g->board_slot, &seq, &prev, &deadline) || prev != g->token_seq ||
+        deadline <= now)
+        return 0;
+    g->token_seq = seq;
+    g->slot_deadline_ns = deadline;
+    atomic_store(&g->deadline_ns, deadline);
+    atomic_fetch_add(&gem_stats.continuations, 1);
+    GEM_LOG(GEM_LOG_DEBUG, "GPU %d: token %llu continues until %.3f ms from now", g->dev->ordinal,
+            (unsigned long long)seq, (double)(deadline - now) / 1e6);
+    return 1;
+}
+
+/* A latency group claims the GPU: a batch holder launches nothing until the claim ends (its queued work,
+ * kept short, still runs). Called without g->mu. A claim is bounded by its pod manager and its budget;
+ * the hook still never waits more than 2 s in one pause. */
+static void claim_wait(struct gem_gate *g) {
+    const int64_t *word = atomic_load(&g->claim_word);
+    int64_t start = gem_now_ns(), now = start, until;
+    int paused = 0;
+    while ((until = __atomic_load_n(word, __ATOMIC_ACQUIRE)) > now) {
+        if (now - start > 2 * GEM_NS_PER_S) {
+            GEM_LOG(GEM_LOG_WARN, "GPU %d: a claim has lasted 2 s; launching anyway", g->dev->ordinal);
+            break;
+        }
+        int64_t d = until - now;
+        if (d > 200 * 1000)
+            d = 200 * 1000;     /* look again: the claim may end early */
+        struct timespec ts = {0, (long)d};
+        nanosleep(&ts, NULL);
+        paused = 1;
+        now = gem_now_ns();
+    }
+    if (paused) {
+        atomic_fetch_add(&gem_stats.claim_pauses, 1);
+        atomic_fetch_add(&gem_stats.claim_pause_ns, (unsigned long long)(now - start));
+    }
+}
+
 /* Ask for a token. Called with g->mu held and state NONE; returns with g->mu held. */
 static int request_locked(struct gem_gate *g) {
     g->state = GEM_TOKEN_REQUESTING;
@@ -270,12 +349,14 @@ static int request_locked(struct gem_gate *g) {
         g->granted_ns = now;
         g->slot_deadline_ns = now + quota;
         g->bursts_in_slot = 0;
+        g->pass_turn = 0;
         g->slot_unmarked = 1; /* the next launch through the slow path marks the slot's start */
         if (HAVE_REAL(cuCtxGetCurrent)) {
             CUcontext ctx = NULL;
             if (REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx)
                 g->ctx = ctx;
         }
+        apply_grant_terms(g, reply.u.token_grant.flags);
         g->state = GEM_TOKEN_HELD;
         atomic_store(&g->deadline_ns, g->slot_deadline_ns);
         atomic_fetch_add(&gem_stats.grants, 1);
@@ -337,7 +418,8 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
     }
     ensure_gates();
     g = gem_current_gate();
-    if (now < atomic_load(&g->deadline_ns))
+    claim_wait(g);
+    if (gem_now_ns() < atomic_load(&g->deadline_ns))
         return CUDA_SUCCESS;
     if (atomic_load(&gem_active_captures) > 0 && gem_stream_is_capturing(stream, ptsz)) {
         atomic_fetch_add(&gem_stats.capture_passthrough, 1);
@@ -355,7 +437,8 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
             return CUDA_SUCCESS;
         }
         if (g->state == GEM_TOKEN_HELD) {
-            expire_locked(g);
+            if (!try_continue_locked(g, t))
+                expire_locked(g);
             continue;
         }
         if (g->state == GEM_TOKEN_NONE) {
@@ -389,6 +472,16 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
         atomic_fetch_add(&gem_stats.waits, 1);
         atomic_fetch_add(&gem_stats.wait_ns, (unsigned long long)(t - now));
     }
+    return CUDA_SUCCESS;
+}
+
+/* A marker is due (or a graph launch) while the grant asked for a short queue. */
+CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
+    if (!g->bound)
+        return CUDA_SUCCESS;
+    gem_inflight_marker(&g->inflight, stream, ptsz);
+    if (g->bound)
+        atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
     return CUDA_SUCCESS;
 }
 
@@ -439,7 +532,18 @@ void gem_gate_on_sync(void) {
         g->predicted_at_ns = now;
     }
     g->bursts_in_slot++;
+    int release_soon = 0;
+    if (g->state == GEM_TOKEN_HELD) {
+        if (g->latency) {
+            release_soon = 1;   /* a claim ends soon after its burst: the watcher must look */
+        } else if (g->board && g->board_slot >= 0 && gemhook_board_waiters(g->board, (uint32_t)g->board_slot) > 0) {
+            g->pass_turn = 1;   /* turns: others wait, and this burst is over */
+            release_soon = 1;
+        }
+    }
     pthread_mutex_unlock(&g->mu);
+    if (release_soon)
+        wake_watcher();
 }
 
 /* ---- the watcher ------------------------------------------------------------------------------ */
@@ -451,6 +555,10 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
     if (g->state != GEM_TOKEN_HELD) {
         pthread_mutex_unlock(&g->mu);
         return next;
+    }
+    if (now >= g->slot_deadline_ns && try_continue_locked(g, now)) {
+        pthread_mutex_unlock(&g->mu);
+        return now;     /* look again at once: the new deadline */
     }
     if (now >= g->slot_deadline_ns) {
         expire_locked(g);
@@ -468,13 +576,18 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
     }
     if (g->slot_deadline_ns < next)
         next = g->slot_deadline_ns;
-    if (gem_cfg.idle_release_ns > 0 && atomic_load(&g->in_burst) && now + gem_cfg.idle_release_ns < next)
-        next = now + gem_cfg.idle_release_ns; /* look again: the burst may end and the process go idle */
-    if (gem_cfg.idle_release_ns > 0 && !atomic_load(&g->in_burst)) {
+    /* How long idle before the token goes back: a batch slot after GEMINI_IDLE_RELEASE_MS, a latency
+     * group's claim after GEMINI_CLAIM_IDLE_MS, a turn others wait for once the burst is over by the
+     * estimator's own rule (no launch within the 2 ms merge gap), so back-to-back steps keep their turn. */
+    int64_t idle_ns = g->pass_turn ? gem_cfg.burst_merge_ns : g->latency ? gem_cfg.claim_idle_ns
+                                                                          : gem_cfg.idle_release_ns;
+    if (idle_ns > 0 && atomic_load(&g->in_burst) && now + idle_ns < next)
+        next = now + idle_ns; /* look again: the burst may end and the process go idle */
+    if (idle_ns > 0 && !atomic_load(&g->in_burst)) {
         int64_t idle_since = atomic_load(&g->last_sync_ns);
         if (idle_since < g->granted_ns)
             idle_since = g->granted_ns;
-        if (now - idle_since >= gem_cfg.idle_release_ns) {
+        if (now - idle_since >= idle_ns) {
             /* Take the token from launchers first, then make sure nothing is in flight. */
             g->state = GEM_TOKEN_DRAINING;
             atomic_store(&g->deadline_ns, 0);
@@ -495,14 +608,17 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
             uint64_t seq = g->token_seq;
             int64_t overuse = g->pending_overuse_ns;
             g->pending_overuse_ns = 0;
+            if (g->pass_turn)
+                atomic_fetch_add(&gem_stats.turn_passes, 1);
+            g->pass_turn = 0;
             release_slot_unlock(g, seq, overuse, used);
             atomic_fetch_add(&gem_stats.early_releases, 1);
             GEM_LOG(GEM_LOG_DEBUG, "GPU %d: idle for %.1f ms, token %llu given back early", g->dev->ordinal,
                     (double)(t - idle_since) / 1e6, (unsigned long long)seq);
             return next;
         }
-        if (idle_since + gem_cfg.idle_release_ns < next)
-            next = idle_since + gem_cfg.idle_release_ns;
+        if (idle_since + idle_ns < next)
+            next = idle_since + idle_ns;
     }
     pthread_mutex_unlock(&g->mu);
     return next;
@@ -552,6 +668,7 @@ void gem_gate_after_fork(void) {
             gate_init_sync(g);
             g->state = GEM_TOKEN_NONE;
             g->waiters = 0;
+            g->pass_turn = 0;
             g->pending_overuse_ns = 0;
             atomic_store(&g->deadline_ns, 0);
             atomic_store(&g->in_burst, 0);

@@ -11,6 +11,7 @@
 
 #include "cuda_types.h"
 #include "device.h"
+#include "inflight.h"
 #include "stats.h"
 #include "util.h"
 
@@ -21,7 +22,13 @@ struct gem_gate {
     /* Read on every launch: on its own cache line, written only at token changes. */
     _Alignas(64) atomic_llong deadline_ns;
     atomic_int in_burst;
-    char pad_hot[64 - sizeof(atomic_llong) - sizeof(atomic_int)];
+    /* The word a batch holder checks for claims: the board's claim_until_ns, or a zero that never
+     * pauses (a latency group's own hooks, no board). */
+    const int64_t *_Atomic claim_word;
+    /* A marker is due when (the thread's launch count & mask) == 0: launches per marker - 1 while the
+     * grant asks for a short queue (GEM_GRANT_BOUND), else all ones (never). */
+    atomic_ullong marker_mask;
+    char pad_hot[64 - 2 * sizeof(atomic_llong) - sizeof(atomic_int) - sizeof(void *)];
 
     struct gem_device *dev;
     pthread_mutex_t mu;
@@ -44,6 +51,13 @@ struct gem_gate {
     int slot_measured;          /* ev_start was recorded before the slot's first kernel */
     int slot_unmarked;          /* a fresh grant whose first kernel has not been marked yet */
     int64_t pending_used_ns;    /* measured at the last expiry, not yet reported */
+    /* From the pod manager's handshake and grants. */
+    const struct gem_board *board;  /* the GPU's board page, NULL if none */
+    int board_slot;             /* the group's line on it */
+    int latency;                /* the group is latency class: its tokens are claims */
+    int bound;                  /* the current grant asked for a short queue */
+    int pass_turn;              /* turns: the burst ended while others wait; give the turn back now */
+    struct gem_inflight inflight;
 };
 
 extern struct gem_gate gem_gates[GEM_MAX_DEVICES];
@@ -57,6 +71,7 @@ static inline struct gem_gate *gem_current_gate(void) {
 
 CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t now);
 CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t now);
+CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz);
 
 /* The coarse clock (a kernel variable updated every tick, read without rdtsc) never runs ahead
  * of CLOCK_MONOTONIC and trails it by at most a tick. So "coarse + margin < deadline" proves the
@@ -65,16 +80,23 @@ CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t 
 extern int64_t gem_coarse_margin_ns;
 void gem_gate_measure_clock(void);
 
-/* The launch path: one clock read and one compare while a token is held (the burst flag sits
- * on the same cache line and only changes at the first launch after a synchronisation). */
-static inline CUresult gem_gate_launch(CUstream stream, int ptsz) {
+/* The launch path, while a token is held and nobody claims: loads (the hot line, the claim word, the
+ * thread's counter), one clock read and compares. The burst flag only changes at the first launch after
+ * a synchronisation, the claim word when a latency group's claim starts or ends, the mask with a grant.
+ * `graph`: a graph launch, one unit of queued work (a marker after each while bounded). */
+static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph) {
     struct gem_gate *g = gem_current_gate();
-    gem_count_launch();
+    uint64_t n = gem_count_launch();
     int64_t deadline = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed);
-    if (GEM_LIKELY(gem_coarse_ns() + gem_coarse_margin_ns < deadline) ||
-        gem_now_ns() < deadline) {
-        if (GEM_LIKELY(atomic_load_explicit(&g->in_burst, memory_order_relaxed)))
-            return CUDA_SUCCESS;
+    int64_t claim = __atomic_load_n(atomic_load_explicit(&g->claim_word, memory_order_relaxed), __ATOMIC_RELAXED);
+    int64_t c = gem_coarse_ns();
+    /* coarse <= now, so coarse >= claim proves that no claim is running */
+    if (GEM_LIKELY((c + gem_coarse_margin_ns < deadline || gem_now_ns() < deadline) && c >= claim)) {
+        if (GEM_LIKELY(atomic_load_explicit(&g->in_burst, memory_order_relaxed))) {
+            if (GEM_LIKELY((n & atomic_load_explicit(&g->marker_mask, memory_order_relaxed)) != 0 && !graph))
+                return CUDA_SUCCESS;
+            return gem_gate_marker(g, stream, ptsz);
+        }
         return gem_burst_begin(g, stream, ptsz, gem_now_ns());
     }
     return gem_gate_slow(g, stream, ptsz, gem_now_ns());

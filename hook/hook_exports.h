@@ -16,6 +16,7 @@
 #define GEM_WRAP_PROTO_YES(ret, name, params) __attribute__((visibility("default"))) ret name params;
 #define GEM_WRAP_PROTO_NO(ret, name, params)
 #define GEM_WRAP_PROTO_LAUNCH GEM_WRAP_PROTO_YES
+#define GEM_WRAP_PROTO_GRAPH_LAUNCH GEM_WRAP_PROTO_YES
 #define GEM_WRAP_PROTO_SYNC GEM_WRAP_PROTO_YES
 #define GEM_WRAP_PROTO_CAPTURE_BEGIN GEM_WRAP_PROTO_YES
 #define GEM_WRAP_PROTO_CAPTURE_END GEM_WRAP_PROTO_YES
@@ -29,6 +30,7 @@ GEM_HOOK_TABLE(GEM_WRAP_PROTO)
 
 /* Is this kind of row intercepted (does it have a wrapper)? */
 #define GEM_WRAPPED_LAUNCH 1
+#define GEM_WRAPPED_GRAPH_LAUNCH 1
 #define GEM_WRAPPED_SYNC 1
 #define GEM_WRAPPED_CAPTURE_BEGIN 1
 #define GEM_WRAPPED_CAPTURE_END 1

@@ -22,11 +22,13 @@
  *           NULL stream is the calling thread's stream, not the legacy one
  *   params  the parameter list, args the same names as an argument list
  *           (`_` where no generated code calls it)
- *   extra   LAUNCH, CAPTURE_*: the expression giving the call's stream;
+ *   extra   LAUNCH, GRAPH_LAUNCH, CAPTURE_*: the expression giving the call's stream;
  *           ALLOC_FROM_POOL: the pool argument; `_` otherwise
  *
  * Kinds:
- *   LAUNCH           gated launch (wrappers.c)
+ *   LAUNCH           gated launch of a kernel (wrappers.c)
+ *   GRAPH_LAUNCH     gated launch of a graph: one unit of queued work, however
+ *                    many kernels it holds (wrappers.c)
  *   SYNC             synchronising call: ends a burst (wrappers.c)
  *   CAPTURE_BEGIN    stream capture begins / ends on `extra` (wrappers.c)
  *   CAPTURE_END
@@ -91,8 +93,8 @@
       GEM_LAUNCH_EX_STREAM)                                                                                        \
     X(LAUNCH, CUDA, CUresult, cuLaunchCooperativeKernel, 9000, 0, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)         \
     X(LAUNCH, CUDA, CUresult, cuLaunchCooperativeKernel_ptsz, 9000, 1, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)    \
-    X(LAUNCH, CUDA, CUresult, cuGraphLaunch, 10000, 0, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)                  \
-    X(LAUNCH, CUDA, CUresult, cuGraphLaunch_ptsz, 10000, 1, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)             \
+    X(GRAPH_LAUNCH, CUDA, CUresult, cuGraphLaunch, 10000, 0, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)            \
+    X(GRAPH_LAUNCH, CUDA, CUresult, cuGraphLaunch_ptsz, 10000, 1, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)       \
     /* ---- synchronising calls: the end of a kernel burst ---------------------------------------------- */     \
     X(SYNC, CUDA, CUresult, cuCtxSynchronize, 2000, 0, (void), (), _)                                              \
     X(SYNC, CUDA, CUresult, cuStreamSynchronize, 2000, 0, (CUstream hStream), (hStream), _)                        \
@@ -182,6 +184,7 @@
       (CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUmipmappedArray arr, CUdevice dev), _, _)                             \
     X(REAL, CUDA, CUresult, cuEventCreate, 2000, 0, (CUevent *phEvent, unsigned int flags), _, _)                  \
     X(REAL, CUDA, CUresult, cuEventRecord, 2000, 0, (CUevent hEvent, CUstream hStream), _, _)                      \
+    X(REAL, CUDA, CUresult, cuEventQuery, 2000, 0, (CUevent hEvent), _, _)                                         \
     X(REAL, CUDA, CUresult, cuEventElapsedTime, 2000, 0, (float *pMilliseconds, CUevent hStart, CUevent hEnd),     \
       _, _)                                                                                                        \
     X(REAL, CUDA, CUresult, cuMemPoolGetAttribute, 11020, 0,                                                       \

@@ -20,6 +20,7 @@
  *   2  client      the connection to a pod manager
  *   3  device      the device registry, endpoints, fail-open
  *   4  capture     open stream captures
+ *      inflight    marker events that keep the queued work short
  *      gate        the token: bursts, drain, expiry, the watcher
  *      memory      allocation accounting and limits
  *      nvml        NVML's memory numbers inside a group
@@ -33,6 +34,7 @@
 #include "capture.h"
 #include "device.h"
 #include "gate.h"
+#include "inflight.h"
 #include "memory.h"
 #include "nvml.h"
 #include "real.h"
@@ -50,6 +52,7 @@ static void (*const after_fork_child[])(void) = {
     gem_real_after_fork,        /* its locks free */
     gem_device_after_fork,      /* no connection of the parent's, fail-open forgotten */
     gem_capture_after_fork,     /* no capture open */
+    gem_inflight_after_fork,    /* no marker events of the parent's */
     gem_gate_after_fork,        /* no token, no watcher */
     gem_memory_after_fork,      /* no allocations */
     gem_nvml_after_fork,        /* no NVML connection of the parent's */

@@ -389,6 +389,7 @@ static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
     }
 #define GEM_MEM_NOTHING(...)
 #define GEM_MEM_LAUNCH GEM_MEM_NOTHING
+#define GEM_MEM_GRAPH_LAUNCH GEM_MEM_NOTHING
 #define GEM_MEM_SYNC GEM_MEM_NOTHING
 #define GEM_MEM_CAPTURE_BEGIN GEM_MEM_NOTHING
 #define GEM_MEM_CAPTURE_END GEM_MEM_NOTHING

@@ -20,6 +20,10 @@ struct gem_settings gem_cfg = {
      * the GPU, and giving it back costs one round trip (~0.1 ms) when nobody
      * else wants it. */
     .idle_release_ns = 5 * GEM_NS_PER_MS,
+    /* A latency group's claim pauses every batch holder: it ends half a millisecond after the burst (a
+     * request's kernels, then its copy back), not after the 5 ms a batch holder keeps an idle token. */
+    .claim_idle_ns = GEM_NS_PER_MS / 2,
+    .inflight_ns = GEM_NS_PER_MS,
     .connect_timeout_ns = 10 * GEM_NS_PER_S,
     .token_timeout_ns = 300 * GEM_NS_PER_S,
     .burst_merge_ns = 2 * GEM_NS_PER_MS,
@@ -112,6 +116,11 @@ void gem_settings_load(void) {
     if ((v = getenv("GEMINI_POD_MANAGERS")))
         snprintf(gem_cfg.pmgr_map, sizeof gem_cfg.pmgr_map, "%s", v);
     env_ms("GEMINI_IDLE_RELEASE_MS", &gem_cfg.idle_release_ns);
+    env_ms("GEMINI_CLAIM_IDLE_MS", &gem_cfg.claim_idle_ns);
+    int64_t inflight_ms = -1;
+    env_ms("GEMINI_INFLIGHT_MS", &inflight_ms);
+    if (inflight_ms > 0)
+        gem_cfg.inflight_ns = inflight_ms;
     env_ms("GEMINI_CONNECT_TIMEOUT_MS", &gem_cfg.connect_timeout_ns);
     env_ms("GEMINI_TOKEN_TIMEOUT_MS", &gem_cfg.token_timeout_ns);
 }

@@ -26,6 +26,8 @@ struct gem_settings {
     int64_t token_timeout_ns;   /* GEMINI_TOKEN_TIMEOUT_MS; 0 waits forever */
     int64_t burst_merge_ns;     /* bursts closer than this are one burst (Gemini: 2 ms) */
     int64_t burst_window_ns;    /* prediction looks back this far (Gemini: 3 s) */
+    int64_t claim_idle_ns;      /* GEMINI_CLAIM_IDLE_MS: a latency group's claim ends this long after its burst */
+    int64_t inflight_ns;        /* GEMINI_INFLIGHT_MS: GPU work kept queued per stream while bounded */
 };
 extern struct gem_settings gem_cfg;
 

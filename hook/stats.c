@@ -47,12 +47,15 @@ static void format_stats(char *buf, size_t len) {
              "early_releases=%llu overuse_ms=%.3f drains=%llu burst_renewals=%llu capture_passthrough=%llu "
              "gate_errors=%llu mem_allocs=%llu mem_frees=%llu mem_denied=%llu mem_rollbacks=%llu "
              "mem_errors=%llu dlsym_routed=%llu procaddr_routed=%llu reconnects=%llu slots_measured=%llu "
-             "used_ms=%.3f",
+             "used_ms=%.3f continuations=%llu claim_pauses=%llu claim_pause_ms=%.3f markers=%llu "
+             "marker_waits=%llu marker_wait_ms=%.3f turn_passes=%llu",
              (unsigned long long)gem_total_launches(), LOAD(grants), LOAD(token_requests), LOAD(waits),
              (double)LOAD(wait_ns) / 1e6, LOAD(expiries), LOAD(early_releases), (double)LOAD(overuse_ns) / 1e6,
              LOAD(drains), LOAD(burst_renewals), LOAD(capture_passthrough), LOAD(gate_errors), LOAD(mem_allocs),
              LOAD(mem_frees), LOAD(mem_denied), LOAD(mem_rollbacks), LOAD(mem_errors), LOAD(dlsym_routed),
-             LOAD(procaddr_routed), LOAD(reconnects), LOAD(slots_measured), (double)LOAD(used_ns) / 1e6);
+             LOAD(procaddr_routed), LOAD(reconnects), LOAD(slots_measured), (double)LOAD(used_ns) / 1e6,
+             LOAD(continuations), LOAD(claim_pauses), (double)LOAD(claim_pause_ns) / 1e6, LOAD(markers),
+             LOAD(marker_waits), (double)LOAD(marker_wait_ns) / 1e6, LOAD(turn_passes));
 }
 
 int gemhook_stats(char *buf, size_t len) {
@@ -64,12 +67,12 @@ int gemhook_stats(char *buf, size_t len) {
 
 void gem_stats_report(void) {
     const char *file = getenv("GEMINI_STATS_FILE");
-    char buf[1024];
+    char buf[1536];
     format_stats(buf, sizeof buf);
     if (file && *file) {
         int fd = open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
         if (fd >= 0) {
-            char line[1200];
+            char line[1700];
             int n = snprintf(line, sizeof line, "pid=%d %s\n", (int)getpid(), buf);
             ssize_t w = write(fd, line, (size_t)n);
             (void)w;

@@ -15,7 +15,8 @@ struct gem_stats {
     atomic_ullong grants, token_requests, waits, wait_ns, expiries, early_releases, overuse_ns,
         drains, drain_skipped_capture, gate_errors, capture_passthrough, burst_renewals,
         mem_allocs, mem_frees, mem_denied, mem_rollbacks, mem_errors, dlsym_routed, procaddr_routed,
-        reconnects, slots_measured, used_ns;
+        reconnects, slots_measured, used_ns, continuations, claim_pauses, claim_pause_ns, markers,
+        marker_waits, marker_wait_ns, turn_passes;
 };
 extern struct gem_stats gem_stats;
 
@@ -27,11 +28,12 @@ struct gem_thread_counter {
 /* initial-exec: a plain %fs-relative load on the launch path instead of a __tls_get_addr call */
 extern __thread struct gem_thread_counter *gem_tls_counter __attribute__((tls_model("initial-exec")));
 struct gem_thread_counter *gem_register_thread_counter(void);
-static inline void gem_count_launch(void) {
+/* Counts a launch; returns the thread's count so far (the gate asks for a marker every N of them). */
+static inline uint64_t gem_count_launch(void) {
     struct gem_thread_counter *c = gem_tls_counter;
     if (GEM_UNLIKELY(c == NULL))
         c = gem_register_thread_counter();
-    c->launches++;
+    return ++c->launches;
 }
 uint64_t gem_total_launches(void);
 

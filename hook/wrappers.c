@@ -2,6 +2,7 @@
  * wrappers.c -- the generated wrappers of the uniform rows of hook_table.h:
  *
  *   LAUNCH         gate (gate.h's gem_gate_launch), then the real launch
+ *   GRAPH_LAUNCH   the same; a graph is one unit of queued work
  *   SYNC           the real call, then each module's sync hook: the burst is
  *                  over (gate), pools may have shrunk (memory)
  *   CAPTURE_*      the real call (a begin waits while the hook drains), then
@@ -17,14 +18,16 @@
 #include "real.h"
 #include "hook_exports.h"
 
-#define GEM_WRAP_LAUNCH(name, pt, params, args, stream)                                         \
+#define GEM_WRAP_GATED(name, pt, params, args, stream, graph)                                   \
     GEM_EXPORT CUresult name params {                                                           \
-        CUresult gate_rc = gem_gate_launch((stream), pt);                                       \
+        CUresult gate_rc = gem_gate_launch((stream), pt, graph);                                \
         if (GEM_UNLIKELY(gate_rc != CUDA_SUCCESS))                                              \
             return gate_rc;                                                                     \
         gem_fn_##name##_t *real = REAL(name);                                                   \
         return GEM_LIKELY(real != NULL) ? real args : CUDA_ERROR_NOT_SUPPORTED;                 \
     }
+#define GEM_WRAP_LAUNCH(name, pt, params, args, stream) GEM_WRAP_GATED(name, pt, params, args, stream, 0)
+#define GEM_WRAP_GRAPH_LAUNCH(name, pt, params, args, stream) GEM_WRAP_GATED(name, pt, params, args, stream, 1)
 #define GEM_WRAP_SYNC(name, pt, params, args, extra)                                            \
     GEM_EXPORT CUresult name params {                                                           \
         if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \

@@ -8,8 +8,9 @@ hooks and pod managers do, with the delays that matter:
 * a tenant launches work until its own deadline (arrival + quota); then, unless a continuation reached it
   first, it stops, its queued work (`inflight_ms`) runs out on the GPU, it measures that overrun and only then
   asks again;
-* the GPU runs one tenant at a time; switching tenants costs `switch_ms` of GPU time (the context switch,
-  about 0.14 ms on an H200);
+* the GPU runs one tenant at a time, first come first served; switching tenants costs `switch_ms` of GPU time
+  (the context switch, about 0.14 ms on an H200); a holder's drain that overlaps the next tenant's first
+  work is reported twice as long, as on a GPU that time-slices the two;
 * a latency tenant's requests arrive on their own schedule; it claims the GPU (`claim_rtt_ms` after the
   request) when it has the right, and batch tenants stop launching during the claim.
 
@@ -225,9 +226,13 @@ class Model:
         t.holding = False
         if t.kind is None:
             return
-        # Drain: the queued work runs out past the deadline; that is its overuse.
+        # Drain: the queued work runs out past the deadline; that is its overuse. (The model runs queued work
+        # first come first served; a GPU time-slices it with the next tenant's first kernels, so when someone
+        # queued behind it the hook sees its drain take twice as long -- each had half of that time.)
         e = max(t.work_end, self.now)
         overuse = e - self.now
+        if self.gpu_free > e + 1e-9:
+            overuse *= 2
         used = e - t.first_run
         self.push(e, "drained", n, overuse, used)
 

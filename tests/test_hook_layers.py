@@ -22,7 +22,7 @@ LAYERS = {
     "util": 1, "board": 1, "settings": 1, "stats": 1, "real": 1,
     "client": 2,
     "device": 3,
-    "capture": 4, "gate": 4, "memory": 4, "nvml": 4,
+    "capture": 4, "inflight": 4, "gate": 4, "memory": 4, "nvml": 4,
     "wrappers": 5,
     "symbols": 6,
     "libgemhook": 7,
@@ -142,8 +142,8 @@ def test_the_table_columns_agree_with_the_names():
             # dlsym's cheap filter (symbols.c) only looks at cu[A-Z]* and nvml* names
             assert lib == "CUDA" and re.match(r"cu[A-Z]", name) and ret == "CUresult", name
             assert 2000 <= since <= 13000, f"{name}: since {since}"
-        assert kind in {"LAUNCH", "SYNC", "CAPTURE_BEGIN", "CAPTURE_END", "ALLOC_ASYNC", "ALLOC_FROM_POOL",
-                        "CUSTOM", "REAL"}, name
+        assert kind in {"LAUNCH", "GRAPH_LAUNCH", "SYNC", "CAPTURE_BEGIN", "CAPTURE_END", "ALLOC_ASYNC",
+                        "ALLOC_FROM_POOL", "CUSTOM", "REAL"}, name
 
 
 def test_the_table_is_the_only_list():

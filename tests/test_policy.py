@@ -79,15 +79,16 @@ def test_fair_targets_with_floors_and_caps():
 # --- caps ---------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("caps,w1,w10,mean", [
-    ((0.3, 0.6), 0.012, 0.005, 0.003),
+    ((0.3, 0.6), 0.012, 0.010, 0.009),
     ((0.4, 0.6), 0.012, 0.006, 0.005),
     ((0.2, 0.3, 0.5), 0.020, 0.010, 0.008),
     ((0.1, 0.2, 0.3, 0.4), 0.020, 0.010, 0.008),
 ])
 def test_busy_capped_groups_reach_their_caps_over_every_window(caps, w1, w10, mean):
     """Sliding 1 s and 10 s windows, stepped by 100 ms, from the 2nd second. The bounds are what this model
-    gives with the default bucket; with caps adding up to 1 the GPU's context switches (modelled at 0.14 ms each)
-    cost someone up to a point of share."""
+    gives with the default bucket: with caps adding up to 1 the GPU's context switches (modelled at 0.14 ms each)
+    cost someone up to a point of share; with 0.3 / 0.6 the 0.3 group is credited the grant's travel at the start
+    of its slots (the hooks measure it) and runs up to 0.8 pp over. The GPU benchmarks are the real measure."""
     groups = [(chr(97 + i), 0.0, c) for i, c in enumerate(caps)]
     m = busy_model(groups, until=25_000.0)
     for name, _, cap in groups:
@@ -217,16 +218,16 @@ def test_misreported_use_moves_a_share_by_at_most_the_credit(used_factor):
         assert share <= 0.3 + DEFAULT_BUCKET_MS / charged
 
 
-def test_an_overrun_is_charged_once_to_the_group_that_overran():
-    """A's work ran 3 ms into B's slot: A is charged those 3 ms, B's slot 3 ms less, and the charges add up
-    to the wall time (the hooks' measurements are not needed for it)."""
+def test_an_overrun_into_the_next_slot_is_split_between_the_two():
+    """A's work ran 3 ms into B's slot, time-sliced with B's first kernels: each is charged half of those 3 ms,
+    and the charges add up to the wall time (the hooks' measurements are not needed for it)."""
     p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 20.0, 5.0, 10_000.0, continuation=False)
     [ga] = grants(p.request("a", now=0.0))
     p.request("b", now=1.0)
     [gb] = grants(p.tick(20.0))
     p.request("a", overuse_ms=3.0, now=23.5)                       # A drained 3 ms past its deadline
     ends(p.tick(40.0))
-    assert p.usage("a", 40.0) == pytest.approx(23.0) and p.usage("b", 40.0) == pytest.approx(17.0)
+    assert p.usage("a", 40.0) == pytest.approx(21.5) and p.usage("b", 40.0) == pytest.approx(18.5)
     # reported after B's slot ended: B is credited then
     p2 = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 20.0, 5.0, 10_000.0, continuation=False)
     p2.request("a", now=0.0)
@@ -234,7 +235,7 @@ def test_an_overrun_is_charged_once_to_the_group_that_overran():
     p2.tick(20.0)
     p2.tick(40.0)
     p2.release("a", ga.token_seq, overuse_ms=3.0, now=41.0)
-    assert p2.usage("a", 41.0) == pytest.approx(23.0) and p2.usage("b", 41.0) == pytest.approx(17.0)
+    assert p2.usage("a", 41.0) == pytest.approx(21.5) and p2.usage("b", 41.0) == pytest.approx(18.5)
 
 
 # --- continuations ------------------------------------------------------------------------------------------------

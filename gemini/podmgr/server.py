@@ -18,6 +18,8 @@ import zmq.asyncio
 from gemini.wire import sched as sm
 from gemini.wire import hook as hp
 
+from gemini.board import Board
+
 from .manager import Action, CloseHook, PodManager, ToHook, ToScheduler
 
 log = logging.getLogger("gemini.podmgr")
@@ -46,7 +48,8 @@ class PodManagerServer:
         self.ip = ip
         self.requested_port = port
         self.scheduler_endpoint = zmq_endpoint(scheduler_ip, scheduler_port)
-        self.manager = PodManager(group, clock, device_uuid=device_uuid, scheduler_addr=self.scheduler_endpoint)
+        self.manager = PodManager(group, clock, device_uuid=device_uuid, scheduler_addr=self.scheduler_endpoint,
+                                  board_open=Board.open)
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._server: asyncio.base_events.Server | None = None
         self._ctx: zmq.asyncio.Context | None = None

@@ -56,7 +56,7 @@ DEFAULT_WINDOW_MS = 10_000.0
 DEFAULT_BUCKET_MS = 12.0
 DEFAULT_CLAIM_BURST_MS = 50.0
 DEFAULT_MAX_CLAIM_MS = 20.0
-DEFAULT_CONTINUE_LEAD_MS = 1.0
+DEFAULT_CONTINUE_LEAD_MS = 2.0
 MAX_CREDIT_FRACTION = 0.15
 
 
@@ -719,9 +719,9 @@ class Policy:
         charge = span
         if used_ms and math.isfinite(used_ms) and used_ms > 0 and self.max_used_credit_ms > 0:
             charge = min(charge, max(used_ms, span - self._credit(span)))
-        # The previous holder's overrun took the start of this slot, and is charged to that holder; the hooks'
-        # own measurement may already have taken it off.
-        charge = min(charge, span - min(h.head_shared, span))
+        # The previous holder's overrun shared the start of this slot; half of it is charged to that holder.
+        # The hooks' own measurement may already have taken more off.
+        charge = min(charge, span - min(h.head_shared, span) / 2.0)
         charge = max(0.0, charge - min(h.claim_credit, charge))
         g = self._groups.get(h.group)
         if g is not None:
@@ -742,10 +742,10 @@ class Policy:
         overuse = min(overuse_ms, max(0.0, now - last.end))    # it cannot have run into the future
         if overuse <= 0:
             return
-        # Past its deadline the holder's last work runs into the next group's slot (time-sliced with its first
-        # kernels on a GPU, interleaved on the simulator). Exactly one group pays for that time: the holder
-        # that overran, in full; the next slot is credited as much (when it ends, or now if it has), unless
-        # its own hooks' measurement already took more off. Then the charges add up to the wall time.
+        # Past its deadline the holder's last work runs into the next group's slot, time-sliced with that
+        # group's first kernels on a GPU (interleaved on the simulator): each had about half of that time.
+        # Half is charged here, and the next slot is credited half (when it ends, or now if it has), unless
+        # its own hooks' measurement already took more off. The charges add up to the wall time.
         end = last.end + overuse
         shared = 0.0
         h = self._holder
@@ -757,13 +757,14 @@ class Policy:
                        None)
             if nxt is not None:
                 shared = min(nxt.end, end) - max(nxt.start, last.end)
-                refund = min(max(0.0, shared) - (nxt.end - nxt.start - nxt.charge), nxt.charge)
+                refund = min(max(0.0, shared) / 2.0 - (nxt.end - nxt.start - nxt.charge), nxt.charge)
                 refund = max(0.0, refund)
                 nxt.charge -= refund
                 ng = self._groups.get(nxt.group)
                 if ng is not None and refund > 0:
                     self._charge(ng, -refund, now)
                     ng.usage.add(nxt.start, nxt.start + shared, -refund)
+        overuse -= max(0.0, shared) / 2.0
         g = self._groups.get(group)
         last.charge += overuse
         if g is not None:

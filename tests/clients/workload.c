@@ -269,7 +269,12 @@ static struct {
     const char *trace;
     const char *kernel_log;
     unsigned long long work_iters; /* 0: gem_spin */
-} opt = {1000, -1, 0, 0, ST_LEGACY, LA_KERNEL, SY_CTX, AL_DEVICE, 0, 0, 0, 0, 0, 0, 0, 1, 32, 0, 12000, NULL, NULL, 0};
+    uint64_t period_us;            /* requests: every period, sync_every kernels then a sync (0: run flat out) */
+} opt = {1000, -1, 0, 0, ST_LEGACY, LA_KERNEL, SY_CTX, AL_DEVICE, 0, 0, 0, 0, 0, 0, 0, 1, 32, 0, 12000, NULL, NULL, 0, 0};
+
+/* --period-us: each request's latency, from when it was due to when its sync returned */
+static uint64_t *latencies;
+static long nlat, caplat;
 
 static struct {
     long launches, kernels_done, syncs, errors;
@@ -385,6 +390,8 @@ static void usage(FILE *f)
             "  --work-iters N       run gem_work (compute-bound FMA chains, N steps per thread) instead of gem_spin\n"
             "  --kernel-log FILE    one line per kernel: start, end (device clock ns: %%globaltimer on a GPU), on-chip ns\n"
             "  --json               final line is a JSON summary\n"
+            "  --period-us P        requests: every P us (open loop), --sync-every kernels then a sync; the JSON\n"
+            "                       gets the latency percentiles (due -> sync returned)\n"
             "  --ptsz               per-thread default stream entry points\n"
             "  --ctx {primary,create}  context to use (default primary, as cudart does)\n"
             "  --device N, --cuda-version V (cuGetProcAddress version, default 12000)\n"
@@ -434,7 +441,8 @@ static void parse(int argc, char **argv)
 {
     enum {
         O_KUS = 256, O_KERNELS, O_SECONDS, O_SYNCEVERY, O_SYNC, O_STREAM, O_LAUNCH, O_GSIZE, O_BLOCKS, O_THREADS,
-        O_ALLOC, O_AKIND, O_MEMINFO, O_TRACE, O_KERNEL_LOG, O_WORK_ITERS, O_JSON, O_PTSZ, O_CTX, O_DEVICE, O_CUDAVER, O_KEEP, O_HELP
+        O_ALLOC, O_AKIND, O_MEMINFO, O_TRACE, O_KERNEL_LOG, O_WORK_ITERS, O_JSON, O_PTSZ, O_CTX, O_DEVICE, O_CUDAVER, O_KEEP, O_HELP,
+        O_PERIOD
     };
     static const struct option longopts[] = {
         {"kernel-us", required_argument, 0, O_KUS},   {"kernels", required_argument, 0, O_KERNELS},
@@ -449,6 +457,7 @@ static void parse(int argc, char **argv)
         {"json", no_argument, 0, O_JSON},             {"ptsz", no_argument, 0, O_PTSZ},
         {"ctx", required_argument, 0, O_CTX},         {"device", required_argument, 0, O_DEVICE},
         {"cuda-version", required_argument, 0, O_CUDAVER}, {"keep-going", no_argument, 0, O_KEEP},
+        {"period-us", required_argument, 0, O_PERIOD},
         {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0},
     };
     static const char *const ctx_names[] = {"primary", "create", NULL};
@@ -467,6 +476,7 @@ static void parse(int argc, char **argv)
             break;
         }
         case O_SYNCEVERY: opt.sync_every = parse_long(optarg, "--sync-every"); break;
+        case O_PERIOD: opt.period_us = (uint64_t)parse_long(optarg, "--period-us"); break;
         case O_SYNC: opt.sync = pick(optarg, sync_names, "--sync"); break;
         case O_STREAM: opt.stream = pick(optarg, stream_names, "--stream"); break;
         case O_LAUNCH: opt.launch = pick(optarg, launch_names, "--launch"); break;
@@ -703,6 +713,12 @@ static void sync_and_read(void)
         fprintf(run.trace, "%" PRIu64 " %" PRIu64 " %ld\n", now_ns(), res.onchip_ns, res.kernels_done);
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 static void print_json(void)
 {
     printf("{\"pid\": %d, \"client\": \"%s\", \"launch\": \"%s\", \"stream\": \"%s\", \"ptsz\": %s, "
@@ -731,10 +747,18 @@ static void print_json(void)
     else
         printf("\"alloc\": null, ");
     if (res.have_meminfo)
-        printf("\"mem_free\": %zu, \"mem_total\": %zu, \"device_total\": %zu}\n", res.mem_free, res.mem_total,
+        printf("\"mem_free\": %zu, \"mem_total\": %zu, \"device_total\": %zu", res.mem_free, res.mem_total,
                res.dev_total);
     else
-        printf("\"mem_free\": null, \"mem_total\": null, \"device_total\": null}\n");
+        printf("\"mem_free\": null, \"mem_total\": null, \"device_total\": null");
+    if (nlat) {
+        qsort(latencies, (size_t)nlat, sizeof *latencies, cmp_u64);
+#define PCT(q) (latencies[(long)((q) * (double)(nlat - 1))] / 1e3)
+        printf(", \"requests\": %ld, \"latency_us\": {\"p50\": %.1f, \"p99\": %.1f, \"p999\": %.1f, \"max\": %.1f}",
+               nlat, PCT(0.5), PCT(0.99), PCT(0.999), latencies[nlat - 1] / 1e3);
+#undef PCT
+    }
+    printf("}\n");
     fflush(stdout);
 }
 
@@ -798,8 +822,17 @@ int main(int argc, char **argv)
     res.host_start = now_ns();
     uint64_t deadline = opt.seconds > 0 ? res.host_start + (uint64_t)(opt.seconds * 1e9) : 0;
     long since_sync = 0;
+    uint64_t due = res.host_start;
     for (;;) {
         if (opt.kernels >= 0 ? res.launches >= opt.kernels : now_ns() >= deadline) break;
+        if (opt.period_us && since_sync == 0) {
+            /* a request: wait until it is due (open loop: a late one is not moved) */
+            uint64_t t = now_ns();
+            if (t < due) {
+                struct timespec ts = {(time_t)((due - t) / 1000000000ull), (long)((due - t) % 1000000000ull)};
+                nanosleep(&ts, NULL);
+            }
+        }
         if (run.pending + unit > run.slots) {
             sync_and_read();
             since_sync = 0;
@@ -815,6 +848,14 @@ int main(int argc, char **argv)
         if (opt.sync_every && since_sync >= opt.sync_every) {
             sync_and_read();
             since_sync = 0;
+            if (opt.period_us) {
+                if (nlat == caplat) {
+                    caplat = caplat ? 2 * caplat : 4096;
+                    latencies = realloc(latencies, (size_t)caplat * sizeof *latencies);
+                }
+                latencies[nlat++] = now_ns() - due;
+                due += opt.period_us * 1000ull;
+            }
         }
     }
     if (run.pending || !res.syncs) sync_and_read();

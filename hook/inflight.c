@@ -1,0 +1,143 @@
+/*
+ * inflight.c -- marker events that bound the work queued on each stream (inflight.h says why).
+ *
+ * One ring of GEM_INFLIGHT_MARKERS events per (context, stream) the process launches on while bound,
+ * in a small fixed table: a stream beyond it (rare: it holds 256) is not bounded, and the hook says so
+ * once. Events are created in the stream's context on first use and reused; a ring is never freed (a
+ * destroyed stream's ring is reused only if the driver hands the same handle out again, and then its
+ * events are still valid in that context).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <string.h>
+
+#include "capture.h"
+#include "inflight.h"
+#include "real.h"
+#include "settings.h"
+#include "stats.h"
+
+#define MAX_RINGS 256
+#define MAX_PER_MARKER 4096ull
+
+struct ring {
+    CUcontext ctx;
+    CUstream stream;            /* CU_STREAM_PER_THREAD for the per-thread stream, with its thread */
+    pthread_t thread;
+    pthread_mutex_t mu;         /* one launching thread at a time records on a ring */
+    CUevent ev[GEM_INFLIGHT_MARKERS];
+    unsigned head;              /* the next event to record (the oldest once the ring is full) */
+    unsigned count;
+    int used;
+};
+
+static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ring rings[MAX_RINGS];
+static int nrings;
+static int table_full_said;
+
+/* Until an interval is measured nothing is known of the kernels' lengths: a marker after every launch and
+ * two of them queued (a millisecond kernel must not queue a dozen before the first measurement). The rate
+ * doubles with each short interval measured, so short kernels reach hundreds per marker within a few. */
+void gem_inflight_init(struct gem_inflight *f) {
+    atomic_store(&f->launches_per_marker, 1);
+    atomic_store(&f->interval_ns, 0);
+}
+
+/* How many markers may stay queued: the budget over the measured interval. */
+static unsigned depth_of(const struct gem_inflight *f) {
+    int64_t interval = atomic_load(&f->interval_ns);
+    if (interval <= 0)
+        return 2;
+    int64_t d = gem_cfg.inflight_ns / interval;
+    return d < 1 ? 1 : d > GEM_INFLIGHT_MARKERS ? GEM_INFLIGHT_MARKERS : (unsigned)d;
+}
+
+static struct ring *ring_for(CUcontext ctx, CUstream s) {
+    pthread_t self = pthread_self();
+    int per_thread = s == CU_STREAM_PER_THREAD;
+    pthread_mutex_lock(&table_mu);
+    struct ring *r = NULL;
+    for (int i = 0; i < nrings && !r; i++)
+        if (rings[i].ctx == ctx && rings[i].stream == s && (!per_thread || pthread_equal(rings[i].thread, self)))
+            r = &rings[i];
+    if (!r && nrings < MAX_RINGS) {
+        r = &rings[nrings++];
+        memset(r, 0, sizeof *r);
+        pthread_mutex_init(&r->mu, NULL);
+        r->ctx = ctx;
+        r->stream = s;
+        r->thread = self;
+    } else if (!r && !table_full_said) {
+        table_full_said = 1;
+        GEM_LOG(GEM_LOG_WARN, "more than %d streams launch while bounded: the work queued on the others is "
+                "not kept short (a slot's end may take longer to take effect there)", MAX_RINGS);
+    }
+    pthread_mutex_unlock(&table_mu);
+    return r;
+}
+
+/* Marker `done` is complete and so is the one before it: the GPU time between them says how many launches
+ * an interval should hold and how many intervals may stay queued. */
+static void adapt(struct gem_inflight *f, struct ring *r, unsigned done) {
+    unsigned prev = (done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+    float ms = 0;
+    if (r->count < 2 || REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
+        REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
+        return;
+    int64_t interval = (int64_t)((double)ms * 1e6);
+    atomic_store(&f->interval_ns, interval);
+    uint64_t n = atomic_load(&f->launches_per_marker);
+    if (interval < gem_cfg.inflight_ns / 4 && n < MAX_PER_MARKER)
+        atomic_store(&f->launches_per_marker, n * 2);   /* grow slowly: a long kernel may come next */
+    else if (interval > gem_cfg.inflight_ns / 2 && n > 1)
+        atomic_store(&f->launches_per_marker, n / 2);
+}
+
+void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz) {
+    if (atomic_load(&gem_active_captures) > 0 || !HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventQuery) ||
+        !HAVE_REAL(cuEventSynchronize) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent))
+        return;
+    CUcontext ctx = NULL;
+    if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
+        return;
+    CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
+    struct ring *r = ring_for(ctx, s);
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    if (!r->used) {
+        for (int i = 0; i < GEM_INFLIGHT_MARKERS; i++)
+            if (REAL(cuEventCreate)(&r->ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+                pthread_mutex_unlock(&r->mu);
+                return;
+            }
+        r->used = 1;
+    }
+    unsigned slot = r->head;
+    unsigned depth = depth_of(f);
+    if (r->count >= depth) {
+        /* Wait for the marker `depth` back: then at most `depth` intervals of work stay queued. */
+        unsigned back = (slot + GEM_INFLIGHT_MARKERS - depth) % GEM_INFLIGHT_MARKERS;
+        if (REAL(cuEventQuery)(r->ev[back]) == CUDA_ERROR_NOT_READY) {
+            int64_t t0 = gem_now_ns();
+            REAL(cuEventSynchronize)(r->ev[back]);
+            atomic_fetch_add(&gem_stats.marker_waits, 1);
+            atomic_fetch_add(&gem_stats.marker_wait_ns, (unsigned long long)(gem_now_ns() - t0));
+        }
+        adapt(f, r, back);
+    }
+    if (REAL(cuEventRecord)(r->ev[slot], s) == CUDA_SUCCESS) {
+        atomic_fetch_add(&gem_stats.markers, 1);
+        r->head = (slot + 1) % GEM_INFLIGHT_MARKERS;
+        if (r->count < GEM_INFLIGHT_MARKERS)
+            r->count++;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+void gem_inflight_after_fork(void) {
+    pthread_mutex_init(&table_mu, NULL);
+    nrings = 0;
+    table_full_said = 0;
+}

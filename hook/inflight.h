@@ -1,0 +1,45 @@
+/*
+ * inflight.h -- keeping the work a process has queued on the GPU short.
+ *
+ * A launch returns long before its kernel runs: a training loop can queue
+ * hundreds of milliseconds of kernels, and once queued they run whatever the
+ * hook decides afterwards. So a slot's end (or a latency group's claim) would
+ * only take effect after that queue, and a capped group could run far past
+ * its cap inside one slot. When the grant says so (GEM_GRANT_BOUND: a latency
+ * group is present, or the group is capped below 1), the gate asks for a
+ * marker every N launches (gate.h): the hook records an event on the
+ * launching stream, first waiting for the marker `depth` back, so at most
+ * `depth` markers' worth of work stays queued on each stream. The GPU time
+ * between consecutive markers is measured: N grows while an interval is
+ * shorter than a quarter of GEMINI_INFLIGHT_MS (default 1 ms) and shrinks
+ * while it is longer than half of it, and depth is that budget over the
+ * interval (1 to GEM_INFLIGHT_MARKERS): with millisecond kernels one or two
+ * of them stay queued, with microsecond kernels a few hundred launches. A
+ * graph launch is one unit (a marker after each). Nothing is
+ * recorded while any stream of the process captures (a marker would become
+ * a node of the user's graph).
+ */
+#ifndef GEMINI_INFLIGHT_H
+#define GEMINI_INFLIGHT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cuda_types.h"
+
+#define GEM_INFLIGHT_MARKERS 8
+
+/* One device's marker rate and queue depth. */
+struct gem_inflight {
+    atomic_ullong launches_per_marker;  /* a power of two; the gate's mask is this minus one */
+    atomic_llong interval_ns;           /* GPU time between consecutive markers, last measured */
+};
+
+void gem_inflight_init(struct gem_inflight *f);
+/* Record a marker on `stream` (NULL + ptsz: the per-thread stream), first waiting for the one
+ * GEM_INFLIGHT_MARKERS back on that stream. Never fails the launch. */
+void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz);
+
+void gem_inflight_after_fork(void);     /* the parent's events are not the child's */
+
+#endif /* GEMINI_INFLIGHT_H */
