@@ -52,7 +52,8 @@ enum gem_error_code {
     GEM_ERR_NO_SCHEDULER = 5,   /* the pod manager cannot reach gem-schd */
     GEM_ERR_NOT_HELLO = 6,      /* a request arrived before the handshake */
     GEM_ERR_INTERNAL = 7,
-    GEM_ERR_DEVICE_MISMATCH = 8 /* the hook's device is not the one this pmgr serves */
+    GEM_ERR_DEVICE_MISMATCH = 8, /* the hook's device is not the one this pmgr serves */
+    GEM_ERR_REFUSED = 9         /* this process may not join (authorizer, too many connections, no HELLO) */
 };
 
 enum gem_mem_kind {

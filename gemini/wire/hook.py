@@ -93,6 +93,7 @@ class ErrorCode(enum.IntEnum):
     NOT_HELLO = _const("GEM_ERR_NOT_HELLO")
     INTERNAL = _const("GEM_ERR_INTERNAL")
     DEVICE_MISMATCH = _const("GEM_ERR_DEVICE_MISMATCH")
+    REFUSED = _const("GEM_ERR_REFUSED")
 
 
 class MemKind(enum.IntEnum):
