@@ -917,7 +917,7 @@ def config_daemon(tmp_path_factory):
     path.write_text("[base]\nMinUtil = 0.1\n")
     from gemini.config import load_config
     records = LogRecords()
-    logger = logging.getLogger("gemini.scheduler.reload")
+    logger = logging.getLogger("gemini.reload")
     logger.addHandler(records)
     old_level = logger.level
     logger.setLevel(logging.INFO)

@@ -432,3 +432,81 @@ def test_blocking_hook_reaches_a_socket(tmp_path):
                     h.close()
             assert isinstance(await loop.run_in_executor(None, talk), hp.HelloAck)
     run(body())
+
+
+# --- gem-schd ------------------------------------------------------------------------------------------------
+
+def _schd_config():
+    from gemini.config import parse_config
+    return parse_config("[a]\nMaxUtil = 1\n[b]\nMaxUtil = 1\n")
+
+
+def test_gem_schd_on_its_socket_is_reached_by_its_user_only_and_replaces_a_dead_socket(tmp_path):
+    from tests.schd_inproc import DaemonThread, FakePodManager
+    path = transport.scheduler_socket(tmp_path, "GPU-7")
+    transport.ensure_socket_dir(tmp_path, "GPU-7")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()
+    with DaemonThread(_schd_config(), ipc_dir=str(tmp_path), device_uuid="GPU-7") as d:
+        assert d.daemon.endpoint == f"ipc://{path}" and d.daemon.port == 0
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+        with FakePodManager(d.daemon.endpoint) as p:
+            welcome = p.request(sm.Hello(group="a", pid=7, clients=2, members=[[11, 1000], [12, 1001]]))
+            assert isinstance(welcome, sm.Welcome)
+            reply = p.request(sm.StatusRequest())
+            a = next(g for g in reply.groups if g["name"] == "a")
+            assert a["members"] == [[11, 1000], [12, 1001]] and a["clients"] == 2
+            # ill-formed members are dropped, not shown
+            assert isinstance(p.request(sm.Heartbeat(group="a", clients=1, members=[["x", 1]])), sm.HeartbeatAck)
+            a = next(g for g in p.request(sm.StatusRequest()).groups if g["name"] == "a")
+            assert a["members"] == []
+        from gemini.scheduler.daemon import BindError, SchedulerDaemon
+        second = SchedulerDaemon(_schd_config(), ipc_dir=str(tmp_path), device_uuid="GPU-7")
+        with pytest.raises(BindError, match="another gem-schd is listening"):
+            asyncio.run(second.start())
+    assert not path.exists(), "gem-schd left its socket behind"
+
+
+def test_gem_schd_caps_a_reported_burst_at_its_longest_slot():
+    from tests.schd_inproc import DaemonThread, FakePodManager
+    with DaemonThread(_schd_config(), base_quota_ms=20, min_quota_ms=5, max_quota_ms=50) as d:
+        with FakePodManager(d.endpoint) as p:
+            assert isinstance(p.request(sm.Hello(group="a", pid=1)), sm.Welcome)
+            for burst in (1e10, 1e300):
+                p.send(sm.TokenRequest(group="a", burst_ms=burst, overuse_ms=1e300, used_ms=-5))
+                grant = p.recv_type(sm.Grant)
+                assert grant is not None and grant.quota_ms <= 50, grant
+                p.send(sm.TokenRelease(group="a", token_seq=grant.token_seq))
+
+
+def _read_until_closed(s: socket.socket, timeout: float) -> bool:
+    s.settimeout(timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if s.recv(4096) == b"":
+                return True
+    except (socket.timeout, ConnectionError):
+        return False
+    return False
+
+
+def test_gem_schd_closes_connections_that_say_nothing_and_those_beyond_its_cap():
+    from tests.schd_inproc import DaemonThread, FakePodManager
+    with DaemonThread(_schd_config(), hello_timeout_s=0.3, max_connections=8) as d:
+        with FakePodManager(d.endpoint) as p:          # a pod manager that talks stays
+            assert isinstance(p.request(sm.Hello(group="a", pid=1)), sm.Welcome)
+            silent = socket.create_connection(("127.0.0.1", d.port))
+            start = time.monotonic()
+            assert _read_until_closed(silent, 4), "a silent connection was kept"
+            assert time.monotonic() - start < 3
+            flood = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(20)]
+            closed_at_once = sum(_read_until_closed(s, 0.5) for s in flood[8:])
+            assert closed_at_once >= 10, closed_at_once
+            for s in flood:
+                s.close()
+            silent.close()
+            time.sleep(1.2)
+            assert isinstance(p.request(sm.Heartbeat(group="a")), sm.HeartbeatAck)
+            assert d.call(lambda: d.daemon.guard.closed_silent) >= 1

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from gemini.config import Config, ConfigError, load_config
-from gemini.scheduler.reload import ConfigReloader
+from gemini.reload import ConfigReloader
 
 log = logging.getLogger("gemini.launch")
 

@@ -123,7 +123,7 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
             click.echo(f"gem-schd: --trace: cannot write {exc.filename or trace_path}: {exc.strerror or exc}", err=True)
             return EXIT_USAGE
         if daemon.reloader is not None:
-            loop.add_signal_handler(signal.SIGHUP, daemon.reloader.reload_now)
+            loop.add_signal_handler(signal.SIGHUP, daemon.reloader.request_reload)
         stopper = asyncio.create_task(stop_requested.wait())
         closed = asyncio.create_task(daemon.wait_closed())
         await asyncio.wait({stopper, closed}, return_when=asyncio.FIRST_COMPLETED)
