@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -29,54 +27,13 @@ from gemini.podmgr.server import MAX_REPORT_NS, PodManagerServer, bounded
 from gemini.wire import hook as hp
 from gemini.wire import sched as sm
 from pmgr_helpers import AsyncHook, BlockingHook, eventually, running_pmgr
+from tests.peer_fixtures import NOBODY, as_nobody, needs_root
 
 GROUP = "g"
-NOBODY = 65534
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="drops to another uid: needs root")
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
-
-
-@pytest.fixture
-def public_dir():
-    """A 0755 directory under /tmp (pytest's tmp_path is 0700: other uids could not even search it)."""
-    path = Path(tempfile.mkdtemp(prefix="gemini-ipc-test-", dir="/tmp"))
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def as_nobody():
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
-
-
-def _python_for_nobody() -> str | None:
-    """A Python that uid 65534 can run (the venv's may live under root's 0700 home); None if there is none."""
-    for candidate in (os.path.realpath(sys.executable), shutil.which("python3"), "/usr/bin/python3"):
-        if not candidate or not os.path.exists(candidate):
-            continue
-        try:
-            ok = subprocess.run([candidate, "-c", "pass"], preexec_fn=as_nobody, timeout=30,
-                                capture_output=True).returncode == 0
-        except OSError:
-            ok = False
-        if ok:
-            return candidate
-    return None
-
-
-@pytest.fixture(scope="module")
-def nobody_python() -> str:
-    if os.geteuid() != 0:
-        pytest.skip("drops to another uid: needs root")
-    python = _python_for_nobody()
-    if python is None:
-        pytest.skip("no Python that uid 65534 may run")
-    return python
 
 
 CONNECT_AND_HELLO = textwrap.dedent('''
