@@ -201,11 +201,15 @@ def c_text(max_bytes: int):
         .filter(lambda s: len(s.encode()) < max_bytes)
 
 
-def hello(name_st) -> st.SearchStrategy:
-    # mem_in_use stays below 2**62 here: a HELLO that overflows the group's 64-bit total is
-    # test_hello_overflowing_the_groups_total_is_a_protocol_error's business.
-    return st.builds(hp.Hello, pid=I32, device_ordinal=I32, mem_in_use=st.integers(0, 2**62), flags=U32,
-                     pod_name=name_st, device_uuid=c_text(hp.UUID_LEN))
+GOOD_LIMIT = 1 << 30       # the "good" group's MemoryLimit
+FITS = GOOD_LIMIT - GOOD_BYTES     # what the group's limit leaves beside the baseline client
+
+
+def hello(name_st, mem_in_use=None) -> st.SearchStrategy:
+    """A HELLO; by default its claim of memory already held fits in what the group's limit leaves (a claim that
+    does not is a bad frame of its own, "over-limit")."""
+    return st.builds(hp.Hello, pid=I32, device_ordinal=I32, mem_in_use=mem_in_use or st.integers(0, FITS),
+                     flags=U32, pod_name=name_st, device_uuid=c_text(hp.UUID_LEN))
 
 
 REQUESTS = st.one_of(
@@ -247,7 +251,8 @@ def good_frame(draw, first: bool, seq: int) -> Op:
 @st.composite
 def bad_frame(draw, first: bool) -> Op:
     kind = draw(st.sampled_from(["magic", "version", "size", "type", "wrong-way", "garbage", "short",
-                                 "not-hello-first" if first else "second-hello", "other-group"]))
+                                 "not-hello-first" if first else "second-hello", "other-group"]
+                                + (["over-limit"] if first else [])))
     base = hp.encode(draw(REQUESTS), draw(SEQ))
     if kind == "magic":
         magic = draw(U32.filter(lambda m: m != hp.MAGIC))
@@ -271,6 +276,9 @@ def bad_frame(draw, first: bool) -> Op:
         frame = hp.encode(draw(REQUESTS if not first else hello(st.just("good"))), draw(SEQ))
         return Op(frame[:draw(st.integers(1, hp.MSG_SIZE - 1))], error=hp.ErrorCode.PROTOCOL, partial=True)
         # (followed by more frames, the stream is out of step: what the pod manager reads then is anyone's guess)
+    if kind == "over-limit":   # memory already held that the group's limit cannot hold (up to past 2**64)
+        claim = st.integers(FITS + 1, 2**64 - 1)
+        return Op(hp.encode(draw(hello(st.sampled_from(["", "good"]), claim)), draw(SEQ)), error=hp.ErrorCode.PROTOCOL)
     if kind == "not-hello-first":
         return Op(base, error=hp.ErrorCode.NOT_HELLO, logged=False)
     if kind == "second-hello":
