@@ -60,3 +60,10 @@ def nobody_python() -> str:
     return python
 
 
+
+
+class RefuseAll:
+    """A PeerAuthorizer for tests: nobody may join (gem-pmgr --authorizer tests.peer_fixtures:RefuseAll)."""
+
+    def authorize(self, creds, hello_group: str) -> str | None:
+        return f"pid {creds.pid} uid {creds.uid} may not join {hello_group!r} (test authorizer)"

@@ -280,3 +280,21 @@ def test_a_hook_protocol_client_gets_tokens_through_both_daemons_over_sockets(ip
         assert hook.call(hp.MemAlloc(bytes=1 << 20)).verdict == hp.MemVerdict.OK
     finally:
         hook.close()
+
+
+def test_an_authorizer_given_on_the_command_line_judges_every_process(tmp_path):
+    config = tmp_path / "rc.txt"
+    config.write_text("[g]\n")
+    with Backend(tmp_path / "be", config=config, quota_ms=20, min_quota_ms=5, env=clean_env(), transport="ipc",
+                 extra_args=["--pmgr-arg=--authorizer=tests.peer_fixtures:RefuseAll"]) as be:
+        hook = BlockingHook(be.ports["g"])
+        try:
+            reply = hook.call(hp.Hello(pid=1, pod_name="g"))
+        finally:
+            hook.close()
+        assert isinstance(reply, hp.Error) and reply.code == hp.ErrorCode.REFUSED, reply
+        assert reply.message == f"pid {os.getpid()} uid {os.geteuid()} may not join 'g' (test authorizer)"
+    res = subprocess.run([sys.executable, "-m", "gemini.podmgr.cli", "--name", "g", "--ipc-dir", str(tmp_path / "x"),
+                          "--authorizer", "tests.peer_fixtures:NoSuchThing"], env=clean_env(), capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 2 and "--authorizer 'tests.peer_fixtures:NoSuchThing': AttributeError" in res.stderr

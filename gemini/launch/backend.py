@@ -300,7 +300,7 @@ class Backend:
                 argv += ["--socket-owner", access.owner]
             if access.group is not None:
                 argv += ["--socket-group", access.group]
-        return argv + self._verbosity()
+        return argv + self._verbosity() + list(getattr(self.opts, "pmgr_arg", None) or [])
 
     def _pmgr_child(self, group: str, port: int, config: GroupConfig | None = None) -> Child:
         access = socket_access(config) if config is not None and self.ipc_dir is not None else None
@@ -558,6 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between SIGTERM and SIGKILL at shutdown (default %(default)s)")
     p.add_argument("--schd-arg", action="append", metavar="ARG",
                    help="pass ARG on to gem-schd (repeatable), e.g. --schd-arg=--trace=grants.json")
+    p.add_argument("--pmgr-arg", action="append", metavar="ARG",
+                   help="pass ARG on to every gem-pmgr (repeatable), e.g. --pmgr-arg=--authorizer=mod:Judge")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more output (passed on to the daemons)")
     return p
 

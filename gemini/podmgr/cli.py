@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import importlib
 import ipaddress
 import logging
 import resource
@@ -17,6 +18,7 @@ from gemini.wire import hook as hp
 from . import (DEFAULT_IP, DEFAULT_PORT, DEFAULT_SCHEDULER_PORT, ENV_POD_MANAGER_IP, ENV_POD_MANAGER_PORT,
                ENV_POD_NAME, ENV_SCHEDULER_IP, ENV_SCHEDULER_PORT)
 from .admission import Limits
+from .auth import PeerAuthorizer
 from .server import PodManagerServer
 
 log = logging.getLogger("gemini.podmgr")
@@ -68,6 +70,21 @@ def _mode(ctx, param, value):
     return mode
 
 
+def load_authorizer(spec: str) -> PeerAuthorizer:
+    """MODULE:NAME imported and called without arguments; a UsageError that says what went wrong."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise click.UsageError(f"--authorizer {spec!r}: expected MODULE:NAME")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+        judge = factory()
+    except Exception as exc:   # an import error, a missing name, a constructor that fails: all the user's to fix
+        raise click.UsageError(f"--authorizer {spec!r}: {type(exc).__name__}: {exc}") from None
+    if not callable(getattr(judge, "authorize", None)):
+        raise click.UsageError(f"--authorizer {spec!r}: {type(judge).__name__} has no authorize(creds, hello_group)")
+    return judge
+
+
 async def serve(server: PodManagerServer) -> None:
     """Run until SIGINT/SIGTERM."""
     # Handlers first: a signal that arrives as soon as the port is listening must stop us cleanly.
@@ -104,6 +121,9 @@ async def serve(server: PodManagerServer) -> None:
 @click.option("--socket-group", default=None, help="Group of the group's socket (group name or gid).")
 @click.option("--socket-mode", default=None, callback=_mode, metavar="MODE",
               help="Mode of the group's socket (octal, default 0660; never writable by others).")
+@click.option("--authorizer", default=None, metavar="MODULE:NAME",
+              help="A PeerAuthorizer (gemini/podmgr/auth.py) to judge each process of the socket transport: "
+                   "MODULE:NAME is imported and called without arguments.")
 @click.option("--hello-timeout", type=click.FloatRange(0.05, 3600), default=Limits.hello_timeout_s,
               show_default=True, help="Seconds a new connection has to say HELLO before it is closed.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
@@ -111,7 +131,7 @@ async def serve(server: PodManagerServer) -> None:
               help="Log level (overrides -v).")
 def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, device_uuid: str | None,
          ipc_dir: str | None, socket_owner: str | None, socket_group: str | None, socket_mode: int | None,
-         hello_timeout: float, verbose: int, log_level: str | None) -> None:
+         authorizer: str | None, hello_timeout: float, verbose: int, log_level: str | None) -> None:
     """Pod manager of one group: shares the group's GPU token between its processes and accounts its memory."""
     if not name or len(name.encode()) >= hp.NAME_LEN:
         raise click.BadParameter(f"must be 1 to {hp.NAME_LEN - 1} bytes", param_hint="--name")
@@ -132,10 +152,16 @@ def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, 
         if not is_loopback(ip):
             log.warning("listening on %s, which is not a loopback address: anyone who can reach it can take the "
                         "group's GPU time and memory", ip)
+    judge = None
+    if authorizer is not None:
+        if ipc_dir is None:
+            raise click.UsageError("--authorizer needs --ipc-dir (TCP peers have no credentials to judge)")
+        judge = load_authorizer(authorizer)
     limits = Limits(hello_timeout_s=hello_timeout)
     raise_fd_limit(limits.total + 256)
     server = PodManagerServer(name, ip, port, scheduler_ip=scheduler_ip, scheduler_port=scheduler_port,
-                              device_uuid=device_uuid, ipc_dir=ipc_dir, socket_access=access, limits=limits)
+                              device_uuid=device_uuid, ipc_dir=ipc_dir, socket_access=access, limits=limits,
+                              authorizer=judge)
     try:
         asyncio.run(serve(server))
     except transport.TransportError as exc:
