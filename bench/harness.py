@@ -91,6 +91,7 @@ class Backend:
     transport: str = "tcp"
     ipc_dir: Path | None = None
     device_uuid: str | None = None
+    memory_limit: int | None = None     # RLIMIT_AS of launch-backend and its daemons (tests that feed them garbage)
 
     extra_args: list = field(default_factory=list)
 
@@ -129,8 +130,14 @@ class Backend:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONPATH", str(REPO_ROOT))
         self._log = open(self.log_path, "w")
+        limit = self.memory_limit
+
+        def preexec() -> None:
+            if limit is not None:
+                import resource
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=preexec if limit is not None else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -39,7 +39,8 @@ enum gem_msg_type {
     GEM_MSG_MEM_FREE = 8,       /* hook -> pmgr: return bytes */
     GEM_MSG_MEM_INFO = 9,       /* hook -> pmgr: ask (used, limit) */
     GEM_MSG_MEM_REPLY = 10,     /* pmgr -> hook: verdict, used, limit */
-    GEM_MSG_LIMIT_UPDATE = 11,  /* pmgr -> hook push: the group's limit changed */
+    /* 11 was LIMIT_UPDATE, a push of the group's new limit that nothing read (the hooks ask with MEM_INFO
+     * whenever they need the limit): retired, and not to be reused. */
     GEM_MSG_ERROR = 12          /* pmgr -> hook: the request failed; code and text */
 };
 

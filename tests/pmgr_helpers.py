@@ -41,7 +41,7 @@ class AsyncHook:
         self.reader, self.writer = reader, writer
         self._seq = 0
         self._replies: dict[int, asyncio.Future] = {}
-        self.pushes: asyncio.Queue = asyncio.Queue()      # seq-0 frames (LIMIT_UPDATE, errors without seq)
+        self.pushes: asyncio.Queue = asyncio.Queue()      # seq-0 frames (errors sent before a HELLO was read)
         self.closed = asyncio.Event()
         self._reader_task = asyncio.create_task(self._read())
 

@@ -11,8 +11,9 @@ attacker (a process of uid 65534) tries:
   huge burst      ask c's pod manager for the token with a burst of 10**13 ns, and sit on the slot
 and, as root (whoever can write the config): the config replaced by a FIFO, then by a symlink to /dev/zero.
 
-Through all of it a and b keep their shares (within 8 pp of their caps over each attack's span), neither waits
-for the GPU longer than a few slots, and the daemons' memory stays flat.
+Through all of it a and b keep their shares (over each attack's span: no more than 8 pp above their caps, at least
+3/4 of them, and 1:2 between them), neither waits for the GPU longer than a few slots, and the daemons' memory
+stays flat.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ CONFIG = textwrap.dedent(f"""
     SocketOwner = {NOBODY}
 """)
 CAPS = {"a": 0.3, "b": 0.6}
-MAX_QUOTA_MS = 50
+QUOTA_MS = 20             # gem-schd's base quota: the longest slot there is
 PHASE_S = 2.0
 
 ATTACKER = textwrap.dedent('''
@@ -147,8 +148,9 @@ def longest_gap_s(trace: Trace, start_ns: float, end_ns: float) -> float:
 def test_a_local_attacker_changes_no_other_groups_share(public_dir, nobody_python, sim):
     config = public_dir / "resource-config.txt"
     config.write_text(CONFIG)
-    be = Backend(public_dir / "be", config=config, quota_ms=20, min_quota_ms=5, window_ms=1000, env=clean_env(),
-                 transport="ipc", ipc_dir=public_dir / "ipc", extra_args=[f"--schd-arg=-M={MAX_QUOTA_MS}"])
+    be = Backend(public_dir / "be", config=config, quota_ms=QUOTA_MS, min_quota_ms=5, window_ms=1000,
+                 env=clean_env(), transport="ipc", ipc_dir=public_dir / "ipc",
+                 memory_limit=3 << 30)      # should a reader ever follow /dev/zero: MemoryError, not the machine's
     phases = ["warm-up", "hello-flood", "idle-flood", "huge-claim", "huge-burst", "fifo", "dev-zero"]
     seconds = PHASE_S * len(phases) + 2
     with be:
@@ -175,6 +177,7 @@ def test_a_local_attacker_changes_no_other_groups_share(public_dir, nobody_pytho
                                          timeout=PHASE_S + 30)
                     assert res.returncode == 0, res.stderr
                     attacks[phase] = json.loads(res.stdout)
+                    time.sleep(max(0.0, PHASE_S - (time.monotonic_ns() - t0) / 1e9))   # a quick attack too
                 marks[phase] = (t0, time.monotonic_ns())
             rss_after = {name: rss_kib(pid) for name, pid in pids.items()}
             new = config.with_name("new")
@@ -194,16 +197,20 @@ def test_a_local_attacker_changes_no_other_groups_share(public_dir, nobody_pytho
     assert flood["done"] <= 16, flood      # at most the per-process cap stays open
     assert attacks["huge-claim"]["reply"] == 12, attacks["huge-claim"]      # ERROR
     burst = attacks["huge-burst"]
-    assert burst["grant"] == 4 and burst["quota_ns"] <= MAX_QUOTA_MS * 1_000_000, burst
+    assert burst["grant"] == 4 and burst["quota_ns"] <= QUOTA_MS * 1_000_000, burst
     assert "is a FIFO, not a regular file" in logs and "is a character device, not a regular file" in logs
     # what a and b kept
     loaded = {g: Trace.read(path) for g, path in traces.items()}
     for phase, (t0, t1) in marks.items():
         shares = shares_over(loaded, t0, t1)
+        # Each keeps its share: at most 8 pp above its cap, at least 3/4 of it (the simulated GPU runs on the same
+        # 2 CPUs as the attacker, whose CPU use slows every client a little), and a:b stays 1:2. A group taken
+        # over, a slot of seconds or a scheduler stuck on its config would each show as a long wait.
         for g, cap in CAPS.items():
-            assert abs(shares[g] - cap) <= 0.08, f"{phase}: {g} got {shares[g]:.3f} (cap {cap}); all {shares}"
+            assert 0.75 * cap <= shares[g] <= cap + 0.08, f"{phase}: {g} got {shares[g]:.3f} (cap {cap}); {shares}"
             gap = longest_gap_s(loaded[g], t0, t1)
             assert gap < 0.3, f"{phase}: {g} waited {gap:.2f} s for the GPU"
+        assert 1.5 <= shares["b"] / shares["a"] <= 2.7, f"{phase}: a:b is not 1:2: {shares}"
     for name in pids:
         grown = rss_after[name] - rss_before[name]
         limit = 32 * 1024 if name == "c" else 8 * 1024

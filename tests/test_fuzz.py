@@ -223,7 +223,6 @@ WRONG_WAY = st.one_of(
     st.builds(hp.HelloAck, client_id=U64, mem_limit=U64, mem_used=U64, group=c_text(hp.NAME_LEN)),
     st.builds(hp.TokenGrant, quota_ns=I64, token_seq=U64), st.just(hp.Ack()),
     st.builds(hp.MemReply, verdict=I32, used=U64, limit=U64),
-    st.builds(hp.LimitUpdate, verdict=I32, used=U64, limit=U64),
     st.builds(hp.Error, code=I32, message=c_text(hp.ERRMSG_LEN)),
 )
 REPLY_TYPE = {hp.Hello: hp.HelloAck, hp.TokenRequest: hp.TokenGrant, hp.TokenRelease: hp.Ack,
@@ -351,8 +350,6 @@ def run_session(port: int, ops: list[Op]) -> Op | None:
                 while len(buf) >= hp.MSG_SIZE:
                     seq, msg = hp.decode(buf[:hp.MSG_SIZE], hp.PMGR_TO_HOOK)
                     buf = buf[hp.MSG_SIZE:]
-                    if seq == 0 and isinstance(msg, hp.LimitUpdate):
-                        continue
                     assert seq in want and seq not in got, (seq, msg, sent)
                     got[seq] = msg
             for seq, reply in got.items():

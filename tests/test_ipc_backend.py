@@ -298,3 +298,27 @@ def test_an_authorizer_given_on_the_command_line_judges_every_process(tmp_path):
                           "--authorizer", "tests.peer_fixtures:NoSuchThing"], env=clean_env(), capture_output=True,
                          text=True, timeout=30)
     assert res.returncode == 2 and "--authorizer 'tests.peer_fixtures:NoSuchThing': AttributeError" in res.stderr
+
+
+def test_the_real_hook_of_a_user_without_the_socket_cannot_join_whatever_it_claims(ipc_backend, public_dir):
+    """A CUDA program run as uid 65534 with GEMINI_GROUP_NAME=a: its hook cannot open a's socket (root's, 0640),
+    so its CUDA calls fail with the reason, and it never runs on a's time. With GEMINI_GROUP_NAME=b (whose socket
+    is 65534's) the same program runs."""
+    from gemini.hookpath import hook_path
+    import native
+    native.build_native()
+    be = ipc_backend
+    shm_dir = public_dir / "sim"
+    shm_dir.mkdir(mode=0o777)
+    os.chmod(shm_dir, 0o777)
+    out = {}
+    for group in ("a", "b"):
+        env = native.sim_env(shm_dir / f"shm-{group}", extra={
+            "LD_PRELOAD": str(hook_path()), "GEMINI_IPC_DIR": str(be.ipc_dir), "GEMINI_GROUP_NAME": group,
+            "GEMINI_CONNECT_TIMEOUT_MS": "500"})
+        out[group] = subprocess.run(native.client_cmd("workload-procaddr", "--kernels", "4", "--json"), env=env,
+                                    capture_output=True, text=True, timeout=60, preexec_fn=as_nobody, cwd="/")
+    assert out["b"].returncode == 0, out["b"].stderr
+    assert out["a"].returncode == 1, out["a"].stderr
+    assert f"permission denied: this user (uid {NOBODY}) may not open the group's socket" in out["a"].stderr
+    assert "group.a.sock" in out["a"].stderr

@@ -485,3 +485,17 @@ def test_gem_schd_closes_connections_that_say_nothing_and_those_beyond_its_cap()
             time.sleep(1.2)
             assert isinstance(p.request(sm.Heartbeat(group="a")), sm.HeartbeatAck)
             assert d.call(lambda: d.daemon.guard.closed_silent) >= 1
+
+
+def test_the_hook_names_a_groups_socket_as_the_daemons_do():
+    """hook/util.c's gemhook_group_socket_name and gemini/transport.py agree on every byte a name can hold."""
+    from tests.hook_ffi import hook_lib
+    ffi, lib = hook_lib()
+    names = ["a", "train", "a/b", "../x", ".", "$(id)", "x y", "%", "Ab-_.9", "[weird]", "g" * 63,
+             "".join(chr(c) for c in range(0x21, 0x7f)), "ünï"]
+    for name in names:
+        out = ffi.new("char[512]")
+        assert lib.gemhook_group_socket_name(name.encode(), out, 512) == 0, name
+        assert ffi.string(out).decode() == transport.group_socket("/x", name).name, name
+    small = ffi.new("char[16]")
+    assert lib.gemhook_group_socket_name(b"a" * 20, small, 16) == -1     # does not fit: refused, not cut
