@@ -9,6 +9,7 @@ from on-chip time, never from nvidia-smi.
     python bench/bench_share.py --mode mps --caps 0.3,0.6 --seconds 12   # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
     python bench/bench_share.py --mode native --tenants 1                 # the reference for useful time
     python bench/bench_share.py --mode gemini --caps 0.1,0.2,0.3,0.4 --per-group 2 --turns --seconds 120
+    python bench/bench_share.py --mode gemini --caps 0.3,0.6 --transport ipc   # hooks on Unix sockets
 
 Prints one JSON object: per-tenant shares over the common span, the worst share error over 1 s and
 10 s windows (gemini), total useful GPU time, and handoff gaps between tenants on the GPU clock.
@@ -156,7 +157,8 @@ def run(args) -> dict:
     if args.mode == "gemini":
         groups = [Group(n, mn, cap, turns=args.turns) for n, mn, cap in zip(group_names, mins, caps)]
         backend = Backend(out / "backend", groups, quota_ms=args.quota, min_quota_ms=args.min_quota,
-                          window_ms=args.window, env=env, extra_args=[f"--schd-arg=--trace={out / 'grants.json'}"])
+                          window_ms=args.window, env=env, extra_args=[f"--schd-arg=--trace={out / 'grants.json'}"],
+                          transport=args.transport)
         backend.start()
         try:
             procs = {n: backend.spawn(group_of[n], workload_argv(client, args, n, out), env=env) for n in names}
@@ -189,6 +191,7 @@ def run(args) -> dict:
     gaps = handoff_gaps_us(out, group_of)
     report = {
         "mode": args.mode, "turns": args.turns, "tenants": len(names), "seconds": args.seconds,
+        "transport": args.transport if args.mode == "gemini" else None,
         "kernel_us": args.kernel_us,
         "blocks": args.blocks, "per_group": args.per_group, "work_iters": args.work_iters,
         "ns_per_kernel_alone": ns_per_kernel, "span_s": (end - start) / 1e9, "shares": shares,
@@ -232,6 +235,8 @@ def main(argv=None) -> int:
     p.add_argument("--mins", default="", help="MinUtil per tenant (gemini mode; default 0)")
     p.add_argument("--tenants", type=int, default=2, help="number of tenants (native mode)")
     p.add_argument("--per-group", type=int, default=1, help="processes per group (gemini mode)")
+    p.add_argument("--transport", choices=["tcp", "ipc"], default="tcp",
+                   help="gemini mode: hooks and daemons on TCP ports or on Unix sockets (launch-backend --ipc-dir)")
     p.add_argument("--turns", action="store_true",
                    help="gemini mode: ProcessSharing = turns (a group's processes hold its token one at a time)")
     p.add_argument("--seconds", type=float, default=12)

@@ -112,7 +112,7 @@ class FakeHook:
             seq, reply = hp.decode(frame, hp.PMGR_TO_HOOK)
             if seq == self.seq:
                 return reply
-            # seq 0: a push (LIMIT_UPDATE); anything else is a stale reply
+            # seq 0: a push (an ERROR); anything else is a stale reply
 
     async def connect(self) -> None:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)

@@ -35,7 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "reaction", "infer", "soak", "train"]
+ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "transport", "reaction", "infer", "soak",
+             "train"]
 
 
 def sh(cmd: list | str, timeout: float, cwd: Path = REPO, env: dict | None = None, log: Path | None = None) -> str:
@@ -125,6 +126,7 @@ SHARE_RUNS = [
     ("native-3", ["--mode", "native", "--tenants", "3"], None),
     ("gemini-0.3-0.6", ["--mode", "gemini", "--caps", "0.3,0.6"], "gemini, MaxUtil 0.3 / 0.6"),
     ("gemini-0.3-0.6-q20", ["--mode", "gemini", "--caps", "0.3,0.6", "--quota", "20"], None),
+    ("gemini-0.3-0.6-ipc", ["--mode", "gemini", "--caps", "0.3,0.6", "--transport", "ipc"], None),  # Unix sockets
     ("gemini-0.4-0.6", ["--mode", "gemini", "--caps", "0.4,0.6"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),
@@ -153,6 +155,13 @@ def step_share(ctx, only: str | None = None) -> dict:
         except Exception as exc:  # noqa: BLE001 -- one configuration failing (MPS absent) keeps the others
             out[name] = {"error": str(exc)[-1000:]}
     return out
+
+
+def step_transport(ctx) -> dict:
+    """The token round trip through both daemons, and a hooked program's wait for each fresh grant, on TCP and
+    on Unix sockets (the share runs compare the shares: gemini-0.3-0.6 and gemini-0.3-0.6-ipc)."""
+    seconds = "5" if ctx.args.quick else "10"
+    return bench(ctx, ["bench/bench_transport.py", "-n", "2000", "--cuda", "--seconds", seconds], 300)
 
 
 def step_reaction(ctx) -> dict:
@@ -192,7 +201,8 @@ def step_train(ctx) -> dict:
 
 
 STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests": step_tests,
-              "launch": step_launch, "alloc": step_alloc, "share": step_share, "reaction": step_reaction,
+              "launch": step_launch, "alloc": step_alloc, "share": step_share, "transport": step_transport,
+              "reaction": step_reaction,
               "infer": step_infer, "soak": step_soak, "train": step_train}
 
 

@@ -70,9 +70,15 @@ def free_port_base(count: int, rng: random.Random | None = None) -> int:
     raise RuntimeError("no run of free ports found")
 
 
+TRANSPORTS = ("tcp", "ipc")
+
+
 @dataclass
 class Backend:
-    """launch-backend.py with a config of its own, as a context manager."""
+    """launch-backend.py with a config of its own, as a context manager.
+
+    transport "tcp" (ports from `port` on) or "ipc" (Unix sockets in workdir/ipc, or `ipc_dir`). `ports` maps each
+    group to where its pod manager listens: a port, or a socket path."""
     workdir: Path
     groups: list[Group] = field(default_factory=list)
     config: Path | None = None   # an existing resource-config.txt to use instead of writing one from `groups`
@@ -84,8 +90,16 @@ class Backend:
     ports: dict = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     verbose: bool = False
+    transport: str = "tcp"
+    ipc_dir: Path | None = None
+    device_uuid: str | None = None
+    memory_limit: int | None = None     # RLIMIT_AS of launch-backend and its daemons (tests that feed them garbage)
 
     extra_args: list = field(default_factory=list)
+
+    @property
+    def ipc(self) -> bool:
+        return self.transport == "ipc"
 
     @property
     def config_path(self) -> Path:
@@ -95,11 +109,20 @@ class Backend:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if not self.config:
             write_config(self.config_path, self.groups)
-        self.port = self.port or free_port_base(max(len(self.groups), 16) + 8)
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport {self.transport!r} is not one of {TRANSPORTS}")
+        if self.ipc:
+            self.ipc_dir = Path(self.ipc_dir or self.workdir / "ipc")
+            where = ["--ipc-dir", str(self.ipc_dir)]
+        else:
+            self.port = self.port or free_port_base(max(len(self.groups), 16) + 8)
+            where = ["--port", str(self.port)]
+        if self.device_uuid:
+            where += ["--device-uuid", self.device_uuid]
         ports_file = self.workdir / "ports.json"
         ports_file.unlink(missing_ok=True)
         self.log_path = self.workdir / "backend.log"
-        argv = [sys.executable, str(LAUNCH_BACKEND), "--config", str(self.config_path), "--port", str(self.port),
+        argv = [sys.executable, str(LAUNCH_BACKEND), "--config", str(self.config_path), *where,
                 "--base_quota", str(self.quota_ms), "--min_quota", str(self.min_quota_ms),
                 "--window", str(self.window_ms), "--ports-file", str(ports_file),
                 "--log-dir", str(self.workdir / "logs")]
@@ -109,8 +132,14 @@ class Backend:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONPATH", str(REPO_ROOT))
         self._log = open(self.log_path, "w")
+        limit = self.memory_limit
+
+        def preexec() -> None:
+            if limit is not None:
+                import resource
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=preexec if limit is not None else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -158,9 +187,30 @@ class Backend:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def where_args(self) -> list[str]:
+        """gem-ctl's (and launch-command's) options that reach this backend."""
+        if self.ipc:
+            return ["--ipc-dir", str(self.ipc_dir)] + (["--device-uuid", self.device_uuid] if self.device_uuid else [])
+        return ["--port", str(self.port)]
+
+    def scheduler_endpoint(self) -> str:
+        """gem-schd's zmq endpoint."""
+        if self.ipc:
+            from gemini import transport
+            return transport.ipc_endpoint(str(transport.scheduler_socket(self.ipc_dir, self.device_uuid)))
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def hook_env(self, group: str) -> dict[str, str]:
+        """What launch-command tells a program's hook about its group's pod manager (besides LD_PRELOAD)."""
+        if self.ipc:
+            return {"GEMINI_IPC_DIR": str(self.ipc_dir), "GEMINI_GROUP_NAME": group}
+        return {"GEMINI_POD_NAME": group, "GEMINI_POD_MANAGER_IP": "127.0.0.1",
+                "GEMINI_POD_MANAGER_PORT": str(self.ports[group])}
+
     def command(self, group: str, argv: list[str], timeout: float | None = None) -> list[str]:
         """argv that runs `argv` in `group` through launch-command.py."""
-        cmd = [sys.executable, str(LAUNCH_COMMAND), "--name", group, "--port", str(self.ports[group])]
+        where = self.where_args() if self.ipc else ["--port", str(self.ports[group])]
+        cmd = [sys.executable, str(LAUNCH_COMMAND), "--name", group, *where]
         if timeout:
             cmd += ["--timeout", str(timeout)]
         return cmd + ["--"] + [str(a) for a in argv]

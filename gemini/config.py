@@ -28,11 +28,14 @@ Every error is a ConfigError whose text starts with ``file:line:``.
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_NAME_LEN = 63
+MAX_CONFIG_BYTES = 4 << 20      # a config is a few lines per group; more than this is not a config
 DEFAULT_MEMORY_LIMIT = 1 << 30
 MAX_MEMORY = (1 << 63) - 1
 
@@ -310,13 +313,47 @@ def parse_config(text: str, path: str = "<string>") -> Config:
     return Config(tuple(groups), path, fmt, tuple(warnings))
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and parse a config file. A missing or unreadable file is a ConfigError too."""
-    p = Path(path)
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+def read_config_bytes(path: str | Path, max_bytes: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of a config file, read without ever blocking on what is not a file: it is opened non-blocking
+    (a FIFO without a writer opens at once), must be a regular file (not a FIFO, a device such as /dev/zero, a
+    socket or a directory, whatever symlink leads there), and may hold at most `max_bytes`. ConfigError else."""
+    p = str(path)
     try:
-        data = p.read_bytes()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(str(p), 0, f"cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(p, 0, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a file")
+            raise ConfigError(p, 0, f"is {kind}, not a regular file: a config must be a plain file")
+        if st.st_size > max_bytes:
+            raise ConfigError(p, 0, f"is {st.st_size} bytes, more than a config can be ({max_bytes})")
+        chunks, total = [], 0
+        while total <= max_bytes:       # the file may grow while we read: stop one byte past the limit
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:
+            raise ConfigError(p, 0, f"grew past {max_bytes} bytes while it was read: not a config")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ConfigError(p, 0, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read (read_config_bytes) and parse a config file. A missing, unreadable or special file is a ConfigError
+    too."""
+    p = Path(path)
+    data = read_config_bytes(p)
     try:
         text = data.decode("utf-8-sig")  # a byte-order mark (Notepad writes one) is not content
     except UnicodeDecodeError as exc:

@@ -1,15 +1,18 @@
 """gem-ctl: look at a running gem-schd, find the hook library, plot a scheduler trace.
 
-    gem-ctl [--ip IP] [--port PORT] [--timeout S] status [--json] [--watch [SECONDS]]
+    gem-ctl [--ipc-dir DIR [--device-uuid GPU-...] | --ip IP --port PORT] [--timeout S] status [--json] [--watch [S]]
     gem-ctl hook-path
     gem-ctl plot TRACE [-o share.png]
 
-gem-ctl reaches gem-schd on the socket the pod managers use (a zmq DEALER speaking gemini.wire.sched). Exit codes:
-0 ok, 1 failure (no answer from gem-schd, missing hook, missing matplotlib, bad trace), 2 usage.
+gem-ctl reaches gem-schd where the pod managers do (a zmq DEALER speaking gemini.wire.sched): its Unix socket
+DIR/<gpu>/gem-schd.sock (the default, DIR /tmp/gemini/ipc; the socket is the backend user's, mode 0600), or
+--ip/--port on TCP. Exit codes: 0 ok, 1 failure (no answer from gem-schd, missing hook, missing matplotlib, bad
+trace), 2 usage.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -18,6 +21,7 @@ from typing import Optional
 import click
 import zmq
 
+from gemini import transport
 from gemini.wire.sched import (FROM_SCHEDULER, Error, MessageError, StatusReply, StatusRequest, decode, encode)
 
 DEFAULT_IP = "127.0.0.1"
@@ -34,21 +38,18 @@ class SchedulerUnreachable(RuntimeError):
     """gem-schd did not answer (in time, or sensibly)."""
 
 
-def _endpoint(ip: str, port: int) -> str:
-    host = f"[{ip}]" if ":" in ip else ip
-    return f"tcp://{host}:{port}"
-
-
 class StatusClient:
     """Asks gem-schd for its status over a DEALER socket. A request that times out closes the socket, so a late
-    reply can never be taken for the answer to the next request."""
+    reply can never be taken for the answer to the next request. `ipc_path`: gem-schd's Unix socket (else TCP)."""
 
-    def __init__(self, ip: str, port: int, timeout_s: float):
-        self.endpoint = _endpoint(ip, port)
-        self.ipv6 = ":" in ip
+    def __init__(self, ip: str, port: int, timeout_s: float, ipc_path: Optional[str] = None):
+        self.ipc_path = ipc_path
+        self.endpoint = transport.ipc_endpoint(ipc_path) if ipc_path else transport.tcp_endpoint(ip, port)
+        self.ipv6 = transport.is_ipv6(ip) and not ipc_path
         self.timeout_s = timeout_s
         self._ctx = zmq.Context()
         self._sock: Optional[zmq.Socket] = None
+        self._short: Optional[transport.ShortPath] = None
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
@@ -56,9 +57,23 @@ class StatusClient:
             sock.setsockopt(zmq.LINGER, 0)
             if self.ipv6:
                 sock.setsockopt(zmq.IPV6, 1)
-            sock.connect(self.endpoint)
+            if self.ipc_path:
+                if self._short is None:
+                    self._short = transport.ShortPath(self.ipc_path)
+                sock.connect(transport.ipc_endpoint(self._short.address))
+            else:
+                sock.connect(self.endpoint)
             self._sock = sock
         return self._sock
+
+    def _unreachable(self) -> str:
+        if not self.ipc_path:
+            return "(is it running? see --ip/--port)"
+        if not os.path.lexists(self.ipc_path):
+            return "(no socket there: is launch-backend running? see --ipc-dir/--device-uuid)"
+        if not os.access(self.ipc_path, os.W_OK):
+            return "(this user may not open its socket: it is the backend user's, mode 0600)"
+        return "(is it running?)"
 
     def _reset(self) -> None:
         if self._sock is not None:
@@ -74,7 +89,7 @@ class StatusClient:
             if left <= 0 or not sock.poll(int(left * 1000) + 1):
                 self._reset()
                 raise SchedulerUnreachable(f"no answer from gem-schd at {self.endpoint} within {self.timeout_s:g} s "
-                                           f"(is it running? see --ip/--port)")
+                                           f"{self._unreachable()}")
             try:
                 reply = decode(sock.recv(), allowed=FROM_SCHEDULER)
             except MessageError as exc:
@@ -92,6 +107,8 @@ class StatusClient:
     def close(self) -> None:
         self._reset()
         self._ctx.term()
+        if self._short is not None:
+            self._short.close()
 
 
 # --- formatting -----------------------------------------------------------------------------------------------------
@@ -113,7 +130,19 @@ def format_ms(ms: float) -> str:
     return f"{ms:.1f} ms"
 
 
-COLUMNS = ("GROUP", "MIN", "MAX", "SHARE", "MEMORY USED/LIMIT", "CLIENTS", "TOKEN", "WAIT", "GRANTS", "PMGR")
+COLUMNS = ("GROUP", "MIN", "MAX", "SHARE", "MEMORY USED/LIMIT", "CLIENTS", "TOKEN", "WAIT", "GRANTS", "PMGR",
+           "PROCESSES")
+PROCESSES_SHOWN = 4
+
+
+def format_members(members: list, clients: int) -> str:
+    """pid(uid) of a group's processes: `4242(1000),4250(1000)+3`; uid `?` on TCP, where the pid is only what the
+    process claimed."""
+    if not members:
+        return "-" if not clients else f"+{clients}"
+    shown = [f"{pid}({uid if uid >= 0 else '?'})" for pid, uid in members[:PROCESSES_SHOWN]]
+    more = max(clients, len(members)) - len(shown)
+    return ",".join(shown) + (f"+{more}" if more > 0 else "")
 
 
 def status_rows(reply: StatusReply) -> list[tuple[str, ...]]:
@@ -130,6 +159,7 @@ def status_rows(reply: StatusReply) -> list[tuple[str, ...]]:
             format_ms(g["wait_ms"]) if g["waiting"] else "-",
             str(g["grants"]),
             "up" if g["connected"] else "down",
+            format_members(g.get("members") or [], g["clients"]),
         ))
     return rows
 
@@ -161,15 +191,30 @@ def reply_json(reply: StatusReply, indent: Optional[int] = 2) -> str:
 # --- commands -------------------------------------------------------------------------------------------------------
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--ip", default=DEFAULT_IP, show_default=True, help="Address of gem-schd.")
-@click.option("-P", "--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True,
-              help="Port of gem-schd.")
+@click.option("--ipc-dir", default=None, metavar="DIR",
+              help=f"gem-schd on the socket transport: DIR/<gpu>/gem-schd.sock (the default, DIR "
+                   f"{transport.DEFAULT_IPC_DIR}).")
+@click.option("--device-uuid", default=None, help="With the socket transport: the GPU's subdirectory (default "
+                                                  "'default').")
+@click.option("--ip", default=None, help=f"gem-schd on TCP: its address (default {DEFAULT_IP}).")
+@click.option("-P", "--port", type=click.IntRange(1, 65535), default=None,
+              help=f"gem-schd on TCP: its port (default {DEFAULT_PORT}).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.01, 600), default=DEFAULT_TIMEOUT_S,
               show_default=True, help="Seconds to wait for gem-schd's answer.")
 @click.pass_context
-def main(ctx: click.Context, ip: str, port: int, timeout_s: float) -> None:
+def main(ctx: click.Context, ipc_dir: Optional[str], device_uuid: Optional[str], ip: Optional[str],
+         port: Optional[int], timeout_s: float) -> None:
     """Operate gemini: status of gem-schd, the hook library's path, plots of scheduler traces."""
-    ctx.obj = {"ip": ip, "port": port, "timeout_s": timeout_s}
+    tcp = ip is not None or port is not None
+    if tcp and (ipc_dir is not None or device_uuid is not None):
+        raise click.UsageError("--ipc-dir/--device-uuid and --ip/--port: choose one transport")
+    ipc_path = None
+    if not tcp:
+        try:
+            ipc_path = str(transport.scheduler_socket(ipc_dir or transport.DEFAULT_IPC_DIR, device_uuid))
+        except transport.TransportError as exc:
+            raise click.UsageError(f"--device-uuid: {exc}") from None
+    ctx.obj = {"ip": ip or DEFAULT_IP, "port": port or DEFAULT_PORT, "timeout_s": timeout_s, "ipc_path": ipc_path}
 
 
 @main.command()
@@ -179,7 +224,7 @@ def main(ctx: click.Context, ip: str, port: int, timeout_s: float) -> None:
 @click.pass_obj
 def status(obj: dict, as_json: bool, watch: Optional[float]) -> None:
     """One row per group: MinUtil, MaxUtil, share of the window used, memory, clients, token, wait."""
-    client = StatusClient(obj["ip"], obj["port"], obj["timeout_s"])
+    client = StatusClient(obj["ip"], obj["port"], obj["timeout_s"], obj["ipc_path"])
     try:
         if watch is None:
             try:

@@ -1,12 +1,15 @@
 /*
  * client.c -- the connection to the pod manager.
  *
- * One persistent TCP connection per process (and device), opened lazily on
+ * One persistent connection per process (and device), opened lazily on
  * the first call that needs it. Several threads may have requests in flight
  * at once: a launch thread can wait seconds for a token while another thread
  * allocates memory. Each request carries a seq; whichever waiting thread
  * finds nobody reading becomes the reader and hands replies to their owners
  * (leader/follower), so there is no extra thread and no per-request socket.
+ *
+ * The connection is a Unix stream socket on the socket transport (GEMINI_IPC_DIR: the file system decides who
+ * may connect; a refusal is final, not retried) or TCP (POD_MANAGER_IP/PORT).
  *
  * A dead or unreachable pod manager never hangs the program and never kills
  * it: connects retry with backoff for GEMINI_CONNECT_TIMEOUT_MS with a clear
@@ -24,6 +27,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -32,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "client.h"
@@ -65,15 +70,18 @@ static void cond_init_monotonic(pthread_cond_t *cv) {
     pthread_condattr_destroy(&ca);
 }
 
-void gem_conn_init(struct gem_conn *c, const char *ip, int port, int ordinal, const char *uuid,
+void gem_conn_init(struct gem_conn *c, const struct gem_endpoint *ep, int ordinal, const char *uuid,
                    const uint64_t *mem_in_use) {
     memset(c, 0, sizeof *c);
     c->board_slot = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->send_mu, NULL);
     cond_init_monotonic(&c->cv);
-    snprintf(c->ip, sizeof c->ip, "%s", ip);
-    c->port = port;
+    c->ep = *ep;
+    if (ep->path[0])
+        snprintf(c->where, sizeof c->where, "%s", ep->path);
+    else
+        snprintf(c->where, sizeof c->where, "%s:%d", ep->ip, ep->port);
     c->device_ordinal = ordinal;
     snprintf(c->device_uuid, sizeof c->device_uuid, "%s", uuid ? uuid : "");
     c->mem_in_use = mem_in_use;
@@ -211,11 +219,61 @@ static int connect_tcp(const char *ip, int port, int timeout_ms, char *why, size
     return fd; /* still non-blocking: read_frame and write_all bound every wait */
 }
 
+/* The socket transport. A path too long for sockaddr_un is reached through /proc/self/fd/N/<name>, N an open
+ * descriptor of its directory. Returns the fd (non-blocking, as connect_tcp's), -1 (nobody listens: retry) or -2
+ * (this user may not open the socket: the file system says no, and retrying will not change that). */
+static int connect_unix(const char *path, char *why, size_t why_len) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int dirfd = -1;
+    if (strlen(path) < sizeof sa.sun_path) {
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    } else {
+        const char *slash = strrchr(path, '/');
+        char dir[GEM_PATH_LEN];
+        if (!slash || (size_t)(slash - path) >= sizeof dir) {
+            snprintf(why, why_len, "socket path too long");
+            return -1;
+        }
+        memcpy(dir, path, (size_t)(slash - path));
+        dir[slash - path] = '\0';
+        dirfd = open(dir[0] ? dir : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (dirfd < 0) {
+            int err = errno;
+            snprintf(why, why_len, "...%.100s: %s", dir + (strlen(dir) > 100 ? strlen(dir) - 100 : 0),
+                     strerror(err));
+            return err == EACCES ? -2 : -1;
+        }
+        if ((size_t)snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/%s", dirfd, slash + 1) >=
+            sizeof sa.sun_path) {
+            close(dirfd);
+            snprintf(why, why_len, "socket file name too long");
+            return -1;
+        }
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int rc = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    int err = errno;
+    if (dirfd >= 0)
+        close(dirfd);
+    if (rc == 0)
+        return fd; /* a Unix stream connect completes at once, or fails (EAGAIN: the backlog is full) */
+    if (fd >= 0)
+        close(fd);
+    if (err == EACCES || err == EPERM) {
+        snprintf(why, why_len, "permission denied: this user (uid %d) may not open the group's socket",
+                 (int)geteuid());
+        return -2;
+    }
+    snprintf(why, why_len, "%s", strerror(err));
+    return -1;
+}
+
 /* Connect and handshake. Returns the fd, -1 (unreachable: retry) or -2 (refused: do not retry). */
 static int open_session(struct gem_conn *c, char *why, size_t why_len) {
-    int fd = connect_tcp(c->ip, c->port, 1000, why, why_len);
+    int fd = c->ep.path[0] ? connect_unix(c->ep.path, why, why_len)
+                           : connect_tcp(c->ep.ip, c->ep.port, 1000, why, why_len);
     if (fd < 0)
-        return -1;
+        return fd;
     struct gem_msg hello, reply;
     gemhook_msg_init(&hello, GEM_MSG_HELLO, 1);
     hello.u.hello.pid = (int32_t)getpid();
@@ -229,10 +287,7 @@ static int open_session(struct gem_conn *c, char *why, size_t why_len) {
         close(fd);
         return -1;
     }
-    int r;
-    do
-        r = read_frame(fd, &reply, 5000, why, why_len);
-    while (r == 1 && reply.hdr.seq == 0 && reply.hdr.type == GEM_MSG_LIMIT_UPDATE);
+    int r = read_frame(fd, &reply, 5000, why, why_len);
     if (r == 0)
         snprintf(why, why_len, "no answer to the handshake within 5 s");
     if (r != 1) {
@@ -250,7 +305,6 @@ static int open_session(struct gem_conn *c, char *why, size_t why_len) {
         return -1;
     }
     c->client_id = reply.u.hello_ack.client_id;
-    c->mem_limit = reply.u.hello_ack.mem_limit;
     snprintf(c->group, sizeof c->group, "%.*s", GEM_NAME_LEN - 1, reply.u.hello_ack.group);
     c->ack_flags = reply.u.hello_ack.flags;
     c->board_slot = reply.u.hello_ack.board_slot;
@@ -283,8 +337,8 @@ static int ensure_connected(struct gem_conn *c) {
             if (t + backoff > give_up)
                 break;
             if (attempts == 1)
-                GEM_LOG(GEM_LOG_WARN, "cannot reach the pod manager at %s:%d (%s); retrying for %.0f s",
-                        c->ip, c->port, why, (double)(give_up - t) / 1e9);
+                GEM_LOG(GEM_LOG_WARN, "cannot reach the pod manager at %s (%s); retrying for %.0f s",
+                        c->where, why, (double)(give_up - t) / 1e9);
             struct timespec ts = {.tv_sec = backoff / GEM_NS_PER_S, .tv_nsec = backoff % GEM_NS_PER_S};
             nanosleep(&ts, NULL);
             backoff = backoff * 2 > GEM_NS_PER_S ? GEM_NS_PER_S : backoff * 2;
@@ -307,19 +361,19 @@ static int ensure_connected(struct gem_conn *c) {
             if (c->ever_connected)
                 atomic_fetch_add(&gem_stats.reconnects, 1);
             c->ever_connected = 1;
-            GEM_LOG(GEM_LOG_DEBUG, "connected to the pod manager of group '%s' at %s:%d (client %llu, "
-                    "connection %llu)", c->group, c->ip, c->port, (unsigned long long)c->client_id,
+            GEM_LOG(GEM_LOG_DEBUG, "connected to the pod manager of group '%s' at %s (client %llu, "
+                    "connection %llu)", c->group, c->where, (unsigned long long)c->client_id,
                     (unsigned long long)s->generation);
             break;
         }
         c->last_failure = fd == -2 ? GEM_CALL_REFUSED : GEM_CALL_UNREACHABLE;
         c->next_connect_ns = gem_now_ns() + GEM_NS_PER_S;
         if (fd == -2)
-            GEM_LOG(GEM_LOG_ERROR, "the pod manager at %s:%d refused this process: %s", c->ip, c->port, why);
+            GEM_LOG(GEM_LOG_ERROR, "the pod manager at %s refused this process: %s", c->where, why);
         else
-            GEM_LOG(GEM_LOG_ERROR, "the pod manager at %s:%d is unreachable (%s); this CUDA call fails "
+            GEM_LOG(GEM_LOG_ERROR, "the pod manager at %s is unreachable (%s); this CUDA call fails "
                     "(start it with launch-backend.py, or set GEMINI_FAIL_OPEN=1 to run ungated)",
-                    c->ip, c->port, why);
+                    c->where, why);
         return c->last_failure;
     }
     return GEM_CALL_OK;
@@ -344,7 +398,7 @@ static void session_leave(struct gem_conn *c, struct gem_session *s) {
 static void mark_broken(struct gem_conn *c, struct gem_session *s, const char *why) {
     if (s->broken)
         return;
-    GEM_LOG(GEM_LOG_WARN, "lost the connection to the pod manager at %s:%d: %s", c->ip, c->port, why);
+    GEM_LOG(GEM_LOG_WARN, "lost the connection to the pod manager at %s: %s", c->where, why);
     s->broken = 1;
     if (c->current == s)
         c->current = NULL;
@@ -359,18 +413,11 @@ static void mark_broken(struct gem_conn *c, struct gem_session *s, const char *w
 
 static void dispatch(struct gem_conn *c, struct gem_session *s, const struct gem_msg *m) {
     if (m->hdr.seq == 0) {
-        /* a push */
-        if (m->hdr.type == GEM_MSG_LIMIT_UPDATE) {
-            c->mem_limit = m->u.mem_reply.limit;
-            GEM_LOG(GEM_LOG_INFO, "group '%s' memory limit is now %llu bytes", c->group,
-                    (unsigned long long)c->mem_limit);
-        } else if (m->hdr.type == GEM_MSG_ERROR) {
+        /* a push: the only one is an ERROR (a refusal before the HELLO was read) */
+        if (m->hdr.type == GEM_MSG_ERROR)
             GEM_LOG(GEM_LOG_ERROR, "pod manager: %.*s", GEM_ERRMSG_LEN, m->u.error.message);
-        }
         return;
     }
-    if (m->hdr.type == GEM_MSG_MEM_REPLY)
-        c->mem_limit = m->u.mem_reply.limit;
     for (struct gem_waiter *w = c->waiters; w; w = w->next)
         if (w->session == s && w->seq == m->hdr.seq && !w->done) {
             *w->reply = *m;
@@ -422,8 +469,8 @@ int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply
             break;
         }
         if (now >= next_note) {
-            GEM_LOG(GEM_LOG_WARN, "still waiting for the pod manager at %s:%d after %.0f s (message type %u)",
-                    c->ip, c->port, (double)(now - start) / 1e9, req->hdr.type);
+            GEM_LOG(GEM_LOG_WARN, "still waiting for the pod manager at %s after %.0f s (message type %u)",
+                    c->where, (double)(now - start) / 1e9, req->hdr.type);
             next_note = now + 10 * GEM_NS_PER_S;
         }
         if (!s->reader_active) {

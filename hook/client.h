@@ -10,6 +10,15 @@
 
 #include "gemini_proto.h"
 
+#define GEM_PATH_LEN 512
+
+/* Where a pod manager listens: a Unix socket (`path`, the socket transport) or TCP ip:port. */
+struct gem_endpoint {
+    char path[GEM_PATH_LEN];    /* empty: TCP */
+    char ip[64];
+    int port;
+};
+
 struct gem_waiter;
 struct gem_session;             /* one connection: descriptor, generation, users (client.c) */
 struct gem_conn {
@@ -21,12 +30,11 @@ struct gem_conn {
     uint64_t generation;        /* of the last session opened */
     uint32_t next_seq;
     struct gem_waiter *waiters;
-    char ip[64];
-    int port;
+    struct gem_endpoint ep;
+    char where[GEM_PATH_LEN];   /* the endpoint, for messages: the socket's path, or ip:port */
     int device_ordinal;
     char device_uuid[GEM_UUID_LEN];
     uint64_t client_id;
-    uint64_t mem_limit;         /* from HELLO_ACK / LIMIT_UPDATE / MEM_REPLY */
     char group[GEM_NAME_LEN];
     uint32_t ack_flags;         /* HELLO_ACK: GEM_ACK_* */
     int32_t board_slot;         /* HELLO_ACK: the group's line on the board page, -1 if none */
@@ -46,7 +54,7 @@ enum gem_call_result {
     GEM_CALL_TIMEOUT = -4
 };
 
-void gem_conn_init(struct gem_conn *c, const char *ip, int port, int ordinal, const char *uuid,
+void gem_conn_init(struct gem_conn *c, const struct gem_endpoint *ep, int ordinal, const char *uuid,
                    const uint64_t *mem_in_use);
 /* In a fork child: forget the parent's connection (the child makes its own). */
 void gem_conn_reset_after_fork(struct gem_conn *c);

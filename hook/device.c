@@ -50,7 +50,28 @@ static void format_uuid(const CUuuid *u, char *out, size_t len) {
              b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
-void gem_endpoint_for(const char *uuid, char *ip, size_t ip_len, int *port) {
+/* The socket transport's endpoint: the GPU's own directory if the backend made one for it, else `default`. */
+static void socket_endpoint_for(const char *uuid, struct gem_endpoint *ep) {
+    char name[GEM_PATH_LEN], dir[GEM_PATH_LEN];
+    if (gemhook_group_socket_name(gem_cfg.pod_name, name, sizeof name) != 0)
+        snprintf(name, sizeof name, "group.sock");      /* cannot happen: names are < 64 bytes */
+    struct stat st;
+    if (!uuid || !uuid[0] || (size_t)snprintf(dir, sizeof dir, "%s/%s", gem_cfg.ipc_dir, uuid) >= sizeof dir ||
+        stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        snprintf(dir, sizeof dir, "%s/default", gem_cfg.ipc_dir);
+    if ((size_t)snprintf(ep->path, sizeof ep->path, "%s/%s", dir, name) >= sizeof ep->path)
+        GEM_LOG(GEM_LOG_ERROR, "GEMINI_IPC_DIR: the socket path for group '%s' is too long", gem_cfg.pod_name);
+}
+
+void gem_endpoint_for(const char *uuid, struct gem_endpoint *ep) {
+    memset(ep, 0, sizeof *ep);
+    if (gem_cfg.ipc_dir[0]) {
+        socket_endpoint_for(uuid, ep);
+        return;
+    }
+    char *ip = ep->ip;
+    size_t ip_len = sizeof ep->ip;
+    int *port = &ep->port;
     snprintf(ip, ip_len, "%s", gem_cfg.pmgr_ip);
     *port = gem_cfg.pmgr_port;
     char map[sizeof gem_cfg.pmgr_map];
@@ -83,10 +104,9 @@ static void device_setup(struct gem_device *d, int ordinal) {
         REAL(cuDeviceGetUuid)(&raw, dev) == CUDA_SUCCESS)
         format_uuid(&raw, uuid, sizeof uuid);
     d->cudev = dev;
-    char ip[64];
-    int port;
-    gem_endpoint_for(uuid, ip, sizeof ip, &port);
-    gem_conn_init(&d->conn, ip, port, ordinal, uuid, &d->mem_in_use);
+    struct gem_endpoint ep;
+    gem_endpoint_for(uuid, &ep);
+    gem_conn_init(&d->conn, &ep, ordinal, uuid, &d->mem_in_use);
     d->initialised = 1;
 }
 
@@ -167,8 +187,8 @@ int gem_runtime_init(void) {
         device_setup(&gem_devices[i], i);
     atomic_store(&gem_device_count, count);
     atomic_store_explicit(&runtime_ready, 1, memory_order_release);
-    GEM_LOG(GEM_LOG_DEBUG, "initialised: %d device(s), pod manager %s:%d, group '%s'", count,
-            gem_devices[0].conn.ip, gem_devices[0].conn.port, gem_cfg.pod_name);
+    GEM_LOG(GEM_LOG_DEBUG, "initialised: %d device(s), pod manager %s, group '%s'", count,
+            gem_devices[0].conn.where, gem_cfg.pod_name);
 out:
     pthread_mutex_unlock(&runtime_mu);
     return rc;

@@ -45,9 +45,10 @@ static inline struct gem_device *gem_current_device(void) {
 }
 struct gem_device *gem_device_by_ordinal(CUdevice dev);
 
-/* The pod manager for a device: GEMINI_POD_MANAGERS "uuid=ip:port,..." if it names the device, else the
- * default one. */
-void gem_endpoint_for(const char *uuid, char *ip, size_t ip_len, int *port);
+/* The pod manager for a device. Socket transport (GEMINI_IPC_DIR): DIR/<uuid>/group.<name>.sock if the directory
+ * DIR/<uuid> exists, else DIR/default/group.<name>.sock. TCP: GEMINI_POD_MANAGERS "uuid=ip:port,..." if it names
+ * the device, else POD_MANAGER_IP:POD_MANAGER_PORT. */
+void gem_endpoint_for(const char *uuid, struct gem_endpoint *ep);
 
 CUresult gem_unavailable_result(void);   /* what a call returns when gemini cannot authorise it */
 void gem_enter_fail_open(void);          /* GEMINI_FAIL_OPEN and no pod manager: stop gating */

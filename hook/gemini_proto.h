@@ -39,7 +39,8 @@ enum gem_msg_type {
     GEM_MSG_MEM_FREE = 8,       /* hook -> pmgr: return bytes */
     GEM_MSG_MEM_INFO = 9,       /* hook -> pmgr: ask (used, limit) */
     GEM_MSG_MEM_REPLY = 10,     /* pmgr -> hook: verdict, used, limit */
-    GEM_MSG_LIMIT_UPDATE = 11,  /* pmgr -> hook push: the group's limit changed */
+    /* 11 was LIMIT_UPDATE, a push of the group's new limit that nothing read (the hooks ask with MEM_INFO
+     * whenever they need the limit): retired, and not to be reused. */
     GEM_MSG_ERROR = 12          /* pmgr -> hook: the request failed; code and text */
 };
 
@@ -52,7 +53,8 @@ enum gem_error_code {
     GEM_ERR_NO_SCHEDULER = 5,   /* the pod manager cannot reach gem-schd */
     GEM_ERR_NOT_HELLO = 6,      /* a request arrived before the handshake */
     GEM_ERR_INTERNAL = 7,
-    GEM_ERR_DEVICE_MISMATCH = 8 /* the hook's device is not the one this pmgr serves */
+    GEM_ERR_DEVICE_MISMATCH = 8, /* the hook's device is not the one this pmgr serves */
+    GEM_ERR_REFUSED = 9         /* this process may not join (authorizer, too many connections, no HELLO) */
 };
 
 enum gem_mem_kind {

@@ -44,12 +44,11 @@ static struct gem_conn *conn_for_nvml_device(struct nvmlDevice_st *device) {
         if (strcmp(nvml_conns[i].uuid, uuid) == 0)
             c = &nvml_conns[i].conn;
     if (!c && n_nvml_conns < MAX_NVML_CONNS) {
-        char ip[64];
-        int port;
-        gem_endpoint_for(uuid, ip, sizeof ip, &port);
+        struct gem_endpoint ep;
+        gem_endpoint_for(uuid, &ep);
         snprintf(nvml_conns[n_nvml_conns].uuid, GEM_UUID_LEN, "%s", uuid);
         c = &nvml_conns[n_nvml_conns++].conn;
-        gem_conn_init(c, ip, port, -1, uuid, NULL);
+        gem_conn_init(c, &ep, -1, uuid, NULL);
     }
     pthread_mutex_unlock(&nvml_conn_mu);
     if (!c) {

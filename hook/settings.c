@@ -97,9 +97,10 @@ void gem_settings_load(void) {
     }
     gem_cfg.disabled = env_flag("GEMINI_DISABLE");
     gem_cfg.fail_open = env_flag("GEMINI_FAIL_OPEN");
-    if ((v = env_first("GEMINI_POD_NAME", "POD_NAME"))) {
+    /* The group: Gemini v2's GEMINI_GROUP_NAME, then ours, then Gemini v1's. */
+    if ((v = env_first("GEMINI_GROUP_NAME", NULL)) || (v = env_first("GEMINI_POD_NAME", "POD_NAME"))) {
         if (strlen(v) >= sizeof gem_cfg.pod_name)
-            gem_log(GEM_LOG_WARN, "POD_NAME is longer than %zu characters; it will not match any group",
+            gem_log(GEM_LOG_WARN, "the group name is longer than %zu characters; it will not match any group",
                     sizeof gem_cfg.pod_name - 1);
         snprintf(gem_cfg.pod_name, sizeof gem_cfg.pod_name, "%s", v);
     }
@@ -115,6 +116,13 @@ void gem_settings_load(void) {
     }
     if ((v = getenv("GEMINI_POD_MANAGERS")))
         snprintf(gem_cfg.pmgr_map, sizeof gem_cfg.pmgr_map, "%s", v);
+    if ((v = env_first("GEMINI_IPC_DIR", NULL))) {
+        if (strlen(v) >= sizeof gem_cfg.ipc_dir)
+            gem_log(GEM_LOG_ERROR, "GEMINI_IPC_DIR is longer than %zu characters: no socket can be found there",
+                    sizeof gem_cfg.ipc_dir - 1);
+        else
+            snprintf(gem_cfg.ipc_dir, sizeof gem_cfg.ipc_dir, "%s", v);
+    }
     env_ms("GEMINI_IDLE_RELEASE_MS", &gem_cfg.idle_release_ns);
     env_ms("GEMINI_CLAIM_IDLE_MS", &gem_cfg.claim_idle_ns);
     int64_t inflight_ms = -1;

@@ -21,6 +21,7 @@ struct gem_settings {
     char pmgr_ip[64];
     int pmgr_port;
     char pmgr_map[1024];        /* GEMINI_POD_MANAGERS: "GPU-uuid=ip:port,..." for several GPUs */
+    char ipc_dir[256];          /* GEMINI_IPC_DIR: the socket transport; empty: TCP */
     int64_t idle_release_ns;    /* GEMINI_IDLE_RELEASE_MS; 0 disables early release */
     int64_t connect_timeout_ns; /* GEMINI_CONNECT_TIMEOUT_MS */
     int64_t token_timeout_ns;   /* GEMINI_TOKEN_TIMEOUT_MS; 0 waits forever */

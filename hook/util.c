@@ -104,6 +104,34 @@ int gemhook_msg_check(const struct gem_msg *msg, char *why, size_t why_len) {
 }
 
 /* "host:port" -> ip, port. Returns 0 or -1. */
+int gemhook_group_socket_name(const char *group, char *out, size_t len) {
+    static const char hex[] = "0123456789ABCDEF";
+    static const char prefix[] = "group.", suffix[] = ".sock";
+    if (!group || !out || len < sizeof prefix)
+        return -1;
+    size_t n = 0;
+    memcpy(out, prefix, sizeof prefix - 1);
+    n = sizeof prefix - 1;
+    for (const unsigned char *p = (const unsigned char *)group; *p; p++) {
+        int keep = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+                   *p == '-' || *p == '.';
+        size_t need = keep ? 1 : 3;
+        if (n + need >= len)
+            return -1;
+        if (keep) {
+            out[n++] = (char)*p;
+        } else {
+            out[n++] = '%';
+            out[n++] = hex[*p >> 4];
+            out[n++] = hex[*p & 15];
+        }
+    }
+    if (n + sizeof suffix > len)
+        return -1;
+    memcpy(out + n, suffix, sizeof suffix);
+    return 0;
+}
+
 int gemhook_parse_endpoint(const char *text, char *ip, size_t ip_len, int *port) {
     if (!text || !ip || !port)
         return -1;

@@ -61,6 +61,10 @@ GEM_EXPORT int64_t gemhook_burst_predict(const struct gemhook_burst_est *est, in
 GEM_EXPORT void gemhook_msg_init(struct gem_msg *msg, uint16_t type, uint32_t seq);
 GEM_EXPORT int gemhook_msg_check(const struct gem_msg *msg, char *why, size_t why_len);
 GEM_EXPORT int gemhook_parse_endpoint(const char *text, char *ip, size_t ip_len, int *port);
+/* The file name of a group's socket in the socket transport's GPU directory: "group.<name>.sock", every byte of
+ * the name other than A-Z a-z 0-9 _ - . written %XX (gemini/transport.py does the same). 0, or -1 if it does
+ * not fit in len. */
+GEM_EXPORT int gemhook_group_socket_name(const char *group, char *out, size_t len);
 /* cffi-end */
 
 #endif /* GEMINI_UTIL_H */

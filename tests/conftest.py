@@ -31,4 +31,4 @@ def pytest_collection_modifyitems(config, items):
 
 
 # The end-to-end fixtures (hook_lib, sim, backends, client_script) for every test module.
-pytest_plugins = ["tests.e2e_fixtures"]
+pytest_plugins = ["tests.e2e_fixtures", "tests.peer_fixtures"]

@@ -126,9 +126,9 @@ class Sim:
         return env
 
     def hooked(self, backend: Backend, group: str, **extra) -> dict:
-        """The hook preloaded and pointed at `group`'s pod manager (what launch-command sets up)."""
-        return self.env(LD_PRELOAD=str(self.hook), GEMINI_POD_NAME=group, GEMINI_POD_MANAGER_IP="127.0.0.1",
-                        GEMINI_POD_MANAGER_PORT=str(backend.ports[group]), **extra)
+        """The hook preloaded and pointed at `group`'s pod manager, on the backend's transport (what
+        launch-command sets up)."""
+        return self.env(LD_PRELOAD=str(self.hook), **{**backend.hook_env(group), **extra})
 
     def stats(self) -> dict[int, dict[str, float]]:
         """The hook's counters of every process that has exited, by pid."""

@@ -12,6 +12,7 @@ from typing import Callable
 import zmq
 import zmq.asyncio
 
+from gemini import transport
 from gemini.wire import sched as sm
 from gemini.wire import hook as hp
 from gemini.podmgr.server import PodManagerServer
@@ -40,12 +41,20 @@ class AsyncHook:
         self.reader, self.writer = reader, writer
         self._seq = 0
         self._replies: dict[int, asyncio.Future] = {}
-        self.pushes: asyncio.Queue = asyncio.Queue()      # seq-0 frames (LIMIT_UPDATE, errors without seq)
+        self.pushes: asyncio.Queue = asyncio.Queue()      # seq-0 frames (errors sent before a HELLO was read)
         self.closed = asyncio.Event()
         self._reader_task = asyncio.create_task(self._read())
 
     @classmethod
-    async def connect(cls, port: int, ip: str = "127.0.0.1") -> "AsyncHook":
+    async def connect(cls, port: "int | PodManagerServer", ip: str = "127.0.0.1") -> "AsyncHook":
+        """To a TCP port, or to a PodManagerServer on whichever transport it serves."""
+        if isinstance(port, PodManagerServer):
+            if port.socket_path is not None:
+                sock = transport.connect_unix(port.socket_path, TIMEOUT)
+                sock.setblocking(False)
+                reader, writer = await asyncio.open_unix_connection(sock=sock)
+                return cls(reader, writer)
+            port = port.port
         reader, writer = await asyncio.open_connection(ip, port)
         return cls(reader, writer)
 
@@ -81,7 +90,7 @@ class AsyncHook:
         return await self.call(hp.Hello(pid=pid, pod_name=group, **kw))
 
     @classmethod
-    async def greeted(cls, port: int, group: str, pid: int = 4242) -> "AsyncHook":
+    async def greeted(cls, port: "int | PodManagerServer", group: str, pid: int = 4242) -> "AsyncHook":
         """Connected and past the handshake."""
         hook = await cls.connect(port)
         ack = await hook.hello(group, pid)
@@ -103,8 +112,12 @@ class AsyncHook:
 class BlockingHook:
     """A blocking hook client, for subprocesses and launch tests."""
 
-    def __init__(self, port: int, ip: str = "127.0.0.1", timeout: float = TIMEOUT):
-        self.sock = socket.create_connection((ip, port), timeout=timeout)
+    def __init__(self, port: "int | str | Path", ip: str = "127.0.0.1", timeout: float = TIMEOUT):
+        """To ip:port, or (a str or Path) to a Unix socket."""
+        if isinstance(port, (str, Path)):
+            self.sock = transport.connect_unix(port, timeout)
+        else:
+            self.sock = socket.create_connection((ip, port), timeout=timeout)
         self._seq = 0
 
     def send(self, msg: hp.Message) -> int:
@@ -139,7 +152,7 @@ class FakeScheduler:
     and lets the test send Grants, ConfigUpdates and errors to the pod manager."""
 
     def __init__(self, groups: dict[str, int] | None = None, port: int | None = None,
-                 scheduler_id: str = "sched-1", auto: bool = True):
+                 scheduler_id: str = "sched-1", auto: bool = True, ipc_path: Path | None = None):
         self.groups = dict(groups or {})          # group -> memory limit
         self.scheduler_id = scheduler_id
         self.auto = auto
@@ -149,7 +162,12 @@ class FakeScheduler:
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        if port is None:
+        self.ipc_path = ipc_path
+        if ipc_path is not None:
+            self._short = transport.ShortPath(ipc_path)
+            self.sock.bind(transport.ipc_endpoint(self._short.address))
+            self.port = 0
+        elif port is None:
             self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         else:
             self.sock.bind(f"tcp://127.0.0.1:{port}")
@@ -230,18 +248,26 @@ class FakeScheduler:
             pass
         self.sock.close(linger=0)
         self.ctx.term()
+        if self.ipc_path is not None:
+            self._short.close()
 
 
 @asynccontextmanager
 async def running_pmgr(group: str = "g", mem_limit: int = 1000, *, groups: dict[str, int] | None = None,
-                       device_uuid: str | None = None, start_scheduler: bool = True, scheduler_port: int = 0):
-    """A FakeScheduler (knowing `groups`, default {group: mem_limit}) and a PodManagerServer on ephemeral ports,
-    registered with it if it knows the group. Yields (server, scheduler); scheduler is None when
-    start_scheduler is False."""
+                       device_uuid: str | None = None, start_scheduler: bool = True, scheduler_port: int = 0,
+                       ipc_dir: Path | None = None, **server_kw):
+    """A FakeScheduler (knowing `groups`, default {group: mem_limit}) and a PodManagerServer on ephemeral ports
+    (or, with `ipc_dir`, on the socket transport in that directory), registered with it if it knows the group.
+    Yields (server, scheduler); scheduler is None when start_scheduler is False."""
+    ipc_path = None
+    if ipc_dir is not None:
+        transport.ensure_socket_dir(ipc_dir, device_uuid)
+        ipc_path = transport.scheduler_socket(ipc_dir, device_uuid)
     sched = FakeScheduler(groups if groups is not None else {group: mem_limit},
-                          port=scheduler_port or None) if start_scheduler else None
+                          port=scheduler_port or None, ipc_path=ipc_path) if start_scheduler else None
     port = sched.port if sched else (scheduler_port or free_port())
-    server = PodManagerServer(group, "127.0.0.1", 0, scheduler_port=port, device_uuid=device_uuid)
+    server = PodManagerServer(group, "127.0.0.1", 0, scheduler_port=port, device_uuid=device_uuid, ipc_dir=ipc_dir,
+                              **server_kw)
     await server.start()
     try:
         if sched is not None and group in sched.groups:

@@ -182,7 +182,7 @@ def test_load_config_reads_files_and_reports_problems(tmp_path):
     assert str(info.value).startswith(f"{tmp_path / 'missing.txt'}:0: cannot read")
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path)                      # a directory
-    assert "cannot read" in str(info.value)
+    assert "is a directory, not a regular file" in str(info.value)
     bad = tmp_path / "latin1.txt"
     bad.write_bytes(b"[a]\nMaxUtil = 0.5\n# caf\xe9\n")
     with pytest.raises(ConfigError) as info:

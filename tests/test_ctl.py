@@ -42,7 +42,8 @@ def busy_schd():
     alpha = FakePodManager(d.endpoint)
     beta = FakePodManager(d.endpoint)
     try:
-        assert isinstance(alpha.request(Hello("alpha", pid=11, mem_used=3 << 30, clients=3)), Welcome)
+        assert isinstance(alpha.request(Hello("alpha", pid=11, mem_used=3 << 30, clients=3,
+                                              members=[[101, 1000], [102, 1000], [103, -1]])), Welcome)
         assert isinstance(beta.request(Hello("beta", pid=12, mem_used=100 << 20, clients=1)), Welcome)
         assert isinstance(alpha.request(TokenRequest("alpha")), Grant)
         beta.send(TokenRequest("beta"))
@@ -86,7 +87,9 @@ def test_status_table(busy_schd):
     wait_ms = float(b[11]) if b[12] == "ms" else 1000 * float(b[11])
     assert 40.0 <= wait_ms < 5000.0, rows["beta"]  # beta has waited since its request, alpha not at all
     assert a[11] == "-" and c[11] == "-"
-    assert a[-2:] == ["1", "up"] and b[-2:] == ["0", "up"] and c[-2:] == ["0", "down"]
+    assert a[-3:-1] == ["1", "up"] and b[-3:-1] == ["0", "up"] and c[-3:-1] == ["0", "down"]
+    # each process: pid(uid), uid ? where the pod manager does not know it (TCP); counted only: +N
+    assert a[-1] == "101(1000),102(1000),103(?)" and b[-1] == "+1" and c[-1] == "-"
 
 
 def test_status_json_is_the_status_reply(busy_schd):
@@ -110,6 +113,23 @@ def _free_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def test_status_over_the_socket_transport(tmp_path):
+    d = DaemonThread(CONFIG, ipc_dir=str(tmp_path), device_uuid="GPU-42").start()
+    try:
+        with FakePodManager(d.daemon.endpoint) as alpha:
+            assert isinstance(alpha.request(Hello("alpha", pid=11, clients=1, members=[[4242, 1000]])), Welcome)
+            r = CliRunner().invoke(main, ["--ipc-dir", str(tmp_path), "--device-uuid", "GPU-42", "status"])
+            assert r.exit_code == 0, r.output
+            assert f"at ipc://{tmp_path}/GPU-42/gem-schd.sock" in r.output.splitlines()[0]
+            assert _rows(r.output)["alpha"].split()[-1] == "4242(1000)"
+            r = CliRunner().invoke(main, ["--ipc-dir", str(tmp_path), "--timeout", "0.3", "status"])
+            assert r.exit_code == 1 and "no socket there" in r.output      # no backend for the 'default' GPU
+            r = CliRunner().invoke(main, ["--ipc-dir", str(tmp_path), "--port", "5", "status"])
+            assert r.exit_code == 2 and "choose one transport" in r.output
+    finally:
+        d.stop()
 
 
 def test_no_daemon_is_a_clear_error():

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from bench.harness import Group, Trace, common_span, shares_over
+from bench.harness import TRANSPORTS, Group, Trace, common_span, shares_over
 from tests import native
 from tests.e2e_fixtures import (CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_SYSTEM_NOT_READY, Sim, client_argv, finish,
                                 run, spawn, start)
@@ -283,16 +283,26 @@ def sim_uuid(ordinal: int) -> str:
     return f"GPU-{b[:8]}-{b[8:12]}-{b[12:16]}-{b[16:20]}-{b[20:]}"
 
 
-def test_two_gpus_each_with_its_own_scheduler(tmp_path, hook_lib, backends):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_two_gpus_each_with_its_own_scheduler(tmp_path, hook_lib, backends, transport):
     """One process drives two devices at once, one thread each. Each device has its own gem-schd and pod
-    manager (GEMINI_POD_MANAGERS by UUID) with its own cap and memory limit, and each is held to its own."""
+    manager with its own cap and memory limit, and each is held to its own. On TCP the process is told where
+    each GPU's pod manager is (GEMINI_POD_MANAGERS by UUID); on sockets both backends share one directory, a
+    subdirectory per GPU UUID, and the hook finds each GPU's socket by itself."""
     sim = Sim(tmp_path / "sim", hook_lib, devices=2)
-    be0 = backends([Group("g", 0.0, 0.3, "64MiB")], quota_ms=20, min_quota_ms=5, window_ms=1000)
-    be1 = backends([Group("g", 0.0, 1.0, "128MiB")], quota_ms=20, min_quota_ms=5, window_ms=1000)
-    managers = f"{sim_uuid(0)}=127.0.0.1:{be0.ports['g']},{sim_uuid(1)}=127.0.0.1:{be1.ports['g']}"
+    ipc = tmp_path / "ipc"
+    kw = dict(quota_ms=20, min_quota_ms=5, window_ms=1000, transport=transport)
+    if transport == "ipc":
+        kw["ipc_dir"] = ipc
+    be0 = backends([Group("g", 0.0, 0.3, "64MiB")], device_uuid=sim_uuid(0) if transport == "ipc" else None, **kw)
+    be1 = backends([Group("g", 0.0, 1.0, "128MiB")], device_uuid=sim_uuid(1) if transport == "ipc" else None, **kw)
+    extra = {}
+    if transport == "tcp":
+        extra["GEMINI_POD_MANAGERS"] = ",".join(f"{sim_uuid(i)}=127.0.0.1:{be.ports['g']}"
+                                                for i, be in enumerate((be0, be1)))
     argv = client_argv("pyclient.py", "--devices", "0,1", "--seconds", 3, "--kernel-us", KERNEL_US,
                        "--sync-every", 4, "--meminfo", "--alloc", "100MiB", "--json")
-    r = finish(start(argv, sim.hooked(be0, "g", GEMINI_POD_MANAGERS=managers)))
+    r = finish(start(argv, sim.hooked(be0, "g", **extra)))
     assert r.rc == 0, r
     d0, d1 = r.json["devices"]["0"], r.json["devices"]["1"]
     assert (d0["mem_total"], d1["mem_total"]) == (64 << 20, 128 << 20), (d0, d1)
@@ -302,9 +312,12 @@ def test_two_gpus_each_with_its_own_scheduler(tmp_path, hook_lib, backends):
     assert sim.stats_of(r.json["pid"])["gate_errors"] == 0
 
 
-def test_capped_groups_get_their_shares(sim, backends):
-    """Two always-busy groups capped at 0.3 and 0.6 get close to their caps, and never far above them."""
-    be = backends([Group("low", 0.0, 0.3), Group("high", 0.0, 0.6)], quota_ms=20, min_quota_ms=5, window_ms=1000)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_capped_groups_get_their_shares(sim, backends, transport):
+    """Two always-busy groups capped at 0.3 and 0.6 get close to their caps, and never far above them, on either
+    transport."""
+    be = backends([Group("low", 0.0, 0.3), Group("high", 0.0, 0.6)], quota_ms=20, min_quota_ms=5, window_ms=1000,
+                  transport=transport)
     traces = {g: sim.dir / f"{g}.trace" for g in ("low", "high")}
     procs = {g: start(workload("workload-procaddr", "--seconds", 6, "--sync-every", 4, "--trace", traces[g]),
                       sim.hooked(be, g)) for g in traces}

@@ -11,7 +11,9 @@ import signal
 import subprocess
 import time
 
-from bench.harness import Group, write_config
+import pytest
+
+from bench.harness import TRANSPORTS, Group, write_config
 from gemini.wire import hook as hp
 from tests.e2e_fixtures import (CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, Holder, Sim, client_argv, finish, read_line, run,
                                 start, wait_for)
@@ -31,10 +33,11 @@ def holder(sim: Sim, be, group: str, script) -> Holder:
     return Holder(client_argv("e2e", "serve", script=script), sim.hooked(be, group))
 
 
-def test_every_allocation_path_is_limited(sim, backends):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_allocation_path_is_limited(sim, backends, transport):
     """Each allocation kind is refused with CUDA_ERROR_OUT_OF_MEMORY just over the group's limit and works just
-    under it; what is allocated is given back at exit (the next run starts from zero again)."""
-    be = backends([Group("m", 0.0, 1.0, f"{LIMIT}")])
+    under it; what is allocated is given back at exit (the next run starts from zero again). Either transport."""
+    be = backends([Group("m", 0.0, 1.0, f"{LIMIT}")], transport=transport)
     for kind in ALLOC_KINDS:
         over = alloc_run(sim, be, "m", kind, LIMIT + 1 * MiB)
         assert over.rc == 0, over
@@ -80,10 +83,11 @@ def test_meminfo_shows_the_group_limit_and_the_device(sim, backends, client_scri
         large_holder.close()
 
 
-def test_concurrent_allocations_never_exceed_the_limit(sim, backends, client_script, tmp_path):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_concurrent_allocations_never_exceed_the_limit(sim, backends, client_script, tmp_path, transport):
     """Six processes of one group allocate 3 MiB chunks as fast as they can, all at once, until refused: together
-    they hold exactly floor(limit / chunk) chunks, and the pod manager counts exactly that."""
-    be = backends([Group("race", 0.0, 1.0, f"{LIMIT}")])
+    they hold exactly floor(limit / chunk) chunks, and the pod manager counts exactly that. Either transport."""
+    be = backends([Group("race", 0.0, 1.0, f"{LIMIT}")], transport=transport)
     chunk = 3 * MiB
     barrier = tmp_path / "go"
     procs = [start(client_argv("e2e", "chunks", chunk, barrier, script=client_script), sim.hooked(be, "race"),

@@ -201,11 +201,15 @@ def c_text(max_bytes: int):
         .filter(lambda s: len(s.encode()) < max_bytes)
 
 
-def hello(name_st) -> st.SearchStrategy:
-    # mem_in_use stays below 2**62 here: a HELLO that overflows the group's 64-bit total is
-    # test_hello_overflowing_the_groups_total_is_a_protocol_error's business.
-    return st.builds(hp.Hello, pid=I32, device_ordinal=I32, mem_in_use=st.integers(0, 2**62), flags=U32,
-                     pod_name=name_st, device_uuid=c_text(hp.UUID_LEN))
+GOOD_LIMIT = 1 << 30       # the "good" group's MemoryLimit
+FITS = GOOD_LIMIT - GOOD_BYTES     # what the group's limit leaves beside the baseline client
+
+
+def hello(name_st, mem_in_use=None) -> st.SearchStrategy:
+    """A HELLO; by default its claim of memory already held fits in what the group's limit leaves (a claim that
+    does not is a bad frame of its own, "over-limit")."""
+    return st.builds(hp.Hello, pid=I32, device_ordinal=I32, mem_in_use=mem_in_use or st.integers(0, FITS),
+                     flags=U32, pod_name=name_st, device_uuid=c_text(hp.UUID_LEN))
 
 
 REQUESTS = st.one_of(
@@ -219,7 +223,6 @@ WRONG_WAY = st.one_of(
     st.builds(hp.HelloAck, client_id=U64, mem_limit=U64, mem_used=U64, group=c_text(hp.NAME_LEN)),
     st.builds(hp.TokenGrant, quota_ns=I64, token_seq=U64), st.just(hp.Ack()),
     st.builds(hp.MemReply, verdict=I32, used=U64, limit=U64),
-    st.builds(hp.LimitUpdate, verdict=I32, used=U64, limit=U64),
     st.builds(hp.Error, code=I32, message=c_text(hp.ERRMSG_LEN)),
 )
 REPLY_TYPE = {hp.Hello: hp.HelloAck, hp.TokenRequest: hp.TokenGrant, hp.TokenRelease: hp.Ack,
@@ -247,7 +250,8 @@ def good_frame(draw, first: bool, seq: int) -> Op:
 @st.composite
 def bad_frame(draw, first: bool) -> Op:
     kind = draw(st.sampled_from(["magic", "version", "size", "type", "wrong-way", "garbage", "short",
-                                 "not-hello-first" if first else "second-hello", "other-group"]))
+                                 "not-hello-first" if first else "second-hello", "other-group"]
+                                + (["over-limit"] if first else [])))
     base = hp.encode(draw(REQUESTS), draw(SEQ))
     if kind == "magic":
         magic = draw(U32.filter(lambda m: m != hp.MAGIC))
@@ -271,6 +275,9 @@ def bad_frame(draw, first: bool) -> Op:
         frame = hp.encode(draw(REQUESTS if not first else hello(st.just("good"))), draw(SEQ))
         return Op(frame[:draw(st.integers(1, hp.MSG_SIZE - 1))], error=hp.ErrorCode.PROTOCOL, partial=True)
         # (followed by more frames, the stream is out of step: what the pod manager reads then is anyone's guess)
+    if kind == "over-limit":   # memory already held that the group's limit cannot hold (up to past 2**64)
+        claim = st.integers(FITS + 1, 2**64 - 1)
+        return Op(hp.encode(draw(hello(st.sampled_from(["", "good"]), claim)), draw(SEQ)), error=hp.ErrorCode.PROTOCOL)
     if kind == "not-hello-first":
         return Op(base, error=hp.ErrorCode.NOT_HELLO, logged=False)
     if kind == "second-hello":
@@ -343,8 +350,6 @@ def run_session(port: int, ops: list[Op]) -> Op | None:
                 while len(buf) >= hp.MSG_SIZE:
                     seq, msg = hp.decode(buf[:hp.MSG_SIZE], hp.PMGR_TO_HOOK)
                     buf = buf[hp.MSG_SIZE:]
-                    if seq == 0 and isinstance(msg, hp.LimitUpdate):
-                        continue
                     assert seq in want and seq not in got, (seq, msg, sent)
                     got[seq] = msg
             for seq, reply in got.items():
@@ -917,7 +922,7 @@ def config_daemon(tmp_path_factory):
     path.write_text("[base]\nMinUtil = 0.1\n")
     from gemini.config import load_config
     records = LogRecords()
-    logger = logging.getLogger("gemini.scheduler.reload")
+    logger = logging.getLogger("gemini.reload")
     logger.addHandler(records)
     old_level = logger.level
     logger.setLevel(logging.INFO)

@@ -396,16 +396,14 @@ class TestMemory:
         assert r.m.mem_used == 0
         assert r.m.on_hook(b, 2, hp.MemAlloc(bytes=1000))[0].msg.verdict == hp.MemVerdict.OK
 
-    def test_limit_change_is_pushed_to_every_hook(self):
+    def test_limit_change_applies_to_the_next_request_without_a_push(self):
         r = Rig(limit=1000)
         a, b = r.hook(pid=1), r.hook(pid=2)
         r.m.connect("no-hello-yet")
         r.m.on_hook(a, 1, hp.MemAlloc(bytes=10))
-        acts = r.m.on_scheduler(sm.ConfigUpdate(group=GROUP, min_util=0, max_util=1, mem_limit=4000))
-        assert sorted(acts, key=lambda x: x.client_id) == [
-            ToHook(a, 0, hp.LimitUpdate(verdict=0, used=10, limit=4000)),
-            ToHook(b, 0, hp.LimitUpdate(verdict=0, used=10, limit=4000))]
+        # nothing is pushed (the hooks ask whenever they need the limit)
         assert r.m.on_scheduler(sm.ConfigUpdate(group=GROUP, min_util=0, max_util=1, mem_limit=4000)) == []
+        assert r.m.on_hook(a, 2, hp.MemInfo()) == [ToHook(a, 2, hp.MemReply(verdict=0, used=10, limit=4000))]
         assert r.m.on_hook(b, 2, hp.MemAlloc(bytes=3990))[0].msg.verdict == hp.MemVerdict.OK
 
     def test_requests_before_the_first_welcome_wait_then_no_scheduler(self):
@@ -439,7 +437,7 @@ class TestSchedulerLink:
         for _ in range(20):
             r.clock.advance(0.125)      # 2.5 s in steps a float adds exactly
             beats += upstream(r.m.tick())
-        assert beats == [sm.Heartbeat(group=GROUP, mem_used=77, clients=1)] * int(2.5 / HEARTBEAT_S)
+        assert beats == [sm.Heartbeat(group=GROUP, mem_used=77, clients=1, members=[[1, -1]])] * int(2.5 / HEARTBEAT_S)
 
     def test_not_registered_re_hellos_and_resends_the_outstanding_request(self):
         r = Rig()
@@ -447,7 +445,7 @@ class TestSchedulerLink:
         r.m.on_hook(a, 1, hp.TokenRequest(burst_ns=3 * MS))
         r.clock.advance(5.0)
         acts = r.m.on_scheduler(sm.Error(code=sm.ERR_NOT_REGISTERED, message="who?"))
-        assert upstream(acts) == [sm.Hello(group=GROUP, pid=99, mem_used=50, clients=1)]
+        assert upstream(acts) == [sm.Hello(group=GROUP, pid=99, mem_used=50, clients=1, members=[[1, -1]])]
         # more not_registered replies in a burst (queued heartbeats) send no more Hellos
         assert upstream(r.m.on_scheduler(sm.Error(code=sm.ERR_NOT_REGISTERED, message="who?"))) == []
         acts = r.m.on_scheduler(welcome(sid="s2"))
@@ -661,10 +659,12 @@ def test_exact_memory_limit_under_concurrent_requests_from_many_connections():
             assert rep.used == sum(granted) - granted[poor]
             await hooks[rich].call(hp.MemFree(bytes=granted[rich]))
             assert srv.manager.mem_used == sum(granted) - granted[poor] - granted[rich]
-            # a live limit change reaches every hook as a push
+            # a live limit change is what every hook's next request sees
             await sched.send(GROUP, sm.ConfigUpdate(group=GROUP, min_util=0, max_util=1, mem_limit=2 * limit))
-            pushes = await asyncio.gather(*(asyncio.wait_for(h.pushes.get(), 2) for h in hooks))
-            assert all(p == hp.LimitUpdate(verdict=0, used=srv.manager.mem_used, limit=2 * limit) for p in pushes)
+            await eventually(lambda: srv.manager.mem_limit == 2 * limit, what="ConfigUpdate handled")
+            infos = await asyncio.gather(*(h.call(hp.MemInfo()) for h in hooks))
+            assert all(i == hp.MemReply(verdict=0, used=srv.manager.mem_used, limit=2 * limit) for i in infos)
+            assert all(h.pushes.empty() for h in hooks)
             for h in hooks:
                 await h.close()
     run(body())

@@ -24,7 +24,7 @@ def test_layout_comes_from_the_header():
     protocol.TokenGrant(quota_ns=250_000_000, token_seq=2**63),
     protocol.TokenRelease(token_seq=4, overuse_ns=5, burst_ns=6),
     protocol.Ack(), protocol.MemAlloc(bytes=2**40, kind=protocol.MemKind.VMM), protocol.MemFree(bytes=1),
-    protocol.MemInfo(), protocol.MemReply(verdict=1, used=2, limit=3), protocol.LimitUpdate(verdict=0, used=1, limit=2),
+    protocol.MemInfo(), protocol.MemReply(verdict=1, used=2, limit=3),
     protocol.Error(code=protocol.ErrorCode.GROUP_MISMATCH, message="wrong group"),
 ])
 def test_round_trip(msg):

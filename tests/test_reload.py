@@ -12,7 +12,7 @@ import pytest
 
 from gemini.config import load_config
 from gemini.wire.sched import ConfigUpdate, GroupRemoved, Hello, StatusReply, StatusRequest, Welcome
-from gemini.scheduler.reload import ConfigReloader
+from gemini.reload import ConfigReloader
 from tests.schd_inproc import DaemonThread, FakePodManager
 
 
@@ -101,7 +101,7 @@ def test_each_save_style_is_picked_up(daemon_on_file, save):
 
 def test_bad_file_keeps_the_last_good_config(daemon_on_file, caplog):
     d, path = daemon_on_file
-    caplog.set_level(logging.ERROR, logger="gemini.scheduler.reload")
+    caplog.set_level(logging.ERROR, logger="gemini.reload")
     with FakePodManager(d.endpoint) as p:
         p.request(Hello("a", pid=1))
         save_rename_over(path, "[a]\nMaxUtil = 0.9\n[b]\nMaxUtil = banana\n")
@@ -130,7 +130,7 @@ def test_a_process_sharing_edit_alone_is_pushed(daemon_on_file):
 
 def test_deleted_file_keeps_config_until_recreated(daemon_on_file, caplog):
     d, path = daemon_on_file
-    caplog.set_level(logging.WARNING, logger="gemini.scheduler.reload")
+    caplog.set_level(logging.WARNING, logger="gemini.reload")
     with FakePodManager(d.endpoint) as p:
         p.request(Hello("a", pid=1))
         path.unlink()

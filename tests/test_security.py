@@ -241,8 +241,8 @@ def test_a_client_cannot_free_anothers_memory_nor_raise_its_limit(backend):
             assert isinstance(reply, hp.MemReply) and reply.used == 1000, reply
         denied = other.call(hp.MemAlloc(bytes=LIMIT_A))
         assert denied.verdict == hp.MemVerdict.DENIED and denied.used == 1000 and denied.limit == LIMIT_A
-        # no message raises a limit: a LIMIT_UPDATE (a pod manager's push) from a client is a protocol error
-        other.send_raw(hp.LimitUpdate(verdict=0, used=0, limit=2**63))
+        # no message raises a limit: a MEM_REPLY (a pod manager's message) from a client is a protocol error
+        other.send_raw(hp.MemReply(verdict=0, used=0, limit=2**63))
         got = other.read()
         assert got is not None and isinstance(got[1], hp.Error) and got[1].code == hp.ErrorCode.PROTOCOL, got
         assert other.read() is None

@@ -1,14 +1,21 @@
 """launch-backend: start gem-schd and one gem-pmgr per group, keep them running, follow config edits.
 
-    launch-backend [--ip IP] [--port PORT] [--config FILE] [--base_quota MS] [--min_quota MS] [--window MS]
-                   [--schd-path PATH] [--pmgr-path PATH] [--log-dir DIR] [--ports-file FILE] [-v]
+    launch-backend [--ipc-dir DIR | --ip IP --port PORT] [--device-uuid GPU-...] [--config FILE]
+                   [--base_quota MS] [--min_quota MS] [--window MS] [--schd-path PATH] [--pmgr-path PATH]
+                   [--log-dir DIR] [--ports-file FILE] [-v]
 
-gem-schd listens on PORT, the groups' pod managers on PORT+1, PORT+2, ... in the order of the config file.
-When every daemon listens, a table "group port" is printed on stdout (and written as JSON {group: port} to
---ports-file). Edits of the config are followed: a new group gets a pod manager on the next free port, a
-removed group's pod manager is stopped, a bad edit changes nothing (gem-schd reloads the file by itself).
-A daemon that dies is restarted on its port with backoff. SIGINT/SIGTERM stop everything: SIGTERM, then
-SIGKILL after a grace period. Children never see a shell: every argument is passed as argv.
+Two transports (gemini/transport.py):
+- Unix sockets (the default; --ipc-dir, default /tmp/gemini/ipc): gem-schd on DIR/<gpu>/gem-schd.sock, each
+  group's pod manager on DIR/<gpu>/group.<name>.sock, owned and moded as the config's SocketOwner, SocketGroup
+  and SocketMode say (default: this user, mode 0660). <gpu> is --device-uuid, or `default`. No TCP port.
+- TCP (Gemini's; chosen by --port or --ip): gem-schd on PORT, the groups' pod managers on PORT+1, PORT+2, ...
+  in the order of the config file.
+When every daemon listens, a table "group port" (or "group socket") is printed on stdout (and written as JSON
+{group: port or socket path} to --ports-file). Edits of the config are followed: a new group gets a pod
+manager (on the next free port), a removed group's pod manager is stopped, a group whose socket settings
+changed gets them at once, a bad edit changes nothing (gem-schd reloads the file by itself). A daemon that
+dies is restarted (on its port or socket, with the same owner and mode) with backoff. SIGINT/SIGTERM stop
+everything: SIGTERM, then SIGKILL after a grace period. Children never see a shell: every argument is argv.
 """
 from __future__ import annotations
 
@@ -29,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gemini.config import Config, ConfigError, load_config
-from gemini.scheduler.reload import ConfigReloader
+from gemini import transport
+from gemini.config import Config, ConfigError, GroupConfig, load_config
+from gemini.reload import ConfigReloader
 
 log = logging.getLogger("gemini.launch")
 
@@ -125,18 +133,24 @@ def _pdeathsig_preexec():
 class Child:
     label: str                      # "gem-schd" or the group name
     argv: list[str]
-    port: int
+    port: int                       # 0 on the socket transport
     log_path: Path | None = None
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     backoff: float = BACKOFF_START_S
     restart_at: float | None = None
     restarts: int = 0
+    socket: Path | None = None      # where it listens on the socket transport
+    access: transport.SocketAccess | None = None    # a group socket's owner and mode
     _log_file: IO | None = field(default=None, repr=False)
 
     @property
     def what(self) -> str:
         return "gem-schd" if self.label == "gem-schd" else f"gem-pmgr for group '{self.label}'"
+
+    @property
+    def where(self) -> str:
+        return str(self.socket) if self.socket is not None else f"port {self.port}"
 
     def spawn(self, env: dict) -> None:
         if self._log_file is None and self.log_path is not None:
@@ -189,18 +203,30 @@ class Interrupted(Exception):
     """SIGINT/SIGTERM while waiting for a daemon."""
 
 
+def child_listening(child: Child, ip: str) -> bool:
+    if child.socket is not None:
+        return transport.socket_in_use(child.socket)
+    return listening(ip, child.port)
+
+
 async def wait_listening(child: Child, ip: str, stop: asyncio.Event, timeout: float = LISTEN_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
-    while not listening(ip, child.port):
+    while not child_listening(child, ip):
         if stop.is_set():
             raise Interrupted
         if not child.alive():
             code = child.proc.returncode if child.proc else None
             where = f" (see {child.log_path})" if child.log_path else ""
-            raise BackendError(f"{child.what} exited with code {code} before listening on port {child.port}{where}")
+            raise BackendError(f"{child.what} exited with code {code} before listening on {child.where}{where}")
         if time.monotonic() > deadline:
-            raise BackendError(f"{child.what} is not listening on port {child.port} after {timeout:g} s")
+            raise BackendError(f"{child.what} is not listening on {child.where} after {timeout:g} s")
         await asyncio.sleep(0.02)
+
+
+def socket_access(group: GroupConfig) -> transport.SocketAccess:
+    """The group socket's owner, group and mode from the config (SocketOwner, SocketGroup, SocketMode)."""
+    mode = transport.DEFAULT_GROUP_SOCKET_MODE if group.socket_mode is None else group.socket_mode
+    return transport.SocketAccess(group.socket_owner, group.socket_group, mode)
 
 
 # --- the backend --------------------------------------------------------------------------------
@@ -211,8 +237,10 @@ class Backend:
     def __init__(self, opts: argparse.Namespace, out: IO = sys.stdout):
         self.opts = opts
         self.out = out
-        self.ip: str = opts.ip
-        self.port: int = opts.port
+        self.ip: str = opts.ip or "127.0.0.1"
+        self.port: int = opts.port or 0
+        self.ipc_dir: Path | None = Path(os.path.abspath(opts.ipc_dir)) if opts.ipc_dir else None
+        self.device_uuid: str | None = opts.device_uuid or None
         self.config_path = Path(os.path.abspath(opts.config))   # not resolved: a symlinked config stays one
         self.log_dir = Path(opts.log_dir).resolve() if opts.log_dir else None
         self.schd_cmd = daemon_command(opts.schd_path, "gem-schd", "gemini.scheduler.cli")
@@ -244,18 +272,44 @@ class Backend:
         return self.log_dir / f"gem-pmgr-{safe}-{digest}.log"
 
     def _scheduler_child(self) -> Child:
-        argv = self.schd_cmd + ["--ip", self.ip, "-P", str(self.port), "-f", str(self.config_path),
-                                "-p", str(self.config_path.parent)]
+        if self.ipc_dir is not None:
+            where = ["--ipc-dir", str(self.ipc_dir)] + (["--device-uuid", self.device_uuid] if self.device_uuid else [])
+        else:
+            where = ["--ip", self.ip, "-P", str(self.port)]
+        argv = self.schd_cmd + where + ["-f", str(self.config_path), "-p", str(self.config_path.parent)]
         for flag, value in (("-q", self.opts.base_quota), ("-m", self.opts.min_quota), ("-w", self.opts.window)):
             if value is not None:
                 argv += [flag, f"{value:g}"]
-        return Child("gem-schd", argv + self._verbosity() + list(self.opts.schd_arg or []), self.port,
-                     self._log_path("gem-schd"))
+        child = Child("gem-schd", argv + self._verbosity() + list(self.opts.schd_arg or []), self.port,
+                      self._log_path("gem-schd"))
+        if self.ipc_dir is not None:
+            child.socket = transport.scheduler_socket(self.ipc_dir, self.device_uuid)
+        return child
 
-    def _pmgr_child(self, group: str, port: int) -> Child:
-        argv = self.pmgr_cmd + ["--name", group, "--ip", self.ip, "--port", str(port),
-                                "--scheduler-ip", connect_host(self.ip), "--scheduler-port", str(self.port)]
-        return Child(group, argv + self._verbosity(), port, self._log_path(group))
+    def _pmgr_argv(self, group: str, port: int, access: transport.SocketAccess | None) -> list[str]:
+        argv = self.pmgr_cmd + ["--name", group]
+        if self.device_uuid:
+            argv += ["--device-uuid", self.device_uuid]
+        if self.ipc_dir is None:
+            argv += ["--ip", self.ip, "--port", str(port), "--scheduler-ip", connect_host(self.ip),
+                     "--scheduler-port", str(self.port)]
+        else:
+            assert access is not None
+            argv += ["--ipc-dir", str(self.ipc_dir), "--socket-mode", f"{access.mode:04o}"]
+            if access.owner is not None:
+                argv += ["--socket-owner", access.owner]
+            if access.group is not None:
+                argv += ["--socket-group", access.group]
+        return argv + self._verbosity() + list(getattr(self.opts, "pmgr_arg", None) or [])
+
+    def _pmgr_child(self, group: str, port: int, config: GroupConfig | None = None) -> Child:
+        access = socket_access(config) if config is not None and self.ipc_dir is not None else None
+        if self.ipc_dir is not None and access is None:
+            access = transport.SocketAccess()
+        child = Child(group, self._pmgr_argv(group, port, access), port, self._log_path(group), access=access)
+        if self.ipc_dir is not None:
+            child.socket = transport.group_socket(self.ipc_dir, group, self.device_uuid)
+        return child
 
     def _next_free_port(self) -> int:
         used = {c.port for c in self.groups.values()} | {self.port}
@@ -268,13 +322,7 @@ class Backend:
 
     # -- start / stop --
 
-    async def start(self) -> None:
-        try:
-            config = load_config(self.config_path)
-        except ConfigError as exc:
-            raise BackendError(f"bad config: {exc}") from None
-        for warning in config.warnings:
-            log.warning("%s", warning)
+    def _check_tcp(self, config: Config) -> list[tuple[str, int]]:
         wanted = [("gem-schd", self.port)] + [(g, self.port + i) for i, g in enumerate(config.names, 1)]
         if wanted[-1][1] > 65535:
             raise BackendError(f"{len(config.names)} groups do not fit above port {self.port}")
@@ -284,6 +332,32 @@ class Backend:
                              for label, port in busy)
             raise BackendError(f"port(s) already in use on {self.ip}: {what}; stop whatever holds them or "
                                "choose another --port")
+        return wanted
+
+    def _check_ipc(self, config: Config) -> list[tuple[str, int]]:
+        """The socket directory is safe (created if missing), no other backend serves this GPU there, and every
+        group's SocketOwner/SocketGroup/SocketMode can be applied by this user."""
+        assert self.ipc_dir is not None
+        try:
+            directory = transport.ensure_socket_dir(self.ipc_dir, self.device_uuid)
+            for g in config.groups:
+                socket_access(g).check()
+        except transport.TransportError as exc:
+            raise BackendError(str(exc)) from None
+        schd = transport.scheduler_socket(self.ipc_dir, self.device_uuid)
+        if transport.socket_in_use(schd):
+            raise BackendError(f"a gem-schd already listens on {schd}: is another launch-backend serving "
+                               f"{directory}? (stop it, or give this one another --ipc-dir or --device-uuid)")
+        return [("gem-schd", 0)] + [(g, 0) for g in config.names]
+
+    async def start(self) -> None:
+        try:
+            config = load_config(self.config_path)
+        except ConfigError as exc:
+            raise BackendError(f"bad config: {exc}") from None
+        for warning in config.warnings:
+            log.warning("%s", warning)
+        wanted = self._check_ipc(config) if self.ipc_dir is not None else self._check_tcp(config)
         if self.log_dir is not None:
             self.log_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
             os.chmod(self.log_dir, 0o750)   # mkdir's mode is filtered by the umask
@@ -291,7 +365,7 @@ class Backend:
         self.scheduler.spawn(self.env)
         await wait_listening(self.scheduler, self.ip, self.stop)
         for label, port in wanted[1:]:
-            self.groups[label] = self._pmgr_child(label, port)
+            self.groups[label] = self._pmgr_child(label, port, config.group(label))
             self.groups[label].spawn(self.env)
         for child in self.groups.values():
             await wait_listening(child, self.ip, self.stop)
@@ -307,6 +381,9 @@ class Backend:
         if self._reloader is not None:
             self._reloader.stop()
         stop_children(self.children(), self.opts.kill_grace)
+        for child in self.children():
+            if child.socket is not None:
+                self._remove_socket(child)      # one that had to be killed left its socket
 
     # -- output --
 
@@ -318,14 +395,20 @@ class Backend:
 
     def _print_table(self) -> None:
         width = max([5] + [len(g) for g in self.groups])
-        self._emit(f"gem-schd listening on {self.ip}:{self.port} (config {self.config_path})")
-        self._emit(f"{'GROUP':<{width}}  PORT")
+        if self.ipc_dir is not None:
+            assert self.scheduler is not None
+            self._emit(f"gem-schd listening on {self.scheduler.socket} (config {self.config_path})")
+            self._emit(f"{'GROUP':<{width}}  SOCKET")
+        else:
+            self._emit(f"gem-schd listening on {self.ip}:{self.port} (config {self.config_path})")
+            self._emit(f"{'GROUP':<{width}}  PORT")
         for group, child in self.groups.items():
-            self._emit(f"{group:<{width}}  {child.port}")
+            self._emit(f"{group:<{width}}  {child.socket or child.port}")
         self._emit("ready")
 
-    def ports(self) -> dict[str, int]:
-        return {g: c.port for g, c in self.groups.items()}
+    def ports(self) -> dict[str, int | str]:
+        """Where each group's pod manager listens: its port, or its socket's path."""
+        return {g: str(c.socket) if c.socket is not None else c.port for g, c in self.groups.items()}
 
     def _write_ports_file(self) -> None:
         if not self.opts.ports_file:
@@ -368,34 +451,44 @@ class Backend:
             if child.restart_at is None:
                 code = child.proc.returncode if child.proc else None
                 child.restart_at = now + child.backoff
-                log.error("%s (port %d) exited unexpectedly with code %s; restarting in %.1f s",
-                          child.what, child.port, code, child.backoff)
+                log.error("%s (%s) exited unexpectedly with code %s; restarting in %.1f s",
+                          child.what, child.where, code, child.backoff)
                 child.backoff = min(child.backoff * 2, BACKOFF_MAX_S)
             elif now >= child.restart_at:
                 child.restarts += 1
                 try:
                     child.spawn(self.env)
-                    log.warning("restarted %s on port %d (restart %d)", child.what, child.port, child.restarts)
+                    log.warning("restarted %s on %s (restart %d)", child.what, child.where, child.restarts)
                 except OSError as exc:
                     child.restart_at = now + child.backoff
                     log.error("cannot restart %s: %s", child.what, exc)
 
     async def apply(self, config: Config) -> None:
-        """Start pod managers for new groups, stop those of removed groups (gem-schd reloads by itself)."""
+        """Start pod managers for new groups, stop those of removed groups, give sockets their new owner and mode
+        (gem-schd reloads by itself)."""
         removed = [g for g in self.groups if g not in config.names]
         added = [g for g in config.names if g not in self.groups]
         events = []
         stop_children([self.groups[g] for g in removed], self.opts.kill_grace)
         for g in removed:
-            events.append(f"removed {g} {self.groups.pop(g).port}")
+            child = self.groups.pop(g)
+            if child.socket is not None:
+                self._remove_socket(child)
+            events.append(f"removed {g} {child.socket or child.port}")
+        if self.ipc_dir is not None:
+            for gc in config.groups:
+                if gc.name in self.groups:
+                    self._update_access(self.groups[gc.name], socket_access(gc))
         started = []
         for g in added:
             try:
-                port = self._next_free_port()
-            except BackendError as exc:
+                port = self._next_free_port() if self.ipc_dir is None else 0
+                if self.ipc_dir is not None:
+                    socket_access(config.group(g)).check()      # type: ignore[arg-type]
+            except (BackendError, transport.TransportError) as exc:
                 log.error("cannot start a pod manager for new group '%s': %s", g, exc)
                 continue
-            self.groups[g] = self._pmgr_child(g, port)
+            self.groups[g] = self._pmgr_child(g, port, config.group(g))
             self.groups[g].spawn(self.env)
             started.append(g)
         for g in started:
@@ -403,7 +496,7 @@ class Backend:
                 await wait_listening(self.groups[g], self.ip, self.stop)
             except BackendError as exc:
                 log.error("%s", exc)    # supervision restarts it
-            events.append(f"added {g} {self.groups[g].port}")
+            events.append(f"added {g} {self.groups[g].socket or self.groups[g].port}")
         self.groups = {g: self.groups[g] for g in config.names if g in self.groups}   # the config's order
         if events:
             self._write_ports_file()    # before the lines, so that a reader of both never sees them disagree
@@ -411,13 +504,45 @@ class Backend:
                 self._emit(line)
 
 
+    def _update_access(self, child: Child, access: transport.SocketAccess) -> None:
+        """A group's SocketOwner/SocketGroup/SocketMode changed: its live socket gets them now, and a restart of
+        its pod manager keeps them (its argv says them)."""
+        if access == child.access:
+            return
+        try:
+            access.check()
+            if child.socket is not None and os.path.lexists(child.socket):
+                transport.apply_access(child.socket, access)
+        except (transport.TransportError, OSError) as exc:
+            log.error("group '%s': cannot give its socket %s: %s (it keeps %s)", child.label, access.describe(),
+                      exc, child.access.describe() if child.access else "what it had")
+            return
+        child.access = access
+        child.argv = self._pmgr_argv(child.label, child.port, access)
+        log.info("group '%s': socket %s now has %s", child.label, child.socket, access.describe())
+
+    @staticmethod
+    def _remove_socket(child: Child) -> None:
+        """A stopped pod manager's socket, if it left one (killed): nobody listens there any more."""
+        try:
+            transport.remove_stale(child.socket, child.what)    # type: ignore[arg-type]
+        except transport.TransportError as exc:
+            log.warning("%s", exc)
+
+
 # --- command line ---------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Start gem-schd and one gem-pmgr per group of the config.")
-    p.add_argument("--ip", default="127.0.0.1", help="address of every daemon (default %(default)s)")
-    p.add_argument("--port", type=int, default=50051,
-                   help="gem-schd's port; pod managers use the next ones (default %(default)s)")
+    p.add_argument("--ipc-dir", default=None, metavar="DIR",
+                   help=f"Unix sockets in DIR/<gpu>/ (the default transport, DIR {transport.DEFAULT_IPC_DIR})")
+    p.add_argument("--device-uuid", default=None, metavar="GPU-...",
+                   help="the GPU this backend serves: names its socket subdirectory (default 'default'), and the "
+                        "pod managers refuse hooks on other GPUs")
+    p.add_argument("--ip", default=None,
+                   help="TCP transport: address of every daemon (default 127.0.0.1 when --port is given)")
+    p.add_argument("--port", type=int, default=None,
+                   help="TCP transport: gem-schd's port; pod managers use the next ones (e.g. 50051)")
     p.add_argument("--config", default="resource-config.txt", help="the groups (default %(default)s)")
     p.add_argument("--base_quota", "--base-quota", type=float, default=None, metavar="MS",
                    help="gem-schd's base quota in ms (default: gem-schd's)")
@@ -433,6 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between SIGTERM and SIGKILL at shutdown (default %(default)s)")
     p.add_argument("--schd-arg", action="append", metavar="ARG",
                    help="pass ARG on to gem-schd (repeatable), e.g. --schd-arg=--trace=grants.json")
+    p.add_argument("--pmgr-arg", action="append", metavar="ARG",
+                   help="pass ARG on to every gem-pmgr (repeatable), e.g. --pmgr-arg=--authorizer=mod:Judge")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more output (passed on to the daemons)")
     return p
 
@@ -456,10 +583,34 @@ async def _main(backend: Backend) -> int:
         backend.shutdown()
 
 
+DEFAULT_TCP_PORT = 50051
+
+
+def choose_transport(opts: argparse.Namespace) -> str | None:
+    """Fill in the transport's defaults; the reason the options do not make sense, or None."""
+    tcp = opts.ip is not None or opts.port is not None
+    if tcp and opts.ipc_dir is not None:
+        return "--ipc-dir and --ip/--port: choose one transport"
+    if tcp:
+        opts.ip = opts.ip or "127.0.0.1"
+        opts.port = DEFAULT_TCP_PORT if opts.port is None else opts.port
+        if not 1 <= opts.port <= 65534:
+            return f"--port {opts.port} is not usable (gem-schd's port, pod managers above it)"
+    else:
+        opts.ipc_dir = opts.ipc_dir or transport.DEFAULT_IPC_DIR
+    if opts.device_uuid:
+        try:
+            transport.gpu_dir_name(opts.device_uuid)
+        except transport.TransportError as exc:
+            return f"--device-uuid: {exc}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if not 1 <= opts.port <= 65534:
-        print(f"{PROG}: --port {opts.port} is not usable (gem-schd's port, pod managers above it)", file=sys.stderr)
+    problem = choose_transport(opts)
+    if problem:
+        print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.DEBUG if opts.verbose >= 2 else logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {PROG} %(levelname)s: %(message)s")

@@ -1,12 +1,16 @@
 """launch-command: run a program as a member of a group, with the gemini hook preloaded.
 
-    launch-command --name NAME --port PORT [--ip IP] [--timeout S] [--shell] -- CMD ARGS...
+    launch-command --name NAME [--ipc-dir DIR | --port PORT [--ip IP]] [--timeout S] [--shell] -- CMD ARGS...
 
+The group's pod manager is reached on the socket transport (the default: --ipc-dir or $GEMINI_IPC_DIR, default
+/tmp/gemini/ipc; the program gets GEMINI_IPC_DIR and GEMINI_GROUP_NAME, and its hook finds each GPU's socket
+there), or on TCP when --port (or $POD_MANAGER_PORT) is given, as in Gemini v1 (POD_MANAGER_IP/PORT).
 Before starting anything it greets the group's pod manager (a HELLO handshake, then closes), so a wrong
-port, a group the scheduler does not know, or no pod manager at all is reported at once instead of by a
-hook inside the program. The program keeps its argv exactly (no shell unless --shell) and runs in its own
-process group, which --timeout ends as a whole. The exit code is the program's (128+N if signal N ended it;
-124 on --timeout; 2 for launch-command's own errors; 126/127 when the program cannot be run).
+port or socket, a group the scheduler does not know, a socket this user may not open, or no pod manager at
+all is reported at once instead of by a hook inside the program. The program keeps its argv exactly (no
+shell unless --shell) and runs in its own process group, which --timeout ends as a whole. The exit code is
+the program's (128+N if signal N ended it; 124 on --timeout; 2 for launch-command's own errors; 126/127 when
+the program cannot be run).
 """
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ import sys
 import time
 from contextlib import contextmanager
 
+from pathlib import Path
+
+from gemini import transport
 from gemini.wire import hook as hp
 from gemini.hookpath import HookNotFound, hook_path
 from gemini.podmgr import DEFAULT_IP, ENV_POD_MANAGER_IP, ENV_POD_MANAGER_PORT, ENV_POD_NAME
@@ -44,13 +51,21 @@ def _env_first(names: tuple[str, ...]) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG, usage=f"{PROG} --name NAME --port PORT [--ip IP] [--timeout S] [--shell] -- CMD [ARG...]",
+        prog=PROG,
+        usage=f"{PROG} --name NAME [--ipc-dir DIR | --port PORT [--ip IP]] [--timeout S] [--shell] -- CMD [ARG...]",
         description="Run CMD in a gemini group: LD_PRELOAD the hook and point it at the group's pod manager.")
-    p.add_argument("--name", default=_env_first(ENV_POD_NAME), help="the group (default: $POD_NAME)")
-    p.add_argument("--port", type=int, default=_env_first(ENV_POD_MANAGER_PORT),
-                   help="the group's pod manager port (default: $POD_MANAGER_PORT)")
-    p.add_argument("--ip", default=_env_first(ENV_POD_MANAGER_IP) or DEFAULT_IP,
-                   help=f"the pod manager's address (default: $POD_MANAGER_IP or {DEFAULT_IP})")
+    p.add_argument("--name", default=_env_first((transport.ENV_GROUP_NAME,) + ENV_POD_NAME),
+                   help="the group (default: $GEMINI_GROUP_NAME or $POD_NAME)")
+    p.add_argument("--ipc-dir", default=None, metavar="DIR",
+                   help=f"socket transport (the default): the backend's socket directory (default: $GEMINI_IPC_DIR "
+                        f"or {transport.DEFAULT_IPC_DIR})")
+    p.add_argument("--device-uuid", default=None, metavar="GPU-...",
+                   help="socket transport: greet the pod manager of this GPU (default: the 'default' one, else "
+                        "the only GPU that serves the group)")
+    p.add_argument("--port", type=int, default=None,
+                   help="TCP transport: the group's pod manager port (default: $POD_MANAGER_PORT)")
+    p.add_argument("--ip", default=None,
+                   help=f"TCP transport: the pod manager's address (default: $POD_MANAGER_IP or {DEFAULT_IP})")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help=f"end the program's whole process group after S seconds and exit {EXIT_TIMEOUT}")
     p.add_argument("--kill-grace", type=float, default=KILL_GRACE_S, metavar="S",
@@ -74,16 +89,70 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not ns.command:
         parser.error("no command given (put it after --)")
     if not ns.name:
-        parser.error("--name is required (or set POD_NAME)")
+        parser.error("--name is required (or set GEMINI_GROUP_NAME or POD_NAME)")
     if len(ns.name.encode()) >= hp.NAME_LEN:
         parser.error(f"--name must be shorter than {hp.NAME_LEN} bytes")
-    if ns.port is None:
-        parser.error("--port is required (or set POD_MANAGER_PORT)")
-    if not 1 <= ns.port <= 65535:
-        parser.error(f"--port {ns.port} is not a TCP port")
+    problem = _choose_transport(ns)
+    if problem:
+        parser.error(problem)
     if ns.timeout is not None and ns.timeout <= 0:
         parser.error("--timeout must be positive")
     return ns
+
+
+def _choose_transport(ns: argparse.Namespace) -> str | None:
+    """Sockets if --ipc-dir (or $GEMINI_IPC_DIR) is given, TCP if --port/--ip (or $POD_MANAGER_PORT) is; neither:
+    sockets in the default directory. Sets ns.ipc_dir, or ns.ip and ns.port. The reason it cannot, or None."""
+    tcp_flags = ns.port is not None or ns.ip is not None
+    if tcp_flags and ns.ipc_dir is not None:
+        return "--ipc-dir and --ip/--port: choose one transport"
+    if not tcp_flags and ns.ipc_dir is None:
+        env_dir = os.environ.get(transport.ENV_IPC_DIR)
+        env_port = _env_first(ENV_POD_MANAGER_PORT)
+        if env_dir:
+            ns.ipc_dir = env_dir
+        elif env_port:
+            try:
+                ns.port = int(env_port)
+            except ValueError:
+                return f"POD_MANAGER_PORT={env_port!r} is not a port number"
+        else:
+            ns.ipc_dir = transport.DEFAULT_IPC_DIR
+    if ns.ipc_dir is not None:
+        if ns.device_uuid:
+            try:
+                transport.gpu_dir_name(ns.device_uuid)
+            except transport.TransportError as exc:
+                return f"--device-uuid: {exc}"
+        return None
+    ns.ip = ns.ip or _env_first(ENV_POD_MANAGER_IP) or DEFAULT_IP
+    if ns.port is None:
+        return "--port is required with --ip (or set POD_MANAGER_PORT)"
+    if not 1 <= ns.port <= 65535:
+        return f"--port {ns.port} is not a TCP port"
+    return None
+
+
+def group_socket_for(ipc_dir: str, name: str, device_uuid: str | None) -> Path:
+    """The socket to greet: the named GPU's, else the 'default' GPU's, else the one GPU directory that has the
+    group's socket (the hook itself finds each GPU's by the GPU's UUID). LaunchError if there is none."""
+    if device_uuid:
+        return transport.group_socket(ipc_dir, name, device_uuid)
+    default = transport.group_socket(ipc_dir, name)
+    if os.path.lexists(default):
+        return default
+    filename = default.name
+    try:
+        found = sorted(d / filename for d in Path(ipc_dir).iterdir() if os.path.lexists(d / filename))
+    except OSError:
+        found = []
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise LaunchError(f"group '{name}' is served on several GPUs ({', '.join(p.parent.name for p in found)}): "
+                          "name one with --device-uuid")
+    raise LaunchError(f"no pod manager socket for group '{name}' in {ipc_dir} (looked for {default}; is "
+                      "launch-backend running with this --ipc-dir?)")
 
 
 def _recv_frame(sock: socket.socket, deadline: float, where: str) -> bytes:
@@ -100,18 +169,30 @@ def _recv_frame(sock: socket.socket, deadline: float, where: str) -> bytes:
     return buf
 
 
-def handshake(ip: str, port: int, name: str, timeout: float = HANDSHAKE_TIMEOUT_S) -> hp.HelloAck:
-    """Greet the pod manager as a member of `name`. Returns its HELLO_ACK or raises LaunchError."""
-    where = f"{ip}:{port}"
-    deadline = time.monotonic() + timeout
+def _connect(ip: str, port: int, ipc_socket: Path | None, timeout: float) -> socket.socket:
+    where = str(ipc_socket) if ipc_socket is not None else f"{ip}:{port}"
     try:
-        sock = socket.create_connection((ip, port), timeout=timeout)
-    except ConnectionRefusedError:
+        if ipc_socket is not None:
+            return transport.connect_unix(ipc_socket, timeout)
+        return socket.create_connection((ip, port), timeout=timeout)
+    except (ConnectionRefusedError, FileNotFoundError):
         raise LaunchError(f"no pod manager listening on {where} (is launch-backend running?)") from None
+    except PermissionError:
+        raise LaunchError(f"this user (uid {os.geteuid()}) may not open {where}: the group's socket is not "
+                          "open to it (see SocketOwner, SocketGroup, SocketMode in the config)") from None
     except socket.timeout:
         raise LaunchError(f"connecting to the pod manager at {where} timed out after {timeout:g} s") from None
     except OSError as exc:
         raise LaunchError(f"cannot reach a pod manager at {where}: {exc.strerror or exc}") from None
+
+
+def handshake(ip: str, port: int, name: str, timeout: float = HANDSHAKE_TIMEOUT_S,
+              ipc_socket: Path | None = None) -> hp.HelloAck:
+    """Greet the pod manager (at ip:port, or on the Unix socket `ipc_socket`) as a member of `name`. Returns its
+    HELLO_ACK or raises LaunchError."""
+    where = str(ipc_socket) if ipc_socket is not None else f"{ip}:{port}"
+    deadline = time.monotonic() + timeout
+    sock = _connect(ip, port, ipc_socket, timeout)
     with sock:
         try:
             sock.sendall(hp.encode(hp.Hello(pid=os.getpid(), pod_name=name), 1))
@@ -133,17 +214,30 @@ def handshake(ip: str, port: int, name: str, timeout: float = HANDSHAKE_TIMEOUT_
             raise LaunchError(f"{where} is not the pod manager of group '{name}': {reply.message}")
         if reply.code == hp.ErrorCode.UNKNOWN_GROUP:
             raise LaunchError(f"gem-schd does not know group '{name}': {reply.message}")
+        if reply.code == hp.ErrorCode.REFUSED:
+            raise LaunchError(f"the pod manager at {where} refused this process: {reply.message}")
         code = hp.ErrorCode(reply.code).name if reply.code in hp.ErrorCode._value2member_map_ else reply.code
         raise LaunchError(f"the pod manager at {where} refused the handshake ({code}): {reply.message}")
     raise LaunchError(f"{where} answered HELLO with {type(reply).__name__}")
 
 
-def child_env(name: str, ip: str, port: int, hook: str, base: dict | None = None) -> dict:
-    """The program's environment: the hook first in LD_PRELOAD, and where its pod manager is."""
+def child_env(name: str, ip: str | None, port: int | None, hook: str, base: dict | None = None,
+              ipc_dir: str | None = None) -> dict:
+    """The program's environment: the hook first in LD_PRELOAD, and where its pod manager is (GEMINI_IPC_DIR and
+    GEMINI_GROUP_NAME on the socket transport, POD_MANAGER_IP/PORT on TCP; the other transport's variables are
+    removed, so the hook cannot be pointed elsewhere by what the caller had set)."""
     env = dict(os.environ if base is None else base)
     existing = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = f"{hook}:{existing}" if existing else hook
-    for names, value in ((ENV_POD_NAME, name), (ENV_POD_MANAGER_IP, ip), (ENV_POD_MANAGER_PORT, str(port))):
+    for var in ENV_POD_NAME + (transport.ENV_GROUP_NAME,):
+        env[var] = name
+    if ipc_dir is not None:
+        env[transport.ENV_IPC_DIR] = os.path.abspath(ipc_dir)
+        for var in ENV_POD_MANAGER_IP + ENV_POD_MANAGER_PORT + ("GEMINI_POD_MANAGERS",):
+            env.pop(var, None)
+        return env
+    env.pop(transport.ENV_IPC_DIR, None)
+    for names, value in ((ENV_POD_MANAGER_IP, ip), (ENV_POD_MANAGER_PORT, str(port))):
         for var in names:
             env[var] = value
     return env
@@ -255,9 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         hook = str(hook_path())
-        handshake(ns.ip, ns.port, ns.name, ns.handshake_timeout)
-    except (LaunchError, HookNotFound) as exc:
+        ipc_socket = group_socket_for(ns.ipc_dir, ns.name, ns.device_uuid) if ns.ipc_dir is not None else None
+        handshake(ns.ip, ns.port, ns.name, ns.handshake_timeout, ipc_socket)
+    except (LaunchError, HookNotFound, transport.TransportError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     program = ["/bin/sh", "-c", " ".join(ns.command)] if ns.shell else ns.command
-    return run_program(program, child_env(ns.name, ns.ip, ns.port, hook), ns.timeout, ns.kill_grace)
+    return run_program(program, child_env(ns.name, ns.ip, ns.port, hook, ipc_dir=ns.ipc_dir), ns.timeout,
+                       ns.kill_grace)

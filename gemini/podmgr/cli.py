@@ -3,17 +3,22 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import importlib
 import ipaddress
 import logging
+import resource
 import signal
 import sys
 
 import click
 
+from gemini import transport
 from gemini.wire import hook as hp
 
 from . import (DEFAULT_IP, DEFAULT_PORT, DEFAULT_SCHEDULER_PORT, ENV_POD_MANAGER_IP, ENV_POD_MANAGER_PORT,
                ENV_POD_NAME, ENV_SCHEDULER_IP, ENV_SCHEDULER_PORT)
+from .admission import Limits
+from .auth import PeerAuthorizer
 from .server import PodManagerServer
 
 log = logging.getLogger("gemini.podmgr")
@@ -37,6 +42,47 @@ def setup_logging(verbose: int, log_level: str | None, tag: str) -> None:
         level = logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s {tag} %(levelname)s: %(message)s")
+
+
+def raise_fd_limit(wanted: int) -> None:
+    """Let the process hold `wanted` descriptors if the hard limit allows: the connection caps, not the soft
+    limit of 1024, must be what stops a flood."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit to %d: %s", target, exc)
+
+
+def _mode(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an octal mode such as 0660") from None
+    if not 0 <= mode <= 0o777:
+        raise click.BadParameter(f"{value!r} is not a file mode")
+    if mode & 0o002:
+        raise click.BadParameter(f"{value} lets any local user connect (act for the group)")
+    return mode
+
+
+def load_authorizer(spec: str) -> PeerAuthorizer:
+    """MODULE:NAME imported and called without arguments; a UsageError that says what went wrong."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise click.UsageError(f"--authorizer {spec!r}: expected MODULE:NAME")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+        judge = factory()
+    except Exception as exc:   # an import error, a missing name, a constructor that fails: all the user's to fix
+        raise click.UsageError(f"--authorizer {spec!r}: {type(exc).__name__}: {exc}") from None
+    if not callable(getattr(judge, "authorize", None)):
+        raise click.UsageError(f"--authorizer {spec!r}: {type(judge).__name__} has no authorize(creds, hello_group)")
+    return judge
 
 
 async def serve(server: PodManagerServer) -> None:
@@ -66,22 +112,61 @@ async def serve(server: PodManagerServer) -> None:
 @click.option("--scheduler-port", envvar=list(ENV_SCHEDULER_PORT), default=DEFAULT_SCHEDULER_PORT,
               show_default=True, type=click.IntRange(1, 65535), help="Port of gem-schd. [env: SCHEDULER_PORT]")
 @click.option("--device-uuid", default=None,
-              help="Serve only hooks on this GPU (\"GPU-...\"); hooks reporting another device are refused.")
+              help="Serve only hooks on this GPU (\"GPU-...\"); hooks reporting another device are refused. "
+                   "With --ipc-dir it also names the GPU's subdirectory (default: 'default').")
+@click.option("--ipc-dir", default=None, metavar="DIR",
+              help="Socket transport: hooks connect to DIR/<gpu>/group.<name>.sock, gem-schd is reached at "
+                   "DIR/<gpu>/gem-schd.sock, no TCP port is opened (--ip/--port are not used).")
+@click.option("--socket-owner", default=None, help="Owner of the group's socket (user name or uid; needs root).")
+@click.option("--socket-group", default=None, help="Group of the group's socket (group name or gid).")
+@click.option("--socket-mode", default=None, callback=_mode, metavar="MODE",
+              help="Mode of the group's socket (octal, default 0660; never writable by others).")
+@click.option("--authorizer", default=None, metavar="MODULE:NAME",
+              help="A PeerAuthorizer (gemini/podmgr/auth.py) to judge each process of the socket transport: "
+                   "MODULE:NAME is imported and called without arguments.")
+@click.option("--hello-timeout", type=click.FloatRange(0.05, 3600), default=Limits.hello_timeout_s,
+              show_default=True, help="Seconds a new connection has to say HELLO before it is closed.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None,
               help="Log level (overrides -v).")
 def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, device_uuid: str | None,
-         verbose: int, log_level: str | None) -> None:
+         ipc_dir: str | None, socket_owner: str | None, socket_group: str | None, socket_mode: int | None,
+         authorizer: str | None, hello_timeout: float, verbose: int, log_level: str | None) -> None:
     """Pod manager of one group: shares the group's GPU token between its processes and accounts its memory."""
     if not name or len(name.encode()) >= hp.NAME_LEN:
         raise click.BadParameter(f"must be 1 to {hp.NAME_LEN - 1} bytes", param_hint="--name")
+    ctx = click.get_current_context()
+    if ipc_dir is not None:
+        given = [f"--{p.replace('_', '-')}" for p in ("ip", "port", "scheduler_ip", "scheduler_port")
+                 if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--ipc-dir and {', '.join(given)}: choose one transport")
+    elif any(v is not None for v in (socket_owner, socket_group, socket_mode)):
+        raise click.UsageError("--socket-owner/--socket-group/--socket-mode need --ipc-dir")
     setup_logging(verbose, log_level, f"gem-pmgr[{name}]")
-    if not is_loopback(ip):
-        log.warning("listening on %s, which is not a loopback address: anyone who can reach it can take the "
-                    "group's GPU time and memory", ip)
+    access = transport.SocketAccess(socket_owner, socket_group,
+                                    transport.DEFAULT_GROUP_SOCKET_MODE if socket_mode is None else socket_mode)
+    if ipc_dir is None:
+        log.warning("TCP transport: any local process can connect to %s:%d and join group %r, or take its port "
+                    "while this pod manager is down; --ipc-dir (Unix sockets) prevents both", ip, port, name)
+        if not is_loopback(ip):
+            log.warning("listening on %s, which is not a loopback address: anyone who can reach it can take the "
+                        "group's GPU time and memory", ip)
+    judge = None
+    if authorizer is not None:
+        if ipc_dir is None:
+            raise click.UsageError("--authorizer needs --ipc-dir (TCP peers have no credentials to judge)")
+        judge = load_authorizer(authorizer)
+    limits = Limits(hello_timeout_s=hello_timeout)
+    raise_fd_limit(limits.total + 256)
+    server = PodManagerServer(name, ip, port, scheduler_ip=scheduler_ip, scheduler_port=scheduler_port,
+                              device_uuid=device_uuid, ipc_dir=ipc_dir, socket_access=access, limits=limits,
+                              authorizer=judge)
     try:
-        asyncio.run(serve(PodManagerServer(name, ip, port, scheduler_ip=scheduler_ip,
-                                           scheduler_port=scheduler_port, device_uuid=device_uuid)))
+        asyncio.run(serve(server))
+    except transport.TransportError as exc:
+        click.echo(f"gem-pmgr: {exc}", err=True)
+        sys.exit(2)
     except OSError as exc:
         why = "address already in use (another gem-pmgr?)" if exc.errno == errno.EADDRINUSE else \
             (exc.strerror or str(exc))

@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+from gemini.peercred import PeerCredentials
 from gemini.wire import hook as hp
 from gemini.wire import sched as sm
 
@@ -44,6 +45,7 @@ HELLO_RETRY_S = 1.0
 LINK_SILENT_S = 3.0         # no word from gem-schd for this long: log that it is unreachable (once)
 NS_PER_MS = 1_000_000
 MAX_BYTES = 2**63 - 1         # a group's count must stay encodable (uint64 on the wire) with room to spare
+MAX_MEMBERS_REPORTED = 64     # (pid, uid) pairs sent to gem-schd for gem-ctl status; the count is always exact
 
 
 # --- actions ---------------------------------------------------------------------------------
@@ -73,8 +75,13 @@ class Client:
     id: int
     peer: str
     greeted: bool = False       # HELLO received (its ACK may still be waiting for the first Welcome)
-    pid: int = 0
+    pid: int = 0                # the kernel's (socket transport), else the one HELLO claims
     mem: int = 0                # bytes this connection holds
+    creds: PeerCredentials | None = None    # from SO_PEERCRED; None on TCP
+
+    @property
+    def uid(self) -> int:
+        return self.creds.uid if self.creds is not None else -1
 
 
 @dataclass
@@ -233,7 +240,11 @@ class PodManager:
     def _send_hello(self, now: float) -> list[Action]:
         self.link.last_hello = now
         return [ToScheduler(sm.Hello(group=self.group, pid=self.pid, mem_used=self.ledger.used,
-                                     clients=len(self._greeted())))]
+                                     clients=len(self._greeted()), members=self.members()))]
+
+    def members(self) -> list[list[int]]:
+        """[pid, uid] of the greeted clients (uid -1 on TCP, where the pid is only what the HELLO claimed)."""
+        return [[c.pid, c.uid] for c in self._greeted()[:MAX_MEMBERS_REPORTED]]
 
     def _mem_reply(self, client_id: int, seq: int, verdict: hp.MemVerdict) -> ToHook:
         return ToHook(client_id, seq, hp.MemReply(verdict=int(verdict), used=self.ledger.used,
@@ -341,11 +352,11 @@ class PodManager:
 
     # --- hook connections ----------------------------------------------------------------------
 
-    def connect(self, peer: str) -> int:
-        """A hook connected. Returns its client id."""
+    def connect(self, peer: str, creds: PeerCredentials | None = None) -> int:
+        """A hook connected (`creds`: what the kernel says about it, on the socket transport). Returns its id."""
         cid = self._next_client_id
         self._next_client_id += 1
-        self.clients[cid] = Client(cid, peer)
+        self.clients[cid] = Client(cid, peer, creds=creds, pid=creds.pid if creds is not None else 0)
         return cid
 
     def disconnect(self, client_id: int) -> list[Action]:
@@ -411,20 +422,37 @@ class PodManager:
                     CloseHook(client.id)]
         if self.link.unknown_reason:
             return [_error(client.id, seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text()), CloseHook(client.id)]
-        if self.ledger.used + msg.mem_in_use > MAX_BYTES:
-            log.warning("hook %s (pid %d) claims %d bytes already in use: more than any GPU holds, refused",
-                        client.peer, msg.pid, msg.mem_in_use)
-            return [_error(client.id, seq, hp.ErrorCode.PROTOCOL,
-                           f"HELLO claims {msg.mem_in_use} bytes in use, which no GPU holds"), CloseHook(client.id)]
+        refusal = self._claim_refusal(client, msg)
+        if refusal is not None:
+            return [_error(client.id, seq, hp.ErrorCode.PROTOCOL, refusal), CloseHook(client.id)]
         client.greeted = True
-        client.pid = msg.pid
+        if client.creds is None or client.creds.pid <= 0:
+            client.pid = msg.pid    # TCP (or a pid namespace we cannot see): only the claim is known
+        elif msg.pid != client.pid:
+            log.debug("client %d: HELLO says pid %d, the kernel %d (another pid namespace?)", client.id, msg.pid,
+                      client.pid)
         self.ledger.take(client, msg.mem_in_use)
-        log.info("client %d: pid %d from %s%s", client.id, msg.pid, client.peer,
+        log.info("client %d: pid %d%s from %s%s", client.id, client.pid,
+                 f" uid {client.uid}" if client.creds is not None else "", client.peer,
                  f", already holding {msg.mem_in_use} bytes" if msg.mem_in_use else "")
         if self.ledger.limit is None:
             self._deferred.append(_Deferred(now + WELCOME_WAIT_S, client.id, seq, msg))
             return []
         return [self._hello_ack(client, seq)]
+
+    def _claim_refusal(self, client: Client, msg: hp.Hello) -> str | None:
+        """Why the memory a HELLO says its process already holds cannot be counted (None if it can): it must fit
+        in what the group's limit leaves, once the limit is known (and in a uint64 with room before that)."""
+        claim, limit, used = msg.mem_in_use, self.ledger.limit, self.ledger.used
+        room = (limit - used) if limit is not None else MAX_BYTES - used
+        if claim <= max(0, room):
+            return None
+        log.warning("client %d (pid %d) claims %d bytes already held; the group's limit %s leaves %d: refused",
+                    client.id, client.pid or msg.pid, claim, limit, max(0, room))
+        if limit is None:
+            return f"HELLO claims {claim} bytes in use, which no GPU holds"
+        return (f"this process holds {claim} bytes, but group '{self.group}' may use only {limit} "
+                f"and already uses {used}")
 
     # --- token -------------------------------------------------------------------------------
 
@@ -522,9 +550,8 @@ class PodManager:
         if first:
             actions += self._resolve_deferred()
         elif changed:
+            # No push to the hooks: they ask (MEM_INFO, MEM_ALLOC) whenever they need the limit.
             log.info("memory limit is now %d bytes (group uses %d)", limit, ledger.used)
-            push = hp.LimitUpdate(verdict=int(hp.MemVerdict.OK), used=ledger.used, limit=limit)
-            actions += [ToHook(c.id, 0, push) for c in self._greeted()]
         return actions
 
     def _resolve_deferred(self) -> list[Action]:
@@ -542,6 +569,13 @@ class PodManager:
                 if self.link.unknown_reason:
                     actions += [_error(client.id, d.seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text()),
                                 CloseHook(client.id)]
+                    continue
+                # Counted when it came, before the limit was known: it must fit now that it is.
+                self.ledger.used -= client.mem
+                refusal = self._claim_refusal(client, d.msg)
+                self.ledger.used += client.mem
+                if refusal is not None:
+                    actions += [_error(client.id, d.seq, hp.ErrorCode.PROTOCOL, refusal), CloseHook(client.id)]
                 else:       # the limit may still be unknown (0): the hook learns it from MEM_REPLY later
                     actions.append(self._hello_ack(client, d.seq))
             elif self.ledger.limit is not None:
@@ -671,7 +705,7 @@ class PodManager:
             if now - link.last_heartbeat >= HEARTBEAT_S:
                 link.last_heartbeat = now
                 actions.append(ToScheduler(sm.Heartbeat(group=self.group, mem_used=self.ledger.used,
-                                                        clients=len(self._greeted()))))
+                                                        clients=len(self._greeted()), members=self.members())))
             if link.upstream is not None and not link.upstream.sent:
                 actions += self._send_upstream()
             actions += self.sharing.tick(self, now)
@@ -693,5 +727,5 @@ class PodManager:
             "token_left_ms": max(0.0, token.left(now) * 1000), "holders": sorted(token.holders),
             "waiting": len(token.waiting), "upstream_outstanding": self.link.upstream is not None,
             "sharing": self.sharing.name, "class": self.sched_class, "claim_allowed": self.claims.allowed,
-            "claims": self.claims.claims,
+            "claims": self.claims.claims, "members": self.members(),
         }

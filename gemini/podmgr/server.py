@@ -1,71 +1,124 @@
-"""gem-pmgr's I/O: hook connections (asyncio TCP) and the scheduler link (zmq DEALER).
+"""gem-pmgr's I/O: hook connections (asyncio, a Unix socket or TCP) and the scheduler link (zmq DEALER).
 
 This module only moves frames: it decodes what comes in, hands it to manager.PodManager and carries out
 the actions it returns. Each hook connection is read continuously, so a TOKEN_REQUEST that waits for a
 grant never holds up a MEM_ALLOC sent on the same connection by another thread of the process.
+
+Peers. On the socket transport (`ipc_dir`) the kernel names every client (SO_PEERCRED): its pid is used for
+the dead-client check (a pidfd: the connection is dropped when the process is gone, even if its descriptor
+lives on in another process), pid and uid go to gem-ctl status, and a PeerAuthorizer may refuse it. Every
+connection must say HELLO within `limits.hello_timeout_s`; connections are capped per process, per user and
+in all (admission.py). What a client reports is bounded before the manager sees it (`bounded`).
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import zmq
 import zmq.asyncio
 
+from gemini import transport
+from gemini.peercred import PeerCredentials, peer_credentials
 from gemini.wire import sched as sm
 from gemini.wire import hook as hp
 
 from gemini.board import Board
 
+from .admission import Admission, Limits
+from .auth import AllowAll, PeerAuthorizer
 from .manager import Action, CloseHook, PodManager, ToHook, ToScheduler
 
 log = logging.getLogger("gemini.podmgr")
 
 TICK_S = 0.05
 MAX_WRITE_BUFFER = 1 << 20  # a hook that stops reading its replies is dropped past this
+MAX_REPORT_NS = 60 * 10**9  # a burst, overuse or use reported by a hook counts for at most a minute
 
 
-def zmq_endpoint(ip: str, port: int) -> str:
-    return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
+def bounded(msg: hp.Message) -> hp.Message:
+    """A hook's report with its times clamped to [0, MAX_REPORT_NS]: no client can ask for an hour-long slot
+    or overflow a sum (gem-schd caps the burst again, at its longest slot)."""
+    if isinstance(msg, (hp.TokenRequest, hp.TokenRelease)):
+        changes = {f: min(max(getattr(msg, f), 0), MAX_REPORT_NS) for f in ("overuse_ns", "burst_ns", "used_ns")}
+        if any(changes[f] != getattr(msg, f) for f in changes):
+            return dataclasses.replace(msg, **changes)
+    return msg
 
 
-def _peer_name(writer: asyncio.StreamWriter) -> str:
+def _peer_name(writer: asyncio.StreamWriter, creds: PeerCredentials | None) -> str:
+    if creds is not None:
+        return f"pid {creds.pid} uid {creds.uid}"
     peer = writer.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
-    return str(peer)
+    return str(peer) or "unix"
 
 
 class PodManagerServer:
-    """Serves one group: `await start()`, then `await stop()`."""
+    """Serves one group: `await start()`, then `await stop()`.
+
+    TCP (the default, Gemini's): hooks on ip:port, gem-schd at scheduler_ip:scheduler_port. Socket transport
+    (`ipc_dir` given): hooks on DIR/<gpu>/group.<name>.sock with `socket_access`, gem-schd at
+    DIR/<gpu>/gem-schd.sock (see gemini/transport.py); no TCP port is opened.
+    """
 
     def __init__(self, group: str, ip: str = "127.0.0.1", port: int = 50052, *,
                  scheduler_ip: str = "127.0.0.1", scheduler_port: int = 50051,
-                 device_uuid: str | None = None, clock: Callable[[], float] = time.monotonic):
+                 device_uuid: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 ipc_dir: str | os.PathLike | None = None,
+                 socket_access: transport.SocketAccess | None = None,
+                 authorizer: PeerAuthorizer | None = None, limits: Limits | None = None):
         self.ip = ip
         self.requested_port = port
-        self.scheduler_endpoint = zmq_endpoint(scheduler_ip, scheduler_port)
+        self.ipc_dir = Path(os.path.abspath(ipc_dir)) if ipc_dir is not None else None
+        self.device_uuid = device_uuid
+        self.socket_access = socket_access or transport.SocketAccess()
+        self.authorizer: PeerAuthorizer = authorizer or AllowAll()
+        self.admission = Admission(limits or Limits())
+        self.socket_path: Path | None = None
+        self._socket_inode: int | None = None
+        self._scheduler_path: transport.ShortPath | None = None
+        if self.ipc_dir is not None:
+            self.socket_path = transport.group_socket(self.ipc_dir, group, device_uuid)
+            self.scheduler_endpoint = transport.ipc_endpoint(str(transport.scheduler_socket(self.ipc_dir,
+                                                                                             device_uuid)))
+            self._scheduler_ipv6 = False
+        else:
+            self.scheduler_endpoint = transport.tcp_endpoint(scheduler_ip, scheduler_port)
+            self._scheduler_ipv6 = transport.is_ipv6(scheduler_ip)
         self.manager = PodManager(group, clock, device_uuid=device_uuid, scheduler_addr=self.scheduler_endpoint,
                                   board_open=Board.open)
         self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._pidfds: dict[int, int] = {}
         self._server: asyncio.base_events.Server | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._dealer: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._hook_tasks: set[asyncio.Task] = set()
+        self._refusals_logged = 0.0
 
     @property
     def port(self) -> int:
-        """The port actually bound (useful with port 0)."""
+        """The TCP port actually bound (useful with port 0); 0 on the socket transport."""
         assert self._server is not None and self._server.sockets
-        return self._server.sockets[0].getsockname()[1]
+        name = self._server.sockets[0].getsockname()
+        return name[1] if isinstance(name, tuple) else 0
+
+    @property
+    def where(self) -> str:
+        """Where the hooks reach this pod manager, for messages."""
+        return str(self.socket_path) if self.socket_path is not None else f"{self.ip}:{self.port}"
 
     async def start(self) -> None:
-        """Bind the hook port (OSError if it is busy), connect to the scheduler, register."""
-        self._server = await asyncio.start_server(self._serve_hook, self.ip, self.requested_port)
+        """Listen for hooks (OSError if the port is busy, TransportError for an unusable socket), connect to the
+        scheduler, register."""
+        await self._listen()
         self._ctx = zmq.asyncio.Context()
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, f"{self.manager.group}:{os.getpid()}".encode())
@@ -75,31 +128,53 @@ class PodManagerServer:
         dealer.setsockopt(zmq.IMMEDIATE, 1)
         dealer.setsockopt(zmq.RECONNECT_IVL, 100)
         dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        if ":" in self.scheduler_endpoint[len("tcp://"):].split("]")[0]:
+        if self._scheduler_ipv6:
             dealer.setsockopt(zmq.IPV6, 1)
-        dealer.connect(self.scheduler_endpoint)
+        dealer.connect(self._scheduler_connect_endpoint())
         self._dealer = dealer
-        log.info("group %r: hooks on %s:%d, gem-schd at %s", self.manager.group, self.ip, self.port,
-                 self.scheduler_endpoint)
+        log.info("group %r: hooks on %s, gem-schd at %s", self.manager.group, self.where, self.scheduler_endpoint)
         self._dispatch(self.manager.start())
         self._tasks = [asyncio.create_task(self._scheduler_reader(), name="pmgr-scheduler"),
                        asyncio.create_task(self._ticker(), name="pmgr-tick")]
 
+    async def _listen(self) -> None:
+        if self.socket_path is None:
+            self._server = await asyncio.start_server(self._serve_hook, self.ip, self.requested_port)
+            return
+        assert self.ipc_dir is not None
+        transport.ensure_socket_dir(self.ipc_dir, self.device_uuid)
+        sock = transport.bind_unix(self.socket_path, self.socket_access, f"gem-pmgr for group {self.manager.group!r}")
+        self._socket_inode = os.lstat(self.socket_path).st_ino
+        self._server = await asyncio.start_unix_server(self._serve_hook, sock=sock)
+
+    def _scheduler_connect_endpoint(self) -> str:
+        if self.ipc_dir is None:
+            return self.scheduler_endpoint
+        # zmq reconnects with this address for as long as we run: a long path's directory stays open
+        self._scheduler_path = transport.ShortPath(transport.scheduler_socket(self.ipc_dir, self.device_uuid))
+        return transport.ipc_endpoint(self._scheduler_path.address)
+
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self.socket_path is not None:
+            transport.unlink_if_ours(self.socket_path, self._socket_inode)
         for task in self._tasks + list(self._hook_tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, *self._hook_tasks, return_exceptions=True)
         for writer in list(self._writers.values()):
             writer.close()
         self._writers.clear()
+        for cid in list(self._pidfds):
+            self._forget_pid(cid)
         if self._server is not None:
             await self._server.wait_closed()
         if self._dealer is not None:
             self._dealer.close(linger=0)
         if self._ctx is not None:
             self._ctx.term()
+        if self._scheduler_path is not None:
+            self._scheduler_path.close()
         self._tasks = []
 
     # --- actions -----------------------------------------------------------------------------
@@ -139,21 +214,53 @@ class PodManagerServer:
 
     # --- hook connections ----------------------------------------------------------------------
 
+    def _refuse(self, writer: asyncio.StreamWriter, peer: str, text: str, seq: int = 0) -> None:
+        """Tell a connection why it is refused, and close it. Logged at most once a second (floods)."""
+        now = time.monotonic()
+        if now - self._refusals_logged >= 1.0:
+            self._refusals_logged = now
+            log.warning("refused a connection (%s): %s", peer, text)
+        try:
+            writer.write(hp.error_frame(hp.ErrorCode.REFUSED, text[:hp.ERRMSG_LEN - 1], seq))
+        except (ConnectionError, OSError):
+            pass
+        writer.close()
+
     async def _serve_hook(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._hook_tasks.add(task)
-        peer = _peer_name(writer)
-        cid = self.manager.connect(peer)
+        creds = peer_credentials(writer.get_extra_info("socket"))
+        peer = _peer_name(writer, creds)
+        cid = self.manager.connect(peer, creds)
+        refusal = self.admission.admit(cid, creds)
+        if refusal is not None:
+            self.manager.disconnect(cid)
+            self._refuse(writer, peer, refusal)
+            if task is not None:
+                self._hook_tasks.discard(task)
+            return
         self._writers[cid] = writer
+        self._watch_pid(cid, creds)
+        greeted = False
         try:
             while cid in self._writers:
-                frame = await self._read_frame(cid, peer, reader)
+                if greeted:
+                    frame = await self._read_frame(cid, peer, reader)
+                else:
+                    frame = await self._read_hello(cid, peer, reader)
                 if frame is None:
                     break
                 seq, msg = frame
+                if not greeted and isinstance(msg, hp.Hello) and creds is not None:
+                    refusal = self._authorize(creds, msg.pod_name)
+                    if refusal is not None:
+                        self._writers.pop(cid, None)
+                        self._refuse(writer, peer, refusal, seq)
+                        break
+                greeted = True
                 try:
-                    actions = self.manager.on_hook(cid, seq, msg)
+                    actions = self.manager.on_hook(cid, seq, bounded(msg))
                 except Exception:   # a bug: this connection ends, the daemon keeps serving the others
                     log.exception("client %d (%s): handling %s failed", cid, peer, msg.TYPE.name)
                     actions = [ToHook(cid, seq, hp.Error(code=int(hp.ErrorCode.INTERNAL),
@@ -167,9 +274,30 @@ class PodManagerServer:
         finally:
             self._writers.pop(cid, None)
             writer.close()
+            self._forget_pid(cid)
+            self.admission.release(cid)
             self._dispatch(self.manager.disconnect(cid))
             if task is not None:
                 self._hook_tasks.discard(task)
+
+    def _authorize(self, creds: PeerCredentials, hello_group: str) -> str | None:
+        try:
+            return self.authorizer.authorize(creds, hello_group)
+        except Exception:   # a broken authorizer refuses: it must never let everyone in
+            log.exception("the peer authorizer failed for pid %d uid %d", creds.pid, creds.uid)
+            return "the pod manager could not check this process (see its log)"
+
+    async def _read_hello(self, cid: int, peer: str, reader: asyncio.StreamReader):
+        """The first frame, which must come within the HELLO deadline (else the connection is closed)."""
+        try:
+            return await asyncio.wait_for(self._read_frame(cid, peer, reader), self.admission.limits.hello_timeout_s)
+        except asyncio.TimeoutError:
+            now = time.monotonic()
+            if now - self._refusals_logged >= 1.0:
+                self._refusals_logged = now
+                log.warning("client %d (%s) said nothing for %.1f s: closed", cid, peer,
+                            self.admission.limits.hello_timeout_s)
+            return None
 
     async def _read_frame(self, cid: int, peer: str, reader: asyncio.StreamReader):
         """(seq, message), or None when the connection is over (EOF, or a bad frame answered and logged)."""
@@ -193,6 +321,37 @@ class PodManagerServer:
     def _reject(self, cid: int, peer: str, exc: hp.ProtocolError, seq: int) -> None:
         log.warning("client %d (%s): %s; closing that connection", cid, peer, exc.message)
         self._dispatch([ToHook(cid, seq, hp.Error(code=int(exc.code), message=exc.message)), CloseHook(cid)])
+
+    # --- dead clients --------------------------------------------------------------------------
+
+    def _watch_pid(self, cid: int, creds: PeerCredentials | None) -> None:
+        """Drop the connection as soon as its process is gone, even if the socket lives on in another process
+        (a descriptor inherited or passed on). A pidfd names exactly that process, so a reused pid cannot fool
+        it. Without pidfds (old kernels) only the connection's close counts, as on TCP."""
+        if creds is None or creds.pid <= 0 or not hasattr(os, "pidfd_open"):
+            return
+        try:
+            fd = os.pidfd_open(creds.pid)
+        except OSError:     # already gone (ESRCH), or not allowed: the close will tell
+            return
+        self._pidfds[cid] = fd
+        asyncio.get_running_loop().add_reader(fd, self._process_gone, cid, creds.pid)
+
+    def _process_gone(self, cid: int, pid: int) -> None:
+        self._forget_pid(cid)
+        writer = self._writers.pop(cid, None)
+        if writer is not None:
+            log.info("client %d: process %d has exited but its connection is still open: dropped", cid, pid)
+            writer.transport.abort()    # the reader task ends and the manager releases what it held
+
+    def _forget_pid(self, cid: int) -> None:
+        fd = self._pidfds.pop(cid, None)
+        if fd is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(fd)
+            except RuntimeError:
+                pass
+            os.close(fd)
 
     # --- scheduler link ----------------------------------------------------------------------
 

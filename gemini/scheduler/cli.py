@@ -69,9 +69,21 @@ def setup_logging(verbose: int, level_name: str | None) -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write every slot (grant to release) and config reload to this file as a Chrome trace "
                    "(open it in ui.perfetto.dev, or plot it with gem-ctl plot).")
+@click.option("--ipc-dir", default=None, metavar="DIR",
+              help="Socket transport: listen on DIR/<gpu>/gem-schd.sock (mode 0600) instead of a TCP port.")
+@click.option("--device-uuid", default=None,
+              help="With --ipc-dir: the GPU's UUID, which names its subdirectory (default: 'default').")
 def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_file_dir, verbose, log_level,
-         metrics_port, trace_path):
+         metrics_port, trace_path, ipc_dir, device_uuid):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
+    ctx = click.get_current_context()
+    if ipc_dir is not None:
+        given = [name for name, p in (("-P/--port", "port"), ("--ip", "ip"))
+                 if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--ipc-dir and {', '.join(given)}: choose one transport")
+    elif device_uuid is not None:
+        raise click.UsageError("--device-uuid needs --ipc-dir")
     setup_logging(verbose, log_level)
     if metrics_port is not None:
         from gemini.scheduler.metrics import MetricsUnavailable, require_prometheus
@@ -87,10 +99,14 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
     except ConfigError as exc:
         click.echo(f"gem-schd: bad config: {exc}", err=True)
         sys.exit(EXIT_USAGE)
+    if ipc_dir is None:
+        log.warning("TCP transport: any local process can connect to %s:%d and say hello for any group; --ipc-dir "
+                    "(Unix sockets) lets only this user in", ip, port)
     daemon = SchedulerDaemon(config, ip=ip, port=port, base_quota_ms=quota, min_quota_ms=min_quota,
                              window_ms=window, bucket_ms=bucket, config_path=str(path),
                              metrics_port=metrics_port, trace_path=trace_path,
-                             board_path=None if board.lower() == "none" else board)
+                             board_path=None if board.lower() == "none" else board, ipc_dir=ipc_dir,
+                             device_uuid=device_uuid)
 
     async def run() -> int:
         # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.
@@ -107,7 +123,7 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
             click.echo(f"gem-schd: --trace: cannot write {exc.filename or trace_path}: {exc.strerror or exc}", err=True)
             return EXIT_USAGE
         if daemon.reloader is not None:
-            loop.add_signal_handler(signal.SIGHUP, daemon.reloader.reload_now)
+            loop.add_signal_handler(signal.SIGHUP, daemon.reloader.request_reload)
         stopper = asyncio.create_task(stop_requested.wait())
         closed = asyncio.create_task(daemon.wait_closed())
         await asyncio.wait({stopper, closed}, return_when=asyncio.FIRST_COMPLETED)

@@ -26,20 +26,24 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import errno
 import ipaddress
 import logging
+import os
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 import zmq
 import zmq.asyncio
 
+from gemini import transport
 from gemini.board import Board, BoardError
 from gemini.config import Config
+from gemini.scheduler.connections import HELLO_TIMEOUT_S, MAX_CONNECTIONS, ConnectionGuard
 from gemini.scheduler.observers import SchedulerObserver
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS,
                                      DEFAULT_WINDOW_MS, ClaimRightDecision, Decision, GrantDecision, Policy,
@@ -53,6 +57,9 @@ log = logging.getLogger("gemini.scheduler")
 
 DEFAULT_PORT = 50051
 HEARTBEAT_TIMEOUT_S = 5.0
+MAX_BYTES = 2**63 - 1
+MAX_CLIENTS = 1 << 20
+MEMBERS_SHOWN = 32              # [pid, uid] pairs kept per group for the status reply
 
 
 class PreciseTimer:
@@ -113,6 +120,22 @@ class _GroupInfo:
     mem_used: int = 0
     clients: int = 0
     connected: bool = False
+    members: list = field(default_factory=list)     # [pid, uid] of its processes, as its pod manager says
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(max(value, low), high)
+
+
+def _members(value: list) -> list:
+    """A pod manager's [pid, uid] list, kept only if well formed, and cut to MEMBERS_SHOWN."""
+    out = []
+    for item in value[:MEMBERS_SHOWN]:
+        if (not isinstance(item, list) or len(item) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) and -1 <= x < 2**32 for x in item)):
+            return []
+        out.append(list(item))
+    return out
 
 
 class _RateLimitedLog:
@@ -140,7 +163,8 @@ class _RateLimitedLog:
 class SchedulerDaemon:
     """The gem-schd daemon. `await start()`, then `await wait_closed()`; `stop()` ends it.
 
-    `config_path`: if given, the file is watched and reloaded live (see reload.py).
+    `config_path`: if given, the file is watched and reloaded live (see gemini/reload.py).
+    `ipc_dir`: the socket transport: listen on ipc_dir/<device_uuid or default>/gem-schd.sock, no TCP port.
     """
 
     def __init__(self, config: Config, *, ip: str = "127.0.0.1", port: int = DEFAULT_PORT,
@@ -149,10 +173,18 @@ class SchedulerDaemon:
                  config_path: Optional[str] = None, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
                  debounce_s: float = 0.05, settle_s: float = 0.005,
                  metrics_port: Optional[int] = None, trace_path: Optional[str] = None,
-                 board_path: Optional[str] = ""):
+                 board_path: Optional[str] = "", ipc_dir: Optional[str] = None, device_uuid: Optional[str] = None,
+                 hello_timeout_s: float = HELLO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
         self.config = config
         self.ip = ip
         self.port = port
+        self.ipc_dir = os.path.abspath(ipc_dir) if ipc_dir else None
+        self.device_uuid = device_uuid
+        self.socket_path = str(transport.scheduler_socket(self.ipc_dir, device_uuid)) if self.ipc_dir else None
+        self._socket_inode: Optional[int] = None
+        self.hello_timeout_s = hello_timeout_s
+        self.max_connections = max_connections
+        self.guard: Optional[ConnectionGuard] = None
         self.config_path = config_path
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.debounce_s = debounce_s
@@ -244,39 +276,29 @@ class SchedulerDaemon:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, 16 * MAX_MESSAGE_BYTES)   # peers sending huge frames are cut off by zmq
-        host = self.ip
         try:
-            addr = ipaddress.ip_address(host)
-        except ValueError:
-            addr = None
-        if addr is not None and addr.version == 6:
-            sock.setsockopt(zmq.IPV6, 1)
-            host = f"[{host}]"
-        endpoint = f"tcp://{host}:{self.port if self.port else '*'}"
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as exc:
+            addr = self._bind(sock)
+        except BindError:
             sock.close(0)
             self._ctx.term()
             self._ctx = None
-            if exc.errno == errno.EADDRINUSE:
-                raise BindError(f"port {self.port} on {self.ip} is already in use (is another gem-schd running?)") \
-                    from None
-            raise BindError(f"cannot listen on {self.ip}:{self.port}: {exc.strerror}") from None
+            raise
         self._sock = sock
-        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.port = int(self.endpoint.rsplit(":", 1)[1])
+        self.guard = ConnectionGuard(sock, self.hello_timeout_s, self.max_connections)
+        self.guard.start()
         try:
             await self._start_observers()
         except BaseException:
             for obs in self.observers:
                 _call(obs, "on_stop", self.now_ms())
             self.observers.clear()
+            self.guard.stop()
             sock.close(0)
             self._ctx.term()
             self._sock, self._ctx = None, None
+            self._unlink_socket()
             raise
-        if addr is None or not addr.is_loopback:
+        if self.socket_path is None and (addr is None or not addr.is_loopback):
             log.warning("listening on %s, which is not a loopback address: anyone who can reach it can take GPU "
                         "time (there is no authentication)", self.endpoint)
         log.info("gem-schd %s listening on %s (quota %g ms, min quota %g ms, window %g ms), groups: %s",
@@ -287,11 +309,62 @@ class SchedulerDaemon:
         self._recv_task = asyncio.create_task(self._recv_loop(), name="gem-schd-recv")
         self._sweep_handle = self._loop.call_later(1.0, self._sweep)
         if self.config_path:
-            from gemini.scheduler.reload import ConfigReloader
+            from gemini.reload import ConfigReloader
             self.reloader = ConfigReloader(self.config_path, self.apply_config, loop=self._loop,
                                            debounce_s=self.debounce_s, settle_s=self.settle_s,
                                            current=self.config)
             self.reloader.start()
+
+    def _bind(self, sock: zmq.asyncio.Socket) -> Optional[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        """Bind the ROUTER (TCP, or the socket transport's gem-schd.sock). Returns the TCP address (None for a
+        host name or a socket); BindError if it cannot listen."""
+        if self.socket_path is not None:
+            self._bind_ipc(sock, self.socket_path)
+            return None
+        try:
+            addr = ipaddress.ip_address(self.ip)
+        except ValueError:
+            addr = None
+        if transport.is_ipv6(self.ip):
+            sock.setsockopt(zmq.IPV6, 1)
+        endpoint = transport.tcp_endpoint(self.ip, self.port if self.port else "*")
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise BindError(f"port {self.port} on {self.ip} is already in use (is another gem-schd running?)") \
+                    from None
+            raise BindError(f"cannot listen on {self.ip}:{self.port}: {exc.strerror}") from None
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.port = int(self.endpoint.rsplit(":", 1)[1])
+        return addr
+
+    def _bind_ipc(self, sock: zmq.asyncio.Socket, path: str) -> None:
+        """gem-schd.sock, mode 0600: only the backend's user (and root) can speak to gem-schd, so nobody else can
+        say hello for a group. A socket left by a dead gem-schd is replaced; a live one is not."""
+        assert self.ipc_dir is not None
+        try:
+            transport.ensure_socket_dir(self.ipc_dir, self.device_uuid)
+            transport.remove_stale(path, "gem-schd")
+            with transport.ShortPath(path) as short:
+                old = os.umask(0o177)       # created 0600 (zmq binds with the process's umask)
+                try:
+                    sock.bind(transport.ipc_endpoint(short.address))
+                finally:
+                    os.umask(old)
+            os.chmod(path, transport.SCHEDULER_SOCKET_MODE)
+            self._socket_inode = os.lstat(path).st_ino
+        except transport.TransportError as exc:
+            raise BindError(str(exc)) from None
+        except (zmq.ZMQError, OSError) as exc:
+            raise BindError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+        self.endpoint = transport.ipc_endpoint(path)
+        self.port = 0
+
+    def _unlink_socket(self) -> None:
+        if self.socket_path is not None:
+            transport.unlink_if_ours(self.socket_path, self._socket_inode)
+            self._socket_inode = None
 
     async def _start_observers(self) -> None:
         # Imported here: prometheus_client is optional, and neither is needed unless asked for.
@@ -330,10 +403,13 @@ class SchedulerDaemon:
         now = self.now_ms()
         self._dispatch(self.policy.stop(now), now)
         self._notify("on_stop", now)
+        if self.guard is not None:
+            self.guard.stop()
         if self._sock is not None:
             self._sock.close(0)
         if self._ctx is not None:
             self._ctx.term()
+        self._unlink_socket()
         if self.board is not None:
             self.board.unlink()
             self.board.close()
@@ -394,6 +470,9 @@ class SchedulerDaemon:
                           self._peer_address(body), exc)
             self._send(identity, Error(ERR_BAD_MESSAGE, str(exc)[:200]), envelope)
             return
+        if self.guard is not None:
+            self.guard.greeted(body)
+        msg = self._bounded(msg)
         peer = self._peers.get(identity)
         if peer is not None:
             peer.last_seen = time.monotonic()
@@ -418,6 +497,22 @@ class SchedulerDaemon:
                 self._dispatch(decisions, now)
         elif isinstance(msg, StatusRequest):
             self._send(identity, self.status_reply(), envelope)
+
+    def _bounded(self, msg: Message) -> Message:
+        """A pod manager's numbers clamped to what they can mean before the policy sees them: a burst to the
+        longest slot (the base quota), times to the window, memory to a uint63, counts to MAX_CLIENTS."""
+        window, longest = self.policy.window_ms, self.policy.base_quota_ms
+        if isinstance(msg, TokenRequest):
+            return dataclasses.replace(msg, burst_ms=_clamp(msg.burst_ms, 0.0, longest),
+                                       overuse_ms=_clamp(msg.overuse_ms, 0.0, window),
+                                       used_ms=_clamp(msg.used_ms, 0.0, window))
+        if isinstance(msg, TokenRelease):
+            return dataclasses.replace(msg, overuse_ms=_clamp(msg.overuse_ms, 0.0, window),
+                                       used_ms=_clamp(msg.used_ms, 0.0, window))
+        if isinstance(msg, (Hello, Heartbeat)):
+            return dataclasses.replace(msg, mem_used=int(_clamp(msg.mem_used, 0, MAX_BYTES)),
+                                       clients=int(_clamp(msg.clients, 0, MAX_CLIENTS)), members=_members(msg.members))
+        return msg
 
     def _check_registered(self, identity: bytes, group: str, envelope: list[bytes]) -> bool:
         peer = self._peers.get(identity)
@@ -459,6 +554,7 @@ class SchedulerDaemon:
         self._owners[group] = identity
         info = self._info.setdefault(group, _GroupInfo())
         info.mem_used, info.clients, info.connected = msg.mem_used, msg.clients, True
+        info.members = msg.members
         log.info("group %s: pod manager %s (%s, pid %d) registered, %d client(s), %d bytes in use", group,
                  self._name(identity), address, msg.pid, msg.clients, msg.mem_used)
         self._send(identity, self._welcome(gc), envelope)
@@ -477,6 +573,7 @@ class SchedulerDaemon:
             return
         info = self._info.setdefault(msg.group, _GroupInfo())
         info.mem_used, info.clients, info.connected = msg.mem_used, msg.clients, True
+        info.members = msg.members
         self._send(identity, HeartbeatAck(self.scheduler_id), envelope)
 
     def _forget_peer(self, identity: bytes) -> None:
@@ -590,6 +687,8 @@ class SchedulerDaemon:
                 if peer.group not in self._owners:
                     t = self.now_ms()
                     self._dispatch(self.policy.cancel(peer.group, t), t)
+        if self.guard is not None:
+            self.guard.sweep()
         self._arm_timer()
         self._sweep_handle = self._loop.call_later(1.0, self._sweep)
 
@@ -642,7 +741,7 @@ class SchedulerDaemon:
                 waiting=p.waiting, wait_ms=p.wait_ms, quota_ms=p.quota_ms, grants=p.grants,
                 connected=info.connected, sched_class=p.sched_class, target=p.target,
                 continuations=p.continuations, claims=p.claims, claim_ms=p.claim_ms,
-                claim_allowed=p.claim_allowed)))
+                claim_allowed=p.claim_allowed, members=info.members if info.connected else [])))
         holder = next((g["name"] for g in groups if g["holding"]), "")
         return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups)
 

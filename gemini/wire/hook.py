@@ -79,7 +79,6 @@ class MsgType(enum.IntEnum):
     MEM_FREE = _const("GEM_MSG_MEM_FREE")
     MEM_INFO = _const("GEM_MSG_MEM_INFO")
     MEM_REPLY = _const("GEM_MSG_MEM_REPLY")
-    LIMIT_UPDATE = _const("GEM_MSG_LIMIT_UPDATE")
     ERROR = _const("GEM_MSG_ERROR")
 
 
@@ -93,6 +92,7 @@ class ErrorCode(enum.IntEnum):
     NOT_HELLO = _const("GEM_ERR_NOT_HELLO")
     INTERNAL = _const("GEM_ERR_INTERNAL")
     DEVICE_MISMATCH = _const("GEM_ERR_DEVICE_MISMATCH")
+    REFUSED = _const("GEM_ERR_REFUSED")
 
 
 class MemKind(enum.IntEnum):
@@ -213,15 +213,6 @@ class MemReply:
 
 
 @dataclass(frozen=True)
-class LimitUpdate:
-    TYPE: ClassVar[MsgType] = MsgType.LIMIT_UPDATE
-    PAYLOAD: ClassVar[str | None] = "mem_reply"
-    verdict: int
-    used: int
-    limit: int
-
-
-@dataclass(frozen=True)
 class Error:
     TYPE: ClassVar[MsgType] = MsgType.ERROR
     PAYLOAD: ClassVar[str | None] = "error"
@@ -230,14 +221,14 @@ class Error:
 
 
 Message = Union[Hello, HelloAck, TokenRequest, TokenGrant, TokenRelease, Ack, MemAlloc, MemFree, MemInfo,
-                MemReply, LimitUpdate, Error]
+                MemReply, Error]
 _BY_TYPE: dict[int, type] = {cls.TYPE: cls for cls in Message.__args__}  # type: ignore[attr-defined]
 
 # Messages each side may receive; anything else is a protocol error at that end.
 HOOK_TO_PMGR = frozenset({MsgType.HELLO, MsgType.TOKEN_REQUEST, MsgType.TOKEN_RELEASE,
                           MsgType.MEM_ALLOC, MsgType.MEM_FREE, MsgType.MEM_INFO})
 PMGR_TO_HOOK = frozenset({MsgType.HELLO_ACK, MsgType.TOKEN_GRANT, MsgType.ACK, MsgType.MEM_REPLY,
-                          MsgType.LIMIT_UPDATE, MsgType.ERROR})
+                          MsgType.ERROR})
 
 
 def _c_string(cdata_array) -> str:

@@ -33,6 +33,7 @@ class Hello:
     pid: int
     mem_used: int = 0           # bytes the group's clients hold (rebuilds accounting after a restart)
     clients: int = 0
+    members: list = field(default_factory=list)     # [pid, uid] per client (uid -1: not known, on TCP)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Heartbeat:
     group: str
     mem_used: int = 0
     clients: int = 0
+    members: list = field(default_factory=list)     # as in Hello
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,7 @@ class GroupStatus:
     claims: int = 0             # latency class: claims made, and the GPU time they took
     claim_ms: float = 0.0
     claim_allowed: bool = False
+    members: list = field(default_factory=list)     # [pid, uid] of the group's processes (uid -1: TCP)
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,7 @@ _CHECKS = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**64,
     "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
     "bool": lambda v: isinstance(v, bool),
-    "list": lambda v: isinstance(v, list),
+    "list": lambda v: isinstance(v, list) and len(v) <= 1024,
 }
 
 

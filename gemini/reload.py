@@ -1,4 +1,4 @@
-"""Live reload of resource-config.txt.
+"""Live reload of resource-config.txt: the one watcher of the config, used by gem-schd and launch-backend alike.
 
 A watchdog observer watches the config's DIRECTORY, not the file, so every way editors and tools save works:
 writing in place, writing a temp file and renaming it over, deleting and re-creating, and Kubernetes ConfigMap
@@ -9,17 +9,22 @@ Events arrive on watchdog's thread; they are handed to the asyncio loop with cal
 the reload runs `debounce_s` (50 ms) after the last event, so a save that produces several events is read once,
 when complete -- except that an event which says the writer is done (the file closed after writing, or a file
 renamed into place) shortens the wait to `settle_s` (5 ms), so the usual saves are in force within a few ms.
-The reload parses the file; a ConfigError is logged once, clearly (file:line), and the last good config
-stays in force; a deleted file is logged and the last good config kept until the file is back. A good config is
-passed to the `apply` callback on the loop.
+The reload reads and parses the file on a thread of its own, never on the loop: a config that is slow to read (a
+network file system) or huge delays nothing else. What it reads is bounded (gemini.config.read_config_bytes): a
+FIFO, a device such as /dev/zero, or anything but a regular file is an error naming the file, as is a file of more
+than 4 MiB. A ConfigError is logged once, clearly (file:line), and the last good config stays in force; a deleted
+file is logged and the last good config kept until the file is back. A good config is passed to the `apply`
+callback on the loop. One read runs at a time; saves during a read are read again after it.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent,
                              FileMovedEvent, FileSystemEvent, FileSystemEventHandler)
@@ -27,7 +32,7 @@ from watchdog.observers import Observer
 
 from gemini.config import Config, ConfigError, load_config
 
-log = logging.getLogger("gemini.scheduler.reload")
+log = logging.getLogger("gemini.reload")
 
 # Opening or reading the file (as the reload itself does) must not trigger a reload.
 _EVENTS = [FileModifiedEvent, FileClosedEvent, FileCreatedEvent, FileMovedEvent, FileDeletedEvent]
@@ -62,6 +67,9 @@ class ConfigReloader:
         self._missing_logged = False
         self._last_error: Optional[str] = None
         self._watch_all = False
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._reading: Optional[asyncio.Task] = None
+        self._again = False
         self.reloads = 0            # configs applied (for tests and status)
         self.errors = 0             # bad saves seen
 
@@ -84,6 +92,12 @@ class ConfigReloader:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._reading is not None:
+            self._reading.cancel()
+            self._reading = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)     # a read stuck in the kernel must not hold up the stop
+            self._executor = None
         if self._observer is not None:
             self._observer.stop()
             self._observer.join(timeout=2.0)
@@ -121,16 +135,48 @@ class ConfigReloader:
 
     def _fire(self) -> None:
         self._timer = None
-        self.reload_now()
+        self.request_reload()
 
     # --- the reload itself ----------------------------------------------------------------------------------------
 
-    def reload_now(self) -> Optional[Config]:
-        """Read the file now. Returns the new config if one was applied."""
+    def request_reload(self) -> None:
+        """On the loop: read the file on the reader thread, then apply it on the loop (SIGHUP, file events)."""
+        if self._reading is not None:
+            self._again = True          # read again once the read in flight is done
+            return
+        assert self._loop is not None
+        self._reading = self._loop.create_task(self._reload_off_loop(), name="config-reload")
+
+    async def _reload_off_loop(self) -> None:
+        assert self._loop is not None
         try:
-            config = load_config(self.path)
+            while True:
+                self._again = False
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="config-read")
+                result = await self._loop.run_in_executor(self._executor, self._read)
+                self._handle(result)
+                if not self._again:
+                    return
+        finally:
+            self._reading = None
+
+    def _read(self) -> Union[Config, ConfigError]:
+        """Read and parse (any thread)."""
+        try:
+            return load_config(self.path)
         except ConfigError as exc:
-            if not self.path.exists():
+            return exc
+
+    def reload_now(self) -> Optional[Config]:
+        """Read the file now, on the calling thread. Returns the new config if one was applied."""
+        return self._handle(self._read())
+
+    def _handle(self, result: Union[Config, ConfigError]) -> Optional[Config]:
+        """Apply what a read found (on the loop): a new config, or an error that keeps the last good one."""
+        if isinstance(result, ConfigError):
+            exc = result
+            if not os.path.exists(self.path):
                 if not self._missing_logged:
                     log.warning("%s was removed; keeping the last good config until it is back", self.path)
                     self._missing_logged = True
@@ -141,6 +187,7 @@ class ConfigReloader:
                 log.error("config not reloaded, keeping the last good one: %s", text)
                 self._last_error = text
             return None
+        config = result
         if self._missing_logged:
             log.info("%s is back", self.path)
         self._missing_logged = False
@@ -165,5 +212,5 @@ class ConfigReloader:
 
 def _same(a: Config, b: Config) -> bool:
     """Same groups with the same settings, in the same order (line numbers and comments do not matter)."""
-    key = lambda c: [(g.name, g.min_util, g.max_util, g.mem_limit, g.turns) for g in c.groups]  # noqa: E731
+    key = lambda c: [dataclasses.replace(g, line=0) for g in c.groups]  # noqa: E731
     return key(a) == key(b)
