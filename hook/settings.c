@@ -111,6 +111,8 @@ void gem_settings_load(void) {
     }
     if ((v = getenv("GEMINI_POD_MANAGERS")))
         snprintf(gem_cfg.pmgr_map, sizeof gem_cfg.pmgr_map, "%s", v);
+    if ((v = getenv("GEMINI_PROCADDR_LOG")))
+        snprintf(gem_cfg.procaddr_log, sizeof gem_cfg.procaddr_log, "%s", v);
     env_ms("GEMINI_IDLE_RELEASE_MS", &gem_cfg.idle_release_ns);
     env_ms("GEMINI_CONNECT_TIMEOUT_MS", &gem_cfg.connect_timeout_ns);
     env_ms("GEMINI_TOKEN_TIMEOUT_MS", &gem_cfg.token_timeout_ns);

@@ -26,6 +26,7 @@ struct gem_settings {
     int64_t token_timeout_ns;   /* GEMINI_TOKEN_TIMEOUT_MS; 0 waits forever */
     int64_t burst_merge_ns;     /* bursts closer than this are one burst (Gemini: 2 ms) */
     int64_t burst_window_ns;    /* prediction looks back this far (Gemini: 3 s) */
+    char procaddr_log[512];     /* GEMINI_PROCADDR_LOG: append every cuGetProcAddress query and its routing */
 };
 extern struct gem_settings gem_cfg;
 

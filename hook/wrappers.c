@@ -25,12 +25,12 @@
         gem_fn_##name##_t *real = REAL(name);                                                   \
         return GEM_LIKELY(real != NULL) ? real args : CUDA_ERROR_NOT_SUPPORTED;                 \
     }
-#define GEM_WRAP_SYNC(name, pt, params, args, extra)                                            \
+#define GEM_WRAP_SYNC(name, pt, params, args, ctx)                                              \
     GEM_EXPORT CUresult name params {                                                           \
         if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \
             return CUDA_ERROR_NOT_INITIALIZED;                                                  \
         CUresult rc = REAL(name) args;                                                          \
-        gem_gate_on_sync();                                                                     \
+        gem_gate_on_sync(ctx);                                                                  \
         gem_memory_on_sync();                                                                   \
         return rc;                                                                              \
     }
