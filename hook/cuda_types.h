@@ -34,6 +34,7 @@ typedef struct CUkern_st *CUkernel;
 /* Copy descriptors: gemini passes them through without looking inside. */
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
 typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
+typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;
 
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 

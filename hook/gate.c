@@ -515,10 +515,25 @@ CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t 
 }
 
 /* After a synchronising call of the program (wrappers.c): the burst, if any, is over. */
-void gem_gate_on_sync(void) {
+/* The gate of the device a context belongs to (the calling thread's for NULL). */
+static struct gem_gate *gate_of_ctx(CUcontext ctx) {
+    if (!ctx || atomic_load_explicit(&gem_device_count, memory_order_relaxed) <= 1)
+        return gem_current_gate();
+    CUdevice dev = -1;
+    if (HAVE_REAL(cuCtxPushCurrent_v2) && REAL(cuCtxPushCurrent_v2)(ctx) == CUDA_SUCCESS) {
+        if (REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS)
+            dev = -1;
+        CUcontext popped;
+        REAL(cuCtxPopCurrent_v2)(&popped);
+    }
+    struct gem_device *d = gem_device_by_ordinal(dev);
+    return d ? &gem_gates[d->ordinal] : gem_current_gate();
+}
+
+void gem_gate_on_sync(CUcontext ctx) {
     if (!atomic_load_explicit(&gates_ready, memory_order_acquire))
         return;
-    struct gem_gate *g = gem_current_gate();
+    struct gem_gate *g = gate_of_ctx(ctx);
     int64_t now = gem_now_ns();
     atomic_store(&g->last_sync_ns, now);
     if (!atomic_exchange(&g->in_burst, 0))

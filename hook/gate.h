@@ -102,8 +102,9 @@ static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph) {
     return gem_gate_slow(g, stream, ptsz, gem_now_ns());
 }
 
-/* After a synchronising call of the program: the burst, if any, is over. */
-void gem_gate_on_sync(void);
+/* After a synchronising call of the program: the burst, if any, is over on the device of `ctx` (NULL: of
+ * the calling thread's context). */
+void gem_gate_on_sync(CUcontext ctx);
 
 void gem_gate_after_fork(void);          /* the child holds no token and has no watcher */
 void gem_gate_shutdown(void);            /* at exit: stop the watcher */

@@ -23,6 +23,7 @@
  *   params  the parameter list, args the same names as an argument list
  *           (`_` where no generated code calls it)
  *   extra   LAUNCH, GRAPH_LAUNCH, CAPTURE_*: the expression giving the call's stream;
+ *           SYNC: the context it synchronises (NULL: the calling thread's);
  *           ALLOC_FROM_POOL: the pool argument; `_` otherwise
  *
  * Kinds:
@@ -78,124 +79,151 @@
 #define GEM_COPY_PEER_PARAMS (CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx, size_t n)
 #define GEM_COPY_PEER_ARGS (dst, dstCtx, src, srcCtx, n)
 
+/* synchronous copies from and to arrays */
+#define GEM_COPY_AH_PARAMS (void *dst, CUarray src, size_t srcOffset, size_t n)
+#define GEM_COPY_AH_ARGS (dst, src, srcOffset, n)
+#define GEM_COPY_HA_PARAMS (CUarray dst, size_t dstOffset, const void *src, size_t n)
+#define GEM_COPY_HA_ARGS (dst, dstOffset, src, n)
+#define GEM_COPY_AD_PARAMS (CUdeviceptr dst, CUarray src, size_t srcOffset, size_t n)
+#define GEM_COPY_AD_ARGS (dst, src, srcOffset, n)
+#define GEM_COPY_DA_PARAMS (CUarray dst, size_t dstOffset, CUdeviceptr src, size_t n)
+#define GEM_COPY_DA_ARGS (dst, dstOffset, src, n)
+#define GEM_COPY_AA_PARAMS (CUarray dst, size_t dstOffset, CUarray src, size_t srcOffset, size_t n)
+#define GEM_COPY_AA_ARGS (dst, dstOffset, src, srcOffset, n)
+
 #define GEM_ALLOC_ASYNC_PARAMS (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 #define GEM_ALLOC_ASYNC_ARGS (dptr, bytesize, hStream)
 #define GEM_ALLOC_POOL_PARAMS (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 #define GEM_ALLOC_POOL_ARGS (dptr, bytesize, pool, hStream)
 
-#define GEM_HOOK_TABLE(X)                                                                                          \
-    /* ---- gated launches ------------------------------------------------------------------------------ */     \
-    X(LAUNCH, CUDA, CUresult, cuLaunchKernel, 4000, 0, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)                \
-    X(LAUNCH, CUDA, CUresult, cuLaunchKernel_ptsz, 7000, 1, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)           \
-    X(LAUNCH, CUDA, CUresult, cuLaunchKernelEx, 11060, 0, GEM_LAUNCH_EX_PARAMS, GEM_LAUNCH_EX_ARGS,                \
-      GEM_LAUNCH_EX_STREAM)                                                                                        \
-    X(LAUNCH, CUDA, CUresult, cuLaunchKernelEx_ptsz, 11060, 1, GEM_LAUNCH_EX_PARAMS, GEM_LAUNCH_EX_ARGS,           \
-      GEM_LAUNCH_EX_STREAM)                                                                                        \
-    X(LAUNCH, CUDA, CUresult, cuLaunchCooperativeKernel, 9000, 0, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)         \
-    X(LAUNCH, CUDA, CUresult, cuLaunchCooperativeKernel_ptsz, 9000, 1, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)    \
-    X(GRAPH_LAUNCH, CUDA, CUresult, cuGraphLaunch, 10000, 0, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)            \
-    X(GRAPH_LAUNCH, CUDA, CUresult, cuGraphLaunch_ptsz, 10000, 1, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)       \
-    /* ---- synchronising calls: the end of a kernel burst ---------------------------------------------- */     \
-    X(SYNC, CUDA, CUresult, cuCtxSynchronize, 2000, 0, (void), (), _)                                              \
-    X(SYNC, CUDA, CUresult, cuStreamSynchronize, 2000, 0, (CUstream hStream), (hStream), _)                        \
-    X(SYNC, CUDA, CUresult, cuStreamSynchronize_ptsz, 7000, 1, (CUstream hStream), (hStream), _)                   \
-    X(SYNC, CUDA, CUresult, cuEventSynchronize, 2000, 0, (CUevent hEvent), (hEvent), _)                            \
-    X(SYNC, CUDA, CUresult, cuMemcpy, 4000, 0, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, _)                               \
-    X(SYNC, CUDA, CUresult, cuMemcpy_ptds, 7000, 1, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, _)                          \
-    X(SYNC, CUDA, CUresult, cuMemcpyHtoD_v2, 3020, 0, GEM_COPY_HD_PARAMS, GEM_COPY_ARGS, _)                        \
-    X(SYNC, CUDA, CUresult, cuMemcpyHtoD_v2_ptds, 7000, 1, GEM_COPY_HD_PARAMS, GEM_COPY_ARGS, _)                   \
-    X(SYNC, CUDA, CUresult, cuMemcpyDtoH_v2, 3020, 0, GEM_COPY_DH_PARAMS, GEM_COPY_ARGS, _)                        \
-    X(SYNC, CUDA, CUresult, cuMemcpyDtoH_v2_ptds, 7000, 1, GEM_COPY_DH_PARAMS, GEM_COPY_ARGS, _)                   \
-    X(SYNC, CUDA, CUresult, cuMemcpyDtoD_v2, 3020, 0, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, _)                        \
-    X(SYNC, CUDA, CUresult, cuMemcpyDtoD_v2_ptds, 7000, 1, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, _)                   \
-    X(SYNC, CUDA, CUresult, cuMemcpy2D_v2, 3020, 0, (const CUDA_MEMCPY2D *p), (p), _)                              \
-    X(SYNC, CUDA, CUresult, cuMemcpy2D_v2_ptds, 7000, 1, (const CUDA_MEMCPY2D *p), (p), _)                         \
-    X(SYNC, CUDA, CUresult, cuMemcpy3D_v2, 3020, 0, (const CUDA_MEMCPY3D *p), (p), _)                              \
-    X(SYNC, CUDA, CUresult, cuMemcpy3D_v2_ptds, 7000, 1, (const CUDA_MEMCPY3D *p), (p), _)                         \
-    X(SYNC, CUDA, CUresult, cuMemcpyPeer, 4000, 0, GEM_COPY_PEER_PARAMS, GEM_COPY_PEER_ARGS, _)                    \
-    X(SYNC, CUDA, CUresult, cuMemcpyPeer_ptds, 7000, 1, GEM_COPY_PEER_PARAMS, GEM_COPY_PEER_ARGS, _)               \
-    /* ---- stream capture: launches into a capture are recorded, not run -------------------------------- */   \
-    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture, 10000, 0, (CUstream hStream), (hStream), hStream)       \
-    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture_ptsz, 10000, 1, (CUstream hStream), (hStream), hStream)  \
-    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture_v2, 10010, 0, (CUstream hStream, CUstreamCaptureMode mode), \
-      (hStream, mode), hStream)                                                                                    \
-    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture_v2_ptsz, 10010, 1,                                       \
-      (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode), hStream)                                      \
-    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCaptureToGraph, 12030, 0, GEM_CAPTURE_TO_GRAPH_PARAMS,           \
-      GEM_CAPTURE_TO_GRAPH_ARGS, hStream)                                                                          \
-    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCaptureToGraph_ptsz, 12030, 1, GEM_CAPTURE_TO_GRAPH_PARAMS,      \
-      GEM_CAPTURE_TO_GRAPH_ARGS, hStream)                                                                          \
-    X(CAPTURE_END, CUDA, CUresult, cuStreamEndCapture, 10000, 0, (CUstream hStream, CUgraph *phGraph),             \
-      (hStream, phGraph), hStream)                                                                                 \
-    X(CAPTURE_END, CUDA, CUresult, cuStreamEndCapture_ptsz, 10000, 1, (CUstream hStream, CUgraph *phGraph),        \
-      (hStream, phGraph), hStream)                                                                                 \
-    /* ---- memory (memory.c) --------------------------------------------------------------------------- */     \
-    X(CUSTOM, CUDA, CUresult, cuMemAlloc_v2, 3020, 0, (CUdeviceptr *dptr, size_t bytesize), _, _)                  \
-    X(CUSTOM, CUDA, CUresult, cuMemAllocPitch_v2, 3020, 0, (CUdeviceptr *dptr, size_t *pPitch,                     \
-      size_t widthInBytes, size_t height, unsigned int elementSizeBytes), _, _)                                    \
+#define GEM_HOOK_TABLE(X)                                                                                           \
+    /* ---- gated launches ------------------------------------------------------------------------------ */        \
+    X(LAUNCH, CUDA, CUresult, cuLaunchKernel, 4000, 0, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)                 \
+    X(LAUNCH, CUDA, CUresult, cuLaunchKernel_ptsz, 7000, 1, GEM_LAUNCH_PARAMS, GEM_LAUNCH_ARGS, hStream)            \
+    X(LAUNCH, CUDA, CUresult, cuLaunchKernelEx, 11060, 0, GEM_LAUNCH_EX_PARAMS, GEM_LAUNCH_EX_ARGS,                 \
+      GEM_LAUNCH_EX_STREAM)                                                                                         \
+    X(LAUNCH, CUDA, CUresult, cuLaunchKernelEx_ptsz, 11060, 1, GEM_LAUNCH_EX_PARAMS, GEM_LAUNCH_EX_ARGS,            \
+      GEM_LAUNCH_EX_STREAM)                                                                                         \
+    X(LAUNCH, CUDA, CUresult, cuLaunchCooperativeKernel, 9000, 0, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)          \
+    X(LAUNCH, CUDA, CUresult, cuLaunchCooperativeKernel_ptsz, 9000, 1, GEM_COOP_PARAMS, GEM_COOP_ARGS, hStream)     \
+    X(GRAPH_LAUNCH, CUDA, CUresult, cuGraphLaunch, 10000, 0, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)             \
+    X(GRAPH_LAUNCH, CUDA, CUresult, cuGraphLaunch_ptsz, 10000, 1, GEM_GRAPH_PARAMS, GEM_GRAPH_ARGS, hStream)        \
+    /* ---- synchronising calls: the end of a kernel burst ---------------------------------------------- */        \
+    X(SYNC, CUDA, CUresult, cuCtxSynchronize, 2000, 0, (void), (), NULL)                                            \
+    X(SYNC, CUDA, CUresult, cuCtxSynchronize_v2, 13000, 0, (CUcontext ctx), (ctx), ctx)                             \
+    X(SYNC, CUDA, CUresult, cuStreamSynchronize, 2000, 0, (CUstream hStream), (hStream), NULL)                      \
+    X(SYNC, CUDA, CUresult, cuStreamSynchronize_ptsz, 7000, 1, (CUstream hStream), (hStream), NULL)                 \
+    X(SYNC, CUDA, CUresult, cuEventSynchronize, 2000, 0, (CUevent hEvent), (hEvent), NULL)                          \
+    X(SYNC, CUDA, CUresult, cuMemcpy, 4000, 0, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, NULL)                             \
+    X(SYNC, CUDA, CUresult, cuMemcpy_ptds, 7000, 1, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, NULL)                        \
+    X(SYNC, CUDA, CUresult, cuMemcpyHtoD_v2, 3020, 0, GEM_COPY_HD_PARAMS, GEM_COPY_ARGS, NULL)                      \
+    X(SYNC, CUDA, CUresult, cuMemcpyHtoD_v2_ptds, 7000, 1, GEM_COPY_HD_PARAMS, GEM_COPY_ARGS, NULL)                 \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoH_v2, 3020, 0, GEM_COPY_DH_PARAMS, GEM_COPY_ARGS, NULL)                      \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoH_v2_ptds, 7000, 1, GEM_COPY_DH_PARAMS, GEM_COPY_ARGS, NULL)                 \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoD_v2, 3020, 0, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, NULL)                      \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoD_v2_ptds, 7000, 1, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, NULL)                 \
+    X(SYNC, CUDA, CUresult, cuMemcpy2D_v2, 3020, 0, (const CUDA_MEMCPY2D *p), (p), NULL)                            \
+    X(SYNC, CUDA, CUresult, cuMemcpy2D_v2_ptds, 7000, 1, (const CUDA_MEMCPY2D *p), (p), NULL)                       \
+    X(SYNC, CUDA, CUresult, cuMemcpy3D_v2, 3020, 0, (const CUDA_MEMCPY3D *p), (p), NULL)                            \
+    X(SYNC, CUDA, CUresult, cuMemcpy3D_v2_ptds, 7000, 1, (const CUDA_MEMCPY3D *p), (p), NULL)                       \
+    X(SYNC, CUDA, CUresult, cuMemcpyPeer, 4000, 0, GEM_COPY_PEER_PARAMS, GEM_COPY_PEER_ARGS, NULL)                  \
+    X(SYNC, CUDA, CUresult, cuMemcpyPeer_ptds, 7000, 1, GEM_COPY_PEER_PARAMS, GEM_COPY_PEER_ARGS, NULL)             \
+    X(SYNC, CUDA, CUresult, cuMemcpy3DPeer, 4000, 0, (const CUDA_MEMCPY3D_PEER *p), (p), NULL)                      \
+    X(SYNC, CUDA, CUresult, cuMemcpy3DPeer_ptds, 7000, 1, (const CUDA_MEMCPY3D_PEER *p), (p), NULL)                 \
+    X(SYNC, CUDA, CUresult, cuMemcpy2DUnaligned_v2, 3020, 0, (const CUDA_MEMCPY2D *p), (p), NULL)                   \
+    X(SYNC, CUDA, CUresult, cuMemcpy2DUnaligned_v2_ptds, 7000, 1, (const CUDA_MEMCPY2D *p), (p), NULL)              \
+    X(SYNC, CUDA, CUresult, cuMemcpyAtoH_v2, 3020, 0, GEM_COPY_AH_PARAMS, GEM_COPY_AH_ARGS, NULL)                   \
+    X(SYNC, CUDA, CUresult, cuMemcpyAtoH_v2_ptds, 7000, 1, GEM_COPY_AH_PARAMS, GEM_COPY_AH_ARGS, NULL)              \
+    X(SYNC, CUDA, CUresult, cuMemcpyHtoA_v2, 3020, 0, GEM_COPY_HA_PARAMS, GEM_COPY_HA_ARGS, NULL)                   \
+    X(SYNC, CUDA, CUresult, cuMemcpyHtoA_v2_ptds, 7000, 1, GEM_COPY_HA_PARAMS, GEM_COPY_HA_ARGS, NULL)              \
+    X(SYNC, CUDA, CUresult, cuMemcpyAtoD_v2, 3020, 0, GEM_COPY_AD_PARAMS, GEM_COPY_AD_ARGS, NULL)                   \
+    X(SYNC, CUDA, CUresult, cuMemcpyAtoD_v2_ptds, 7000, 1, GEM_COPY_AD_PARAMS, GEM_COPY_AD_ARGS, NULL)              \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoA_v2, 3020, 0, GEM_COPY_DA_PARAMS, GEM_COPY_DA_ARGS, NULL)                   \
+    X(SYNC, CUDA, CUresult, cuMemcpyDtoA_v2_ptds, 7000, 1, GEM_COPY_DA_PARAMS, GEM_COPY_DA_ARGS, NULL)              \
+    X(SYNC, CUDA, CUresult, cuMemcpyAtoA_v2, 3020, 0, GEM_COPY_AA_PARAMS, GEM_COPY_AA_ARGS, NULL)                   \
+    X(SYNC, CUDA, CUresult, cuMemcpyAtoA_v2_ptds, 7000, 1, GEM_COPY_AA_PARAMS, GEM_COPY_AA_ARGS, NULL)              \
+    /* ---- stream capture: launches into a capture are recorded, not run -------------------------------- */       \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture, 10000, 0, (CUstream hStream), (hStream), hStream)        \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture_ptsz, 10000, 1, (CUstream hStream), (hStream), hStream)   \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture_v2, 10010, 0,                                             \
+      (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode), hStream)                                       \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCapture_v2_ptsz, 10010, 1,                                        \
+      (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode), hStream)                                       \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCaptureToGraph, 12030, 0, GEM_CAPTURE_TO_GRAPH_PARAMS,            \
+      GEM_CAPTURE_TO_GRAPH_ARGS, hStream)                                                                           \
+    X(CAPTURE_BEGIN, CUDA, CUresult, cuStreamBeginCaptureToGraph_ptsz, 12030, 1, GEM_CAPTURE_TO_GRAPH_PARAMS,       \
+      GEM_CAPTURE_TO_GRAPH_ARGS, hStream)                                                                           \
+    X(CAPTURE_END, CUDA, CUresult, cuStreamEndCapture, 10000, 0, (CUstream hStream, CUgraph *phGraph),              \
+      (hStream, phGraph), hStream)                                                                                  \
+    X(CAPTURE_END, CUDA, CUresult, cuStreamEndCapture_ptsz, 10000, 1, (CUstream hStream, CUgraph *phGraph),         \
+      (hStream, phGraph), hStream)                                                                                  \
+    /* ---- memory (memory.c) --------------------------------------------------------------------------- */        \
+    X(CUSTOM, CUDA, CUresult, cuMemAlloc_v2, 3020, 0, (CUdeviceptr *dptr, size_t bytesize), _, _)                   \
+    X(CUSTOM, CUDA, CUresult, cuMemAllocPitch_v2, 3020, 0, (CUdeviceptr *dptr, size_t *pPitch,                      \
+      size_t widthInBytes, size_t height, unsigned int elementSizeBytes), _, _)                                     \
     X(CUSTOM, CUDA, CUresult, cuMemAllocManaged, 6000, 0, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags), \
-      _, _)                                                                                                        \
-    X(CUSTOM, CUDA, CUresult, cuMemFree_v2, 3020, 0, (CUdeviceptr dptr), _, _)                                     \
-    X(ALLOC_ASYNC, CUDA, CUresult, cuMemAllocAsync, 11020, 0, GEM_ALLOC_ASYNC_PARAMS, GEM_ALLOC_ASYNC_ARGS, _)     \
+      _, _)                                                                                                         \
+    X(CUSTOM, CUDA, CUresult, cuMemFree_v2, 3020, 0, (CUdeviceptr dptr), _, _)                                      \
+    X(ALLOC_ASYNC, CUDA, CUresult, cuMemAllocAsync, 11020, 0, GEM_ALLOC_ASYNC_PARAMS, GEM_ALLOC_ASYNC_ARGS, _)      \
     X(ALLOC_ASYNC, CUDA, CUresult, cuMemAllocAsync_ptsz, 11020, 1, GEM_ALLOC_ASYNC_PARAMS, GEM_ALLOC_ASYNC_ARGS, _) \
-    X(ALLOC_FROM_POOL, CUDA, CUresult, cuMemAllocFromPoolAsync, 11020, 0, GEM_ALLOC_POOL_PARAMS,                   \
-      GEM_ALLOC_POOL_ARGS, pool)                                                                                   \
-    X(ALLOC_FROM_POOL, CUDA, CUresult, cuMemAllocFromPoolAsync_ptsz, 11020, 1, GEM_ALLOC_POOL_PARAMS,              \
-      GEM_ALLOC_POOL_ARGS, pool)                                                                                   \
-    X(CUSTOM, CUDA, CUresult, cuMemFreeAsync, 11020, 0, (CUdeviceptr dptr, CUstream hStream), _, _)                \
-    X(CUSTOM, CUDA, CUresult, cuMemFreeAsync_ptsz, 11020, 1, (CUdeviceptr dptr, CUstream hStream), _, _)           \
-    X(CUSTOM, CUDA, CUresult, cuMemCreate, 10020, 0, (CUmemGenericAllocationHandle *handle, size_t size,           \
-      const CUmemAllocationProp *prop, unsigned long long flags), _, _)                                            \
-    X(CUSTOM, CUDA, CUresult, cuMemRelease, 10020, 0, (CUmemGenericAllocationHandle handle), _, _)                 \
-    X(CUSTOM, CUDA, CUresult, cuArrayCreate_v2, 3020, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc),    \
-      _, _)                                                                                                        \
-    X(CUSTOM, CUDA, CUresult, cuArray3DCreate_v2, 3020, 0,                                                         \
-      (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc), _, _)                                               \
-    X(CUSTOM, CUDA, CUresult, cuArrayDestroy, 2000, 0, (CUarray hArray), _, _)                                     \
-    X(CUSTOM, CUDA, CUresult, cuMipmappedArrayCreate, 5000, 0, (CUmipmappedArray *pHandle,                         \
-      const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int numLevels), _, _)                                          \
-    X(CUSTOM, CUDA, CUresult, cuMipmappedArrayDestroy, 5000, 0, (CUmipmappedArray hMipmappedArray), _, _)          \
-    X(CUSTOM, CUDA, CUresult, cuMemPoolTrimTo, 11020, 0, (CUmemoryPool pool, size_t minBytesToKeep), _, _)         \
-    X(CUSTOM, CUDA, CUresult, cuMemPoolDestroy, 11020, 0, (CUmemoryPool pool), _, _)                               \
-    X(CUSTOM, CUDA, CUresult, cuMemGetInfo_v2, 3020, 0, (size_t *free, size_t *total), _, _)                       \
-    X(CUSTOM, CUDA, CUresult, cuDeviceTotalMem_v2, 3020, 0, (size_t *bytes, CUdevice dev), _, _)                   \
-    /* ---- entry points (symbols.c) -------------------------------------------------------------------- */     \
-    X(CUSTOM, CUDA, CUresult, cuGetProcAddress, 11030, 0,                                                          \
-      (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags), _, _)                                   \
-    X(CUSTOM, CUDA, CUresult, cuGetProcAddress_v2, 12000, 0, (const char *symbol, void **pfn, int cudaVersion,     \
-      cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus), _, _)                                       \
-    /* ---- the hook's own calls ------------------------------------------------------------------------- */    \
-    X(REAL, CUDA, CUresult, cuInit, 2000, 0, (unsigned int flags), _, _)                                           \
-    X(REAL, CUDA, CUresult, cuDeviceGetCount, 2000, 0, (int *count), _, _)                                         \
-    X(REAL, CUDA, CUresult, cuDeviceGet, 2000, 0, (CUdevice *device, int ordinal), _, _)                           \
-    X(REAL, CUDA, CUresult, cuDeviceGetUuid, 9020, 0, (CUuuid *uuid, CUdevice dev), _, _)                          \
-    X(REAL, CUDA, CUresult, cuCtxGetCurrent, 4000, 0, (CUcontext *pctx), _, _)                                     \
-    X(REAL, CUDA, CUresult, cuCtxGetDevice, 2000, 0, (CUdevice *device), _, _)                                     \
-    X(REAL, CUDA, CUresult, cuCtxPushCurrent_v2, 4000, 0, (CUcontext ctx), _, _)                                   \
-    X(REAL, CUDA, CUresult, cuCtxPopCurrent_v2, 4000, 0, (CUcontext *pctx), _, _)                                  \
-    X(REAL, CUDA, CUresult, cuStreamIsCapturing, 10000, 0, (CUstream hStream, CUstreamCaptureStatus *status),      \
-      _, _)                                                                                                        \
-    X(REAL, CUDA, CUresult, cuStreamIsCapturing_ptsz, 10000, 1,                                                    \
-      (CUstream hStream, CUstreamCaptureStatus *status), _, _)                                                     \
-    X(REAL, CUDA, CUresult, cuThreadExchangeStreamCaptureMode, 10010, 0, (CUstreamCaptureMode *mode), _, _)        \
-    X(REAL, CUDA, CUresult, cuArrayGetMemoryRequirements, 11060, 0,                                                \
-      (CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray arr, CUdevice dev), _, _)                                      \
-    X(REAL, CUDA, CUresult, cuMipmappedArrayGetMemoryRequirements, 11060, 0,                                       \
-      (CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUmipmappedArray arr, CUdevice dev), _, _)                             \
-    X(REAL, CUDA, CUresult, cuEventCreate, 2000, 0, (CUevent *phEvent, unsigned int flags), _, _)                  \
-    X(REAL, CUDA, CUresult, cuEventRecord, 2000, 0, (CUevent hEvent, CUstream hStream), _, _)                      \
-    X(REAL, CUDA, CUresult, cuEventQuery, 2000, 0, (CUevent hEvent), _, _)                                         \
-    X(REAL, CUDA, CUresult, cuEventElapsedTime, 2000, 0, (float *pMilliseconds, CUevent hStart, CUevent hEnd),     \
-      _, _)                                                                                                        \
-    X(REAL, CUDA, CUresult, cuMemPoolGetAttribute, 11020, 0,                                                       \
-      (CUmemoryPool pool, CUmemPool_attribute attr, void *value), _, _)                                            \
-    X(REAL, CUDA, CUresult, cuDeviceGetMemPool, 11020, 0, (CUmemoryPool *pool, CUdevice dev), _, _)                \
-    /* ---- NVML: what nvidia-smi and pynvml report inside a group (nvml.c) ------------------------------ */    \
-    X(CUSTOM, NVML, int, nvmlDeviceGetMemoryInfo, 0, 0,                                                            \
-      (struct nvmlDevice_st *device, struct gem_nvml_memory *memory), _, _)                                        \
-    X(CUSTOM, NVML, int, nvmlDeviceGetMemoryInfo_v2, 0, 0,                                                         \
-      (struct nvmlDevice_st *device, struct gem_nvml_memory_v2 *memory), _, _)                                     \
-    X(REAL, NVML, int, nvmlDeviceGetUUID, 0, 0, (struct nvmlDevice_st *device, char *uuid, unsigned int length),   \
+    X(ALLOC_FROM_POOL, CUDA, CUresult, cuMemAllocFromPoolAsync, 11020, 0, GEM_ALLOC_POOL_PARAMS,                    \
+      GEM_ALLOC_POOL_ARGS, pool)                                                                                    \
+    X(ALLOC_FROM_POOL, CUDA, CUresult, cuMemAllocFromPoolAsync_ptsz, 11020, 1, GEM_ALLOC_POOL_PARAMS,               \
+      GEM_ALLOC_POOL_ARGS, pool)                                                                                    \
+    X(CUSTOM, CUDA, CUresult, cuMemFreeAsync, 11020, 0, (CUdeviceptr dptr, CUstream hStream), _, _)                 \
+    X(CUSTOM, CUDA, CUresult, cuMemFreeAsync_ptsz, 11020, 1, (CUdeviceptr dptr, CUstream hStream), _, _)            \
+    X(CUSTOM, CUDA, CUresult, cuMemCreate, 10020, 0, (CUmemGenericAllocationHandle *handle, size_t size,            \
+      const CUmemAllocationProp *prop, unsigned long long flags), _, _)                                             \
+    X(CUSTOM, CUDA, CUresult, cuMemRelease, 10020, 0, (CUmemGenericAllocationHandle handle), _, _)                  \
+    X(CUSTOM, CUDA, CUresult, cuArrayCreate_v2, 3020, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc),     \
+      _, _)                                                                                                         \
+    X(CUSTOM, CUDA, CUresult, cuArray3DCreate_v2, 3020, 0,                                                          \
+      (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc), _, _)                                                \
+    X(CUSTOM, CUDA, CUresult, cuArrayDestroy, 2000, 0, (CUarray hArray), _, _)                                      \
+    X(CUSTOM, CUDA, CUresult, cuMipmappedArrayCreate, 5000, 0, (CUmipmappedArray *pHandle,                          \
+      const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int numLevels), _, _)                                           \
+    X(CUSTOM, CUDA, CUresult, cuMipmappedArrayDestroy, 5000, 0, (CUmipmappedArray hMipmappedArray), _, _)           \
+    X(CUSTOM, CUDA, CUresult, cuMemPoolTrimTo, 11020, 0, (CUmemoryPool pool, size_t minBytesToKeep), _, _)          \
+    X(CUSTOM, CUDA, CUresult, cuMemPoolDestroy, 11020, 0, (CUmemoryPool pool), _, _)                                \
+    X(CUSTOM, CUDA, CUresult, cuMemGetInfo_v2, 3020, 0, (size_t *free, size_t *total), _, _)                        \
+    X(CUSTOM, CUDA, CUresult, cuDeviceTotalMem_v2, 3020, 0, (size_t *bytes, CUdevice dev), _, _)                    \
+    /* ---- entry points (symbols.c) -------------------------------------------------------------------- */        \
+    X(CUSTOM, CUDA, CUresult, cuGetProcAddress, 11030, 0,                                                           \
+      (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags), _, _)                                    \
+    X(CUSTOM, CUDA, CUresult, cuGetProcAddress_v2, 12000, 0, (const char *symbol, void **pfn, int cudaVersion,      \
+      cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus), _, _)                                        \
+    /* ---- the hook's own calls ------------------------------------------------------------------------- */       \
+    X(REAL, CUDA, CUresult, cuInit, 2000, 0, (unsigned int flags), _, _)                                            \
+    X(REAL, CUDA, CUresult, cuDeviceGetCount, 2000, 0, (int *count), _, _)                                          \
+    X(REAL, CUDA, CUresult, cuDeviceGet, 2000, 0, (CUdevice *device, int ordinal), _, _)                            \
+    X(REAL, CUDA, CUresult, cuDeviceGetUuid, 9020, 0, (CUuuid *uuid, CUdevice dev), _, _)                           \
+    X(REAL, CUDA, CUresult, cuCtxGetCurrent, 4000, 0, (CUcontext *pctx), _, _)                                      \
+    X(REAL, CUDA, CUresult, cuCtxGetDevice, 2000, 0, (CUdevice *device), _, _)                                      \
+    X(REAL, CUDA, CUresult, cuCtxPushCurrent_v2, 4000, 0, (CUcontext ctx), _, _)                                    \
+    X(REAL, CUDA, CUresult, cuCtxPopCurrent_v2, 4000, 0, (CUcontext *pctx), _, _)                                   \
+    X(REAL, CUDA, CUresult, cuStreamIsCapturing, 10000, 0, (CUstream hStream, CUstreamCaptureStatus *status),       \
+      _, _)                                                                                                         \
+    X(REAL, CUDA, CUresult, cuStreamIsCapturing_ptsz, 10000, 1,                                                     \
+      (CUstream hStream, CUstreamCaptureStatus *status), _, _)                                                      \
+    X(REAL, CUDA, CUresult, cuThreadExchangeStreamCaptureMode, 10010, 0, (CUstreamCaptureMode *mode), _, _)         \
+    X(REAL, CUDA, CUresult, cuArrayGetMemoryRequirements, 11060, 0,                                                 \
+      (CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray arr, CUdevice dev), _, _)                                       \
+    X(REAL, CUDA, CUresult, cuMipmappedArrayGetMemoryRequirements, 11060, 0,                                        \
+      (CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUmipmappedArray arr, CUdevice dev), _, _)                              \
+    X(REAL, CUDA, CUresult, cuEventCreate, 2000, 0, (CUevent *phEvent, unsigned int flags), _, _)                   \
+    X(REAL, CUDA, CUresult, cuEventRecord, 2000, 0, (CUevent hEvent, CUstream hStream), _, _)                       \
+    X(REAL, CUDA, CUresult, cuEventQuery, 2000, 0, (CUevent hEvent), _, _)                                          \
+    X(REAL, CUDA, CUresult, cuEventElapsedTime, 2000, 0, (float *pMilliseconds, CUevent hStart, CUevent hEnd),      \
+      _, _)                                                                                                         \
+    X(REAL, CUDA, CUresult, cuMemPoolGetAttribute, 11020, 0,                                                        \
+      (CUmemoryPool pool, CUmemPool_attribute attr, void *value), _, _)                                             \
+    X(REAL, CUDA, CUresult, cuDeviceGetMemPool, 11020, 0, (CUmemoryPool *pool, CUdevice dev), _, _)                 \
+    /* ---- NVML: what nvidia-smi and pynvml report inside a group (nvml.c) ------------------------------ */       \
+    X(CUSTOM, NVML, int, nvmlDeviceGetMemoryInfo, 0, 0,                                                             \
+      (struct nvmlDevice_st *device, struct gem_nvml_memory *memory), _, _)                                         \
+    X(CUSTOM, NVML, int, nvmlDeviceGetMemoryInfo_v2, 0, 0,                                                          \
+      (struct nvmlDevice_st *device, struct gem_nvml_memory_v2 *memory), _, _)                                      \
+    X(REAL, NVML, int, nvmlDeviceGetUUID, 0, 0, (struct nvmlDevice_st *device, char *uuid, unsigned int length),    \
       _, _)
 
 #endif /* GEMINI_HOOK_TABLE_H */

@@ -60,6 +60,13 @@ int gem_resolve_real(void) {
     return atomic_load_explicit(&gem_real_ready, memory_order_acquire) ? 0 : -1;
 }
 
+void *gem_real_lookup(const char *name) {
+    gem_dlsym_fn lookup = gem_real_dlsym();
+    if (!atomic_load_explicit(&gem_real_ready, memory_order_acquire) || !lookup)
+        return NULL;
+    return lookup(libcuda, name);
+}
+
 /* ---- libnvidia-ml.so.1: loaded by the program before it could call an NVML function ------ */
 
 static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;

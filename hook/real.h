@@ -50,6 +50,9 @@ extern atomic_int gem_real_ready;
 static inline int gem_ensure_real(void) {
     return GEM_LIKELY(atomic_load_explicit(&gem_real_ready, memory_order_acquire)) ? 0 : gem_resolve_real();
 }
+/* dlsym(libcuda.so.1, name) with the C library's dlsym: any exported driver symbol, in the table or not.
+ * NULL before gem_resolve_real succeeded. */
+void *gem_real_lookup(const char *name);
 /* Resolve the NVML rows, once the program has loaded libnvidia-ml.so.1. Returns 0, or -1 if it has not. */
 int gem_resolve_nvml(void);
 

@@ -123,6 +123,8 @@ void gem_settings_load(void) {
         else
             snprintf(gem_cfg.ipc_dir, sizeof gem_cfg.ipc_dir, "%s", v);
     }
+    if ((v = getenv("GEMINI_PROCADDR_LOG")))
+        snprintf(gem_cfg.procaddr_log, sizeof gem_cfg.procaddr_log, "%s", v);
     env_ms("GEMINI_IDLE_RELEASE_MS", &gem_cfg.idle_release_ns);
     env_ms("GEMINI_CLAIM_IDLE_MS", &gem_cfg.claim_idle_ns);
     int64_t inflight_ms = -1;

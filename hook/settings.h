@@ -29,6 +29,7 @@ struct gem_settings {
     int64_t burst_window_ns;    /* prediction looks back this far (Gemini: 3 s) */
     int64_t claim_idle_ns;      /* GEMINI_CLAIM_IDLE_MS: a latency group's claim ends this long after its burst */
     int64_t inflight_ns;        /* GEMINI_INFLIGHT_MS: GPU work kept queued per stream while bounded */
+    char procaddr_log[512];     /* GEMINI_PROCADDR_LOG: append every cuGetProcAddress query and its routing */
 };
 extern struct gem_settings gem_cfg;
 

@@ -11,14 +11,21 @@
  *      Routing by the pointer rather than by name means the driver alone
  *      decides which _v2/_v3/_ptsz/_ptds variant a (symbol, cudaVersion,
  *      flags) triple means, and the wrapper always has the signature and
- *      stream semantics of what the caller asked for.
+ *      stream semantics of what the caller asked for. A pointer that is no
+ *      exported symbol is routed by name, version and flags instead (the
+ *      table's `since` and `pt` columns); an exported variant the table lacks
+ *      is reported and counted (procaddr_unrouted), never silently passed.
  *
  * Every real call goes through a pointer resolved with the real dlsym
  * (real.c), so the hook never calls itself.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hook_exports.h"
 #include "real.h"
@@ -41,24 +48,38 @@ static int hooked_index_by_name(const char *symbol) {
     return -1;
 }
 
-/* The wrapper for a real pointer the driver returned, or the pointer itself. */
-static void *route(void *real) {
+/* The row whose real function is `real` and that has a wrapper; -1 if none. */
+static int row_of_real(void *real) {
     for (int i = 0; i < GEM_FN_COUNT; i++)
         if (gem_hook_fn[i] && gem_real_fn[i] == real)
-            return gem_hook_fn[i];
-    return real;
+            return i;
+    return -1;
+}
+
+/* The length of a row's base name: the name without its _ptsz/_ptds and _vN suffixes
+ * (cuMemcpyHtoD_v2_ptds -> cuMemcpyHtoD), the name cuGetProcAddress is asked for. */
+static size_t base_len(const char *name) {
+    size_t n = strlen(name);
+    if (n > 5 && (strcmp(name + n - 5, "_ptsz") == 0 || strcmp(name + n - 5, "_ptds") == 0))
+        n -= 5;
+    size_t i = n;
+    while (i > 0 && name[i - 1] >= '0' && name[i - 1] <= '9')
+        i--;
+    if (i < n && i >= 2 && name[i - 1] == 'v' && name[i - 2] == '_')
+        n = i - 2;
+    return n;
+}
+
+static int row_has_base(int i, const char *symbol) {
+    size_t n = base_len(gem_fn_rows[i].name);
+    return strlen(symbol) == n && strncmp(gem_fn_rows[i].name, symbol, n) == 0;
 }
 
 /* Is `symbol` the base name of a function we intercept (cuLaunchKernel for cuLaunchKernel_ptsz)? */
 static int is_intercepted_base(const char *symbol) {
-    size_t n = strlen(symbol);
-    for (int i = 0; i < GEM_FN_COUNT; i++) {
-        if (!gem_hook_fn[i] || strncmp(gem_fn_rows[i].name, symbol, n) != 0)
-            continue;
-        const char *rest = gem_fn_rows[i].name + n;
-        if (*rest == '\0' || strncmp(rest, "_v", 2) == 0 || strncmp(rest, "_pt", 3) == 0)
+    for (int i = 0; i < GEM_FN_COUNT; i++)
+        if (gem_hook_fn[i] && row_has_base(i, symbol))
             return 1;
-    }
     return 0;
 }
 
@@ -98,21 +119,118 @@ GEM_EXPORT void *dlsym(void *handle, const char *symbol) {
 
 /* ---- cuGetProcAddress -------------------------------------------------------------------- */
 
-static void route_proc(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
-    if (!pfn || !*pfn || gem_cfg.disabled)
+/* The exported libcuda.so.1 variant of `symbol` (base, _v2.._v5, each also _ptsz/_ptds) whose address is
+ * `fn`, written to `out`; 0 if `fn` is none of them. */
+static int exported_variant(const char *symbol, void *fn, char *out, size_t len) {
+    static const char *const versions[] = {"", "_v2", "_v3", "_v4", "_v5"};
+    static const char *const streams[] = {"", "_ptsz", "_ptds"};
+    for (size_t v = 0; v < sizeof versions / sizeof *versions; v++)
+        for (size_t t = 0; t < sizeof streams / sizeof *streams; t++) {
+            snprintf(out, len, "%s%s%s", symbol, versions[v], streams[t]);
+            if (gem_real_lookup(out) == fn)
+                return 1;
+        }
+    return 0;
+}
+
+/* The row the driver's naming rules give for (symbol, cudaVersion, flags), among the table's wrapped rows
+ * whose real function exists: the newest variant of the base introduced at or before cudaVersion, its
+ * per-thread one (_ptsz/_ptds) when the per-thread flag is given and the base has one. -1 if none. */
+static int row_by_name(const char *symbol, int cudaVersion, cuuint64_t flags) {
+    int has_pt = 0;
+    for (int i = 0; i < GEM_FN_COUNT; i++)
+        if (gem_hook_fn[i] && gem_fn_rows[i].pt && row_has_base(i, symbol))
+            has_pt = 1;
+    int want_pt = has_pt && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+    int best = -1;
+    for (int i = 0; i < GEM_FN_COUNT; i++) {
+        if (!gem_hook_fn[i] || !row_has_base(i, symbol) || gem_fn_rows[i].pt != want_pt ||
+            gem_fn_rows[i].since > cudaVersion)
+            continue;
+        if (best < 0 || gem_fn_rows[i].since > gem_fn_rows[best].since)
+            best = i;
+    }
+    return best >= 0 && gem_real_fn[best] ? best : -1;
+}
+
+/* GEMINI_PROCADDR_LOG: one line per query, "pid symbol version flags result name", where result is hook
+ * (routed by pointer to the row `name`), fallback (routed by name to `name`), unrouted (an intercepted
+ * base answered with `name`, a variant the hook does not wrap, "?" if no exported one), real (not
+ * intercepted) or none (no pointer). */
+static void log_query(const char *symbol, int version, cuuint64_t flags, const char *result, const char *name) {
+    static atomic_int log_fd = -2; /* -2: not opened yet, -1: no log */
+    int fd = atomic_load(&log_fd);
+    if (fd == -1 || (fd == -2 && !gem_cfg.procaddr_log[0]))
         return;
-    void *hooked = route(*pfn);
-    if (hooked != *pfn) {
+    if (fd == -2) {
+        int mine = open(gem_cfg.procaddr_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (mine < 0)
+            GEM_LOG(GEM_LOG_ERROR, "GEMINI_PROCADDR_LOG=%s: %s", gem_cfg.procaddr_log, strerror(errno));
+        int expected = -2;
+        if (atomic_compare_exchange_strong(&log_fd, &expected, mine < 0 ? -1 : mine))
+            fd = mine;
+        else {
+            if (mine >= 0)
+                close(mine);
+            fd = expected;
+        }
+        if (fd < 0)
+            return;
+    }
+    char line[384];
+    int n = snprintf(line, sizeof line, "%d %s %d 0x%llx %s %s\n", (int)getpid(), symbol ? symbol : "(null)",
+                     version, (unsigned long long)flags, result, name);
+    if (n > 0) {
+        ssize_t w = write(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+        (void)w;
+    }
+}
+
+/* The driver answered (symbol, cudaVersion, flags) with *pfn: hand out the wrapper of the same variant.
+ * By pointer first: the driver alone decides which variant the triple means. A pointer that is no
+ * exported symbol at all (an internal entry a driver may hand out) is routed by name, version and flags
+ * instead; an exported variant the table lacks is left alone, loudly, and counted: handing out the wrapper
+ * of another variant would call it with the wrong signature. */
+static void route_proc(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    if (!pfn || !*pfn) {
+        log_query(symbol, cudaVersion, flags, "none", "-");
+        return;
+    }
+    if (gem_cfg.disabled)
+        return;
+    int i = row_of_real(*pfn);
+    if (i >= 0) {
         atomic_fetch_add(&gem_stats.procaddr_routed, 1);
         GEM_LOG(GEM_LOG_DEBUG, "cuGetProcAddress(%s, %d, 0x%llx) -> hook", symbol, cudaVersion,
                 (unsigned long long)flags);
-        *pfn = hooked;
-    } else if (symbol && is_intercepted_base(symbol)) {
-        /* The driver answered with a variant the hook does not know: it runs ungated. Loud,
-         * because silent loss of interception is the failure gemini exists to avoid. */
-        GEM_LOG(GEM_LOG_WARN, "cuGetProcAddress(%s, %d, 0x%llx) returned a variant gemini does not "
-                "intercept; calls through it are not gated", symbol, cudaVersion, (unsigned long long)flags);
+        *pfn = gem_hook_fn[i];
+        log_query(symbol, cudaVersion, flags, "hook", gem_fn_rows[i].name);
+        return;
     }
+    if (!symbol || !is_intercepted_base(symbol)) {
+        log_query(symbol, cudaVersion, flags, "real", "-");
+        return;
+    }
+    char exported[160];
+    if (!exported_variant(symbol, *pfn, exported, sizeof exported)) {
+        int f = row_by_name(symbol, cudaVersion, flags);
+        if (f >= 0) {
+            atomic_fetch_add(&gem_stats.procaddr_fallback, 1);
+            GEM_LOG(GEM_LOG_INFO, "cuGetProcAddress(%s, %d, 0x%llx) returned %p, no exported symbol of "
+                    "libcuda.so.1; routed by name to %s", symbol, cudaVersion, (unsigned long long)flags, *pfn,
+                    gem_fn_rows[f].name);
+            *pfn = gem_hook_fn[f];
+            log_query(symbol, cudaVersion, flags, "fallback", gem_fn_rows[f].name);
+            return;
+        }
+        snprintf(exported, sizeof exported, "?");
+    }
+    /* The driver answered with a variant the hook does not know: it runs ungated. Loud, because silent
+     * loss of interception is the failure gemini exists to avoid. */
+    atomic_fetch_add(&gem_stats.procaddr_unrouted, 1);
+    GEM_LOG(GEM_LOG_WARN, "cuGetProcAddress(%s, %d, 0x%llx) returned a variant gemini does not intercept (%s); "
+            "calls through it are not gated", symbol, cudaVersion, (unsigned long long)flags, exported);
+    log_query(symbol, cudaVersion, flags, "unrouted", exported);
 }
 
 GEM_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
@@ -121,6 +239,8 @@ GEM_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVer
     CUresult rc = REAL(cuGetProcAddress)(symbol, pfn, cudaVersion, flags);
     if (rc == CUDA_SUCCESS)
         route_proc(symbol, pfn, cudaVersion, flags);
+    else
+        log_query(symbol, cudaVersion, flags, "none", "-");
     return rc;
 }
 
@@ -131,5 +251,7 @@ GEM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
     CUresult rc = REAL(cuGetProcAddress_v2)(symbol, pfn, cudaVersion, flags, symbolStatus);
     if (rc == CUDA_SUCCESS)
         route_proc(symbol, pfn, cudaVersion, flags);
+    else
+        log_query(symbol, cudaVersion, flags, "none", "-");
     return rc;
 }

@@ -28,12 +28,12 @@
     }
 #define GEM_WRAP_LAUNCH(name, pt, params, args, stream) GEM_WRAP_GATED(name, pt, params, args, stream, 0)
 #define GEM_WRAP_GRAPH_LAUNCH(name, pt, params, args, stream) GEM_WRAP_GATED(name, pt, params, args, stream, 1)
-#define GEM_WRAP_SYNC(name, pt, params, args, extra)                                            \
+#define GEM_WRAP_SYNC(name, pt, params, args, ctx)                                              \
     GEM_EXPORT CUresult name params {                                                           \
         if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \
             return CUDA_ERROR_NOT_INITIALIZED;                                                  \
         CUresult rc = REAL(name) args;                                                          \
-        gem_gate_on_sync();                                                                     \
+        gem_gate_on_sync(ctx);                                                                  \
         gem_memory_on_sync();                                                                   \
         return rc;                                                                              \
     }

@@ -11,6 +11,7 @@ import select
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -544,3 +545,103 @@ def test_a_capture_begun_during_a_drain_is_not_broken(sim, backends, tmp_path):
     stats = sim.stats_of(out["pid"])
     assert stats["drains"] >= 10, stats
     assert out["invalidated"] == 0, f"{out['invalidated']} of {out['captures']} captures were invalidated by a drain"
+
+
+# --- cuGetProcAddress on CUDA 13 ------------------------------------------------------------------------
+
+PROCADDR_IDLE = r"""
+import ctypes, json, os, sys, time
+sys.path.insert(0, os.environ["E2E_CLIENTS_DIR"])
+from pyclient import GEM_SPIN_PTX
+c_void_p, c_size_t, c_int, c_u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64
+CUdeviceptr, byref = ctypes.c_ulonglong, ctypes.byref
+version, bursts, kernels, sleep_ms = (int(a) for a in sys.argv[1:5])
+cu = ctypes.CDLL("libcuda.so.1")
+gpa = cu.cuGetProcAddress_v2
+gpa.argtypes = [ctypes.c_char_p, ctypes.POINTER(c_void_p), c_int, ctypes.c_uint64, ctypes.POINTER(c_int)]
+
+def entry(name, proto):
+    # as cudart does: the driver picks the variant for (name, version, flags)
+    p, st = c_void_p(), c_int(-1)
+    assert gpa(name.encode(), byref(p), version, 0, byref(st)) == 0 and st.value == 0 and p.value, name
+    return proto(p.value)
+
+R = c_int
+launch = entry("cuLaunchKernel", ctypes.CFUNCTYPE(R, c_void_p, *[ctypes.c_uint] * 7, c_void_p, c_void_p, c_void_p))
+ctx_sync = entry("cuCtxSynchronize", ctypes.CFUNCTYPE(R, c_void_p) if version >= 13000 else ctypes.CFUNCTYPE(R))
+dev, ctx = c_int(), c_void_p()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+mod, fn, buf = c_void_p(), c_void_p(), CUdeviceptr()
+assert cu.cuModuleLoadData(byref(mod), GEM_SPIN_PTX.encode() + b"\0") == 0
+assert cu.cuModuleGetFunction(byref(fn), mod, b"gem_spin") == 0
+assert cu.cuMemAlloc_v2(byref(buf), c_size_t(24)) == 0
+out, dur = CUdeviceptr(buf.value), c_u64(1000000)
+params = (c_void_p * 2)(ctypes.cast(byref(out), c_void_p), ctypes.cast(byref(dur), c_void_p))
+errors = 0
+for _ in range(bursts):
+    for _ in range(kernels):
+        errors += launch(fn, 1, 1, 1, 32, 1, 1, 0, None, params, None) != 0
+    errors += (ctx_sync(None) if version >= 13000 else ctx_sync()) != 0
+    time.sleep(sleep_ms / 1000)
+print(json.dumps({"pid": os.getpid(), "errors": errors, "launches": bursts * kernels, "bursts": bursts}))
+"""
+
+
+@pytest.fixture
+def procaddr_idle(tmp_path) -> Path:
+    path = tmp_path / "procaddr_idle.py"
+    path.write_text(PROCADDR_IDLE)
+    return path
+
+
+def read_procaddr_log(path: Path) -> list[tuple[str, int, int, str, str]]:
+    """GEMINI_PROCADDR_LOG lines as (symbol, version, flags, result, name)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        _pid, sym, ver, flags, result, name = line.split()
+        rows.append((sym, int(ver), int(flags, 16), result, name))
+    return rows
+
+
+def test_a_cuda13_context_sync_ends_bursts_and_releases_the_token_early(sim, backends, procaddr_idle, tmp_path):
+    """A program built for CUDA 13 asks cuGetProcAddress for cuCtxSynchronize at version 13000 and gets
+    cuCtxSynchronize_v2(ctx) (as driver 580 answers). The hook must hand out its wrapper for that variant:
+    each sync ends the burst, so the idle process gives its token back early between bursts."""
+    # 100 ms slots: a token outlives each burst, so only a seen sync can give it back before its end
+    be = backends([Group("s", 0.0, 1.0)], quota_ms=100, min_quota_ms=100)
+    log = tmp_path / "procaddr.log"
+    res = run([sys.executable, str(procaddr_idle), "13000", "12", "3", "30"],
+              sim.hooked(be, "s", GEMINI_PROCADDR_LOG=log))
+    assert res.rc == 0, res
+    out = res.json
+    assert out["errors"] == 0, out
+    assert "does not intercept" not in res.err, res
+    stats = sim.stats_of(out["pid"])
+    assert stats["launches"] == out["launches"] and stats["procaddr_unrouted"] == 0, stats
+    assert stats["early_releases"] >= out["bursts"] // 2, stats
+    queries = read_procaddr_log(log)
+    assert ("cuCtxSynchronize", 13000, 0, "hook", "cuCtxSynchronize_v2") in queries, queries
+    assert ("cuLaunchKernel", 13000, 0, "hook", "cuLaunchKernel") in queries, queries
+
+
+def test_a_procaddr_answer_that_is_no_exported_symbol_is_routed_by_name(sim, backends, procaddr_idle, tmp_path):
+    """SIMCUDA_PROCADDR_ALIAS: the driver answers cuLaunchKernel and cuCtxSynchronize with functions that are
+    no exported symbol. The hook cannot match them by pointer; it must route them by name, version and
+    flags (cuLaunchKernel, cuCtxSynchronize_v2), say so and count it, so launches are still gated and syncs
+    still end bursts."""
+    be = backends([Group("a", 0.0, 1.0)], quota_ms=100, min_quota_ms=100)
+    log = tmp_path / "procaddr.log"
+    res = run([sys.executable, str(procaddr_idle), "13000", "12", "3", "30"],
+              sim.hooked(be, "a", GEMINI_PROCADDR_LOG=log, SIMCUDA_PROCADDR_ALIAS=1, GEMINI_LOG_LEVEL="info"))
+    assert res.rc == 0, res
+    out = res.json
+    assert out["errors"] == 0, out
+    stats = sim.stats_of(out["pid"])
+    assert stats["procaddr_fallback"] == 2 and stats["procaddr_unrouted"] == 0, stats
+    assert stats["launches"] == out["launches"] and stats["grants"] >= 1, stats
+    assert stats["early_releases"] >= out["bursts"] // 2, stats
+    assert "routed by name to cuCtxSynchronize_v2" in res.err, res
+    queries = read_procaddr_log(log)
+    assert ("cuCtxSynchronize", 13000, 0, "fallback", "cuCtxSynchronize_v2") in queries, queries
+    assert ("cuLaunchKernel", 13000, 0, "fallback", "cuLaunchKernel") in queries, queries

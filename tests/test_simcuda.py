@@ -127,6 +127,9 @@ PROCADDR_CASES = [
     ("cuGraphLaunch", 12000, 2, "cuGraphLaunch_ptsz", 0),
     ("cuStreamSynchronize", 12000, 2, "cuStreamSynchronize_ptsz", 0),
     ("cuCtxSynchronize", 12000, 2, "cuCtxSynchronize", 0),
+    ("cuCtxSynchronize", 12080, 0, "cuCtxSynchronize", 0),     # these three from the H100, driver 580
+    ("cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2", 0),
+    ("cuCtxSynchronize", 13000, 2, "cuCtxSynchronize_v2", 0),
     ("cuStreamBeginCapture", 10000, 0, "cuStreamBeginCapture", 0),
     ("cuStreamBeginCapture", 10010, 0, "cuStreamBeginCapture_v2", 0),
     ("cuStreamBeginCapture", 12000, 2, "cuStreamBeginCapture_v2_ptsz", 0),

@@ -176,7 +176,7 @@ static const char gem_work_ptx[] =
     X(CtxCreate, "cuCtxCreate", 3020, cuCtxCreate_v2, cuCtxCreate_v2, (CUcontext *, unsigned int, CUdevice))          \
     X(CtxDestroy, "cuCtxDestroy", 0, cuCtxDestroy_v2, cuCtxDestroy_v2, (CUcontext))                                   \
     X(CtxSetCurrent, "cuCtxSetCurrent", 0, cuCtxSetCurrent, cuCtxSetCurrent, (CUcontext))                             \
-    X(CtxSynchronize, "cuCtxSynchronize", 0, cuCtxSynchronize, cuCtxSynchronize, (void))                              \
+    X(CtxSynchronize, "cuCtxSynchronize", 12080, cuCtxSynchronize, cuCtxSynchronize, (void)) /* 13000: _v2(ctx) */   \
     X(ModuleLoadData, "cuModuleLoadData", 0, cuModuleLoadData, cuModuleLoadData, (CUmodule *, const void *))          \
     X(ModuleGetFunction, "cuModuleGetFunction", 0, cuModuleGetFunction, cuModuleGetFunction,                          \
       (CUfunction *, CUmodule, const char *))                                                                         \

@@ -1,8 +1,12 @@
 /*
  * probe_procaddr.c -- does the driver's cuGetProcAddress return the same
  * pointer as dlsym() of the exact variant name? libgemhook routes by pointer,
- * so this must hold for every function it intercepts. Prints one line per
- * check and "mismatches=N" at the end; exit status 1 if any mismatch.
+ * so this must hold for every function it intercepts (an answer that is no
+ * exported symbol is routed by name instead, and counted). Prints one line per
+ * check and "mismatches=N" at the end; exit status 1 if any mismatch. The
+ * checks at 13000 follow the map of driver 580 (H100) and cuda.h 13.0; what
+ * cudart really asks for is checked by tests/gpu/test_gpu_hook.py through
+ * GEMINI_PROCADDR_LOG.
  * Plain C against libcuda.so.1; no CUDA headers.
  */
 #define _GNU_SOURCE
@@ -59,6 +63,45 @@ static const struct check checks[] = {
     {"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
     {"cuLaunchKernel", 13000, 0, "cuLaunchKernel"},
     {"cuMemAlloc", 13000, 0, "cuMemAlloc_v2"},
+    /* CUDA 13: cuCtxSynchronize is cuCtxSynchronize_v2(ctx) from 13000 (what cudaDeviceSynchronize calls) */
+    {"cuCtxSynchronize", 12080, 0, "cuCtxSynchronize"},
+    {"cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2"},
+    {"cuCtxSynchronize", 13000, 2, "cuCtxSynchronize_v2"},
+    {"cuLaunchKernel", 13000, 2, "cuLaunchKernel_ptsz"},
+    {"cuLaunchKernelEx", 13000, 0, "cuLaunchKernelEx"},
+    {"cuLaunchKernelEx", 13000, 2, "cuLaunchKernelEx_ptsz"},
+    {"cuGraphLaunch", 13000, 0, "cuGraphLaunch"},
+    {"cuGraphLaunch", 13000, 2, "cuGraphLaunch_ptsz"},
+    {"cuStreamSynchronize", 13000, 0, "cuStreamSynchronize"},
+    {"cuStreamSynchronize", 13000, 2, "cuStreamSynchronize_ptsz"},
+    {"cuEventSynchronize", 13000, 0, "cuEventSynchronize"},
+    {"cuStreamBeginCapture", 13000, 0, "cuStreamBeginCapture_v2"},
+    {"cuStreamBeginCapture", 13000, 2, "cuStreamBeginCapture_v2_ptsz"},
+    {"cuMemAllocAsync", 13000, 2, "cuMemAllocAsync_ptsz"},
+    {"cuMemAllocFromPoolAsync", 13000, 2, "cuMemAllocFromPoolAsync_ptsz"},
+    /* synchronous copies: every one ends a burst */
+    {"cuMemcpyDtoD", 13000, 0, "cuMemcpyDtoD_v2"},
+    {"cuMemcpyDtoD", 13000, 2, "cuMemcpyDtoD_v2_ptds"},
+    {"cuMemcpy2D", 13000, 0, "cuMemcpy2D_v2"},
+    {"cuMemcpy2D", 13000, 2, "cuMemcpy2D_v2_ptds"},
+    {"cuMemcpy2DUnaligned", 13000, 0, "cuMemcpy2DUnaligned_v2"},
+    {"cuMemcpy2DUnaligned", 13000, 2, "cuMemcpy2DUnaligned_v2_ptds"},
+    {"cuMemcpy3D", 13000, 0, "cuMemcpy3D_v2"},
+    {"cuMemcpy3D", 13000, 2, "cuMemcpy3D_v2_ptds"},
+    {"cuMemcpyPeer", 13000, 0, "cuMemcpyPeer"},
+    {"cuMemcpyPeer", 13000, 2, "cuMemcpyPeer_ptds"},
+    {"cuMemcpy3DPeer", 13000, 0, "cuMemcpy3DPeer"},
+    {"cuMemcpy3DPeer", 13000, 2, "cuMemcpy3DPeer_ptds"},
+    {"cuMemcpyAtoH", 13000, 0, "cuMemcpyAtoH_v2"},
+    {"cuMemcpyAtoH", 13000, 2, "cuMemcpyAtoH_v2_ptds"},
+    {"cuMemcpyHtoA", 13000, 0, "cuMemcpyHtoA_v2"},
+    {"cuMemcpyHtoA", 13000, 2, "cuMemcpyHtoA_v2_ptds"},
+    {"cuMemcpyAtoD", 13000, 0, "cuMemcpyAtoD_v2"},
+    {"cuMemcpyAtoD", 13000, 2, "cuMemcpyAtoD_v2_ptds"},
+    {"cuMemcpyDtoA", 13000, 0, "cuMemcpyDtoA_v2"},
+    {"cuMemcpyDtoA", 13000, 2, "cuMemcpyDtoA_v2_ptds"},
+    {"cuMemcpyAtoA", 13000, 0, "cuMemcpyAtoA_v2"},
+    {"cuMemcpyAtoA", 13000, 2, "cuMemcpyAtoA_v2_ptds"},
 };
 
 int main(void) {

@@ -43,20 +43,27 @@ def backend(tmp_path_factory):
         yield be
 
 
-def run_hooked(backend: Backend, group: str, argv: list, tmp_path: Path, timeout: float = 900):
+UNROUTED = "returned a variant gemini does not intercept"
+
+
+def run_hooked(backend: Backend, group: str, argv: list, tmp_path: Path, timeout: float = 900,
+               env_extra: dict | None = None):
     stats_file = tmp_path / "stats"
-    env = dict(os.environ, GEMINI_STATS_FILE=str(stats_file))
+    env = dict(os.environ, GEMINI_STATS_FILE=str(stats_file), **(env_extra or {}))
     proc = backend.spawn(group, [str(a) for a in argv], env=env, stdin=subprocess.DEVNULL)
     out, err = proc.communicate(timeout=timeout)
+    assert UNROUTED not in err, "\n".join(ln for ln in err.splitlines() if UNROUTED in ln)
     return proc.returncode, out, err, read_stats(stats_file)
 
 
 def check_stats(stats: dict) -> dict:
-    summary = {k: total(stats, k) for k in ("launches", "grants", "waits", "procaddr_routed", "dlsym_routed",
-                                            "capture_passthrough", "gate_errors", "mem_allocs")}
+    summary = {k: total(stats, k) for k in ("launches", "grants", "waits", "procaddr_routed", "procaddr_fallback",
+                                            "procaddr_unrouted", "dlsym_routed", "capture_passthrough",
+                                            "gate_errors", "mem_allocs", "early_releases")}
     assert summary["launches"] > 0, f"no launch went through the hook: {stats}"
     assert summary["grants"] >= 1, f"no token was granted: {stats}"
     assert summary["gate_errors"] == 0, stats
+    assert summary["procaddr_unrouted"] == 0, f"cuGetProcAddress answers left unrouted: {stats}"
     return summary
 
 
@@ -139,3 +146,79 @@ def test_capped_spin_share(backend, tmp_path):
     summary = check_stats(stats)
     record("capped-spin", share=share, **summary)
     assert abs(share - 0.25) < 0.03, share
+
+
+# --- cuGetProcAddress: what each runtime really asks for ------------------------------------------------
+
+def procaddr_queries(log: Path) -> list[dict]:
+    """GEMINI_PROCADDR_LOG lines ("pid symbol version flags result name") as dicts."""
+    rows = []
+    for line in log.read_text().splitlines():
+        pid, sym, ver, flags, result, name = line.split()
+        rows.append({"pid": int(pid), "symbol": sym, "version": int(ver), "flags": int(flags, 16),
+                     "result": result, "name": name})
+    return rows
+
+
+RUNTIMES = {
+    "torch": lambda bins: [sys.executable, WORKLOADS / "torch_train.py", "40"],
+    "cupy": lambda bins: [sys.executable, WORKLOADS / "cupy_kernels.py"],
+    "nvcc-default": lambda bins: [bins["default"], 200, 100],
+    "nvcc-per-thread": lambda bins: [bins["per-thread"], 200, 100],
+}
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_every_procaddr_query_of_a_runtime_is_routed(backend, cudart_binaries, runtime, tmp_path):
+    """Every (symbol, version, flags) the runtime really asks cuGetProcAddress for is logged with where the hook
+    routed it: no query of a function the hook intercepts may be left unrouted (the stderr check in run_hooked
+    and the log say the same), and the launch and context-sync queries must reach the hook's wrappers."""
+    log = tmp_path / "procaddr.log"
+    rc, out, err, stats = run_hooked(backend, "solo", RUNTIMES[runtime](cudart_binaries), tmp_path,
+                                     env_extra={"GEMINI_PROCADDR_LOG": str(log)})
+    assert rc == 0, err[-4000:]
+    assert last_json(out)["ok"], out[-2000:]
+    summary = check_stats(stats)
+    queries = procaddr_queries(log)
+    assert queries, "the runtime never called cuGetProcAddress"
+    unrouted = [q for q in queries if q["result"] == "unrouted"]
+    routed = {(q["symbol"], q["version"], q["flags"]): q["name"] for q in queries
+              if q["result"] in ("hook", "fallback")}
+    asked = sorted({q["version"] for q in queries})
+    record(f"procaddr:{runtime}", queries=len(queries), routed=len(routed), unrouted=len(unrouted), versions=asked,
+           ctx_sync=sorted({n for (s, _, _), n in routed.items() if s == "cuCtxSynchronize"}), **summary)
+    assert not unrouted, unrouted
+    # cudart resolves its whole driver table at start-up (on the H100 every runtime asked for
+    # cuCtxSynchronize at 13000 whether or not it synchronised), so both are asked for and must be routed
+    symbols = {s for s, _, _ in routed}
+    assert "cuLaunchKernel" in symbols, sorted(routed.items())
+    assert "cuCtxSynchronize" in symbols, sorted(routed.items())
+
+
+@pytest.fixture(scope="module")
+def long_slots(tmp_path_factory):
+    """100 ms slots whatever the bursts: only a seen synchronisation can give a token back before its end."""
+    build_native()
+    with Backend(tmp_path_factory.mktemp("gpu-long-slots"), [Group("serve", 0.0, 1.0, "100GiB")], quota_ms=100,
+                 min_quota_ms=100, window_ms=2000) as be:
+        yield be
+
+
+def test_torch_synchronize_between_bursts_gives_the_token_back_early(long_slots, tmp_path):
+    """torch.cuda.synchronize() between bursts, then idle: on a CUDA 13 runtime that is cuCtxSynchronize_v2.
+    The hook must see it end each burst and give the idle token back early (early_releases), instead of
+    sitting on it to the slot's end (early_releases 0 was measured before cuCtxSynchronize_v2 was
+    intercepted)."""
+    log = tmp_path / "procaddr.log"
+    bursts = 40
+    rc, out, err, stats = run_hooked(long_slots, "serve", [sys.executable, WORKLOADS / "torch_sync_bursts.py", bursts,
+                                                           30], tmp_path, env_extra={"GEMINI_PROCADDR_LOG": str(log)})
+    assert rc == 0, err[-4000:]
+    verdict = last_json(out)
+    assert verdict["ok"], verdict
+    summary = check_stats(stats)
+    sync = sorted({(q["version"], q["result"], q["name"]) for q in procaddr_queries(log)
+                   if q["symbol"] == "cuCtxSynchronize"})
+    record("torch-sync-bursts", cuda_runtime=verdict.get("cuda_runtime"), ctx_sync=sync, **summary)
+    assert sync and all(result in ("hook", "fallback") for _, result, _ in sync), sync
+    assert summary["early_releases"] >= max(1, bursts // 4), summary

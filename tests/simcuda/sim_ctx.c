@@ -233,6 +233,19 @@ CUresult cuCtxSynchronize(void)
     return CUDA_SUCCESS;
 }
 
+/* CUDA 13.0: synchronise a given context (NULL: the current one). cuGetProcAddress gives it for
+ * "cuCtxSynchronize" from cudaVersion 13000, as the real 580 driver does. */
+CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    if (!ctx) return cuCtxSynchronize();
+    CUresult rc = cuCtxPushCurrent_v2(ctx);
+    if (rc) return rc;
+    rc = cuCtxSynchronize();
+    CUcontext popped;
+    cuCtxPopCurrent_v2(&popped);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ primary contexts */
 
 /* ctx_lock held. */

@@ -13,8 +13,11 @@
  * get VERSION_NOT_SUFFICIENT. Pointers are
  * the library's own definitions (built with -Bsymbolic-functions), so they
  * equal dlsym(handle, "<exact name>") even when a preloaded library exports
- * the same names.
+ * the same names -- unless SIMCUDA_PROCADDR_ALIAS=1: then the variants that
+ * have an alias below are answered with it, a function that does the same
+ * but is no exported symbol (as a driver may hand out an internal entry).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "sim_api.h"
@@ -64,6 +67,7 @@ static const struct pa_row rows[] = {
     R("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion)
     R("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange)
     R("cuCtxSynchronize", 2000, cuCtxSynchronize)
+    R("cuCtxSynchronize", 13000, cuCtxSynchronize_v2)
     R("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain)
     R("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease)
     R("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2)
@@ -173,6 +177,42 @@ static const struct pa_row rows[] = {
 
 #define NROWS ((int)(sizeof rows / sizeof rows[0]))
 
+/* ------------------------------------------------------------------ SIMCUDA_PROCADDR_ALIAS */
+
+/* noinline and distinct bodies: each alias keeps an address of its own. */
+#define ALIAS __attribute__((noinline, used))
+static ALIAS CUresult alias_cuCtxSynchronize(void) { return cuCtxSynchronize(); }
+static ALIAS CUresult alias_cuCtxSynchronize_v2(CUcontext ctx) { return cuCtxSynchronize_v2(ctx); }
+static ALIAS CUresult alias_cuStreamSynchronize(CUstream s) { return cuStreamSynchronize(s); }
+static ALIAS CUresult alias_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                           unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params,
+                                           void **extra)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+static const struct {
+    void *fn, *alias;
+} aliases[] = {
+    {(void *)cuCtxSynchronize, (void *)alias_cuCtxSynchronize},
+    {(void *)cuCtxSynchronize_v2, (void *)alias_cuCtxSynchronize_v2},
+    {(void *)cuStreamSynchronize, (void *)alias_cuStreamSynchronize},
+    {(void *)cuLaunchKernel, (void *)alias_cuLaunchKernel},
+};
+
+static void *maybe_alias(void *fn)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("SIMCUDA_PROCADDR_ALIAS");
+        on = v && *v && strcmp(v, "0") != 0;
+    }
+    if (on)
+        for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+            if (aliases[i].fn == fn) return aliases[i].alias;
+    return fn;
+}
+
 int simcuda_procaddr_entry(int index, const char **base, int *version, const char **sym, int *pt_version,
                            const char **pt_sym)
 {
@@ -213,7 +253,7 @@ static CUresult lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64
         *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
         return CUDA_SUCCESS;
     }
-    *pfn = per_thread ? best->pt_fn : best->fn;
+    *pfn = maybe_alias(per_thread ? best->pt_fn : best->fn);
     *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
 }
