@@ -1,20 +1,32 @@
-"""Latency of a batch-1 inference tenant with a guaranteed share while another tenant trains.
+"""Latency of a batch-1 serving tenant next to a trainer, and what it costs the trainer.
 
-    python bench/bench_inference.py --seconds 15 --period-ms 20 --quota 10
+    python bench/bench_inference.py --seconds 15 --repeats 2 \
+        --workloads mlp:periodic:50,resnet18:poisson:100 --trainer eager
 
-Runs, in the same session: inference alone (native), inference alone under gemini, inference next to a
-ResNet-18 training tenant with the driver's time-slicing, and the same under gemini with the inference
-group at MinUtil 0.5 (training MinUtil 0). Prints one JSON object with p50/p99 of each and the p99
-inflation against inference alone.
+For each trainer (eager ResNet-18, or an MLP trainer compiled with torch.compile(mode="reduce-overhead")), in
+one session:
+
+1. native phase: the trainer alone (its rate); each inference workload alone; then each next to the trainer
+   under the driver's time-slicing;
+2. gemini phase, gem-schd's DEFAULT flags: the trainer hooked (group `train`, MinUtil 0) alone (its rate),
+   then each inference workload in group `infer` (MinUtil 0.5) with `Class = batch` and with
+   `Class = latency`, alternating, the class switched by a live config edit while the trainer runs.
+
+Every run records the inference p50 / p99 / p99.9 and the trainer's steps/s over the same span (from its
+progress lines). Ratios: inference p99 against its alone p99 (the native one, measured in the same session);
+trainer rate against its alone rate in the same phase and against its rate under native time-slicing.
+Prints one JSON object.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -25,60 +37,174 @@ from bench.harness import REPO_ROOT, Backend, Group, last_json, read_stats  # no
 WORKLOADS = REPO_ROOT / "tests" / "gpu" / "workloads"
 
 
+class Trainer:
+    """A train_loop.py process whose progress lines are read in the background."""
+
+    def __init__(self, argv: list[str], env: dict):
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.points: list[tuple[float, int]] = []
+        self._q: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if "t" in obj and "steps" in obj:
+                self.points.append((obj["t"], obj["steps"]))
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Until it reports progress (imports, warm-up and compilation are behind it)."""
+        deadline = time.monotonic() + timeout
+        while len(self.points) < 3:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"trainer exited {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("trainer did not start within the timeout")
+            time.sleep(0.2)
+
+    def rate(self, t0: float, t1: float) -> float:
+        """Steps per second between two CLOCK_MONOTONIC times (from the progress points nearest inside)."""
+        pts = [p for p in self.points if t0 <= p[0] <= t1]
+        if len(pts) < 2:
+            return float("nan")
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+    def measure_alone(self, seconds: float) -> float:
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        return self.rate(t0, time.monotonic())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seconds", type=float, default=15)
-    p.add_argument("--period-ms", type=float, default=20)
-    p.add_argument("--quota", type=float, default=10, help="gem-schd base quota (ms)")
-    p.add_argument("--min-quota", type=float, default=2)
-    p.add_argument("--window", type=float, default=2000)
+    p.add_argument("--seconds", type=float, default=15, help="length of each inference run")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--workloads", default="mlp:periodic:50,resnet18:poisson:100",
+                   help="MODEL:ARRIVAL:RATE,... (serve.py)")
+    p.add_argument("--trainer", default="eager", choices=["eager", "graph"])
     p.add_argument("--min-util", type=float, default=0.5)
+    p.add_argument("--alone-seconds", type=float, default=8, help="the trainer's rate alone is measured this long")
+    p.add_argument("--gemini-only", action="store_true", help="skip the native phase")
     args = p.parse_args(argv)
-    infer = [sys.executable, str(WORKLOADS / "infer_latency.py"), str(args.seconds), str(args.period_ms)]
-    train = [sys.executable, str(WORKLOADS / "resnet_train.py"), str(args.seconds + 25), "64"]
-    work = Path(tempfile.mkdtemp(prefix="bench-infer-"))
+    workloads = [tuple(w.split(":")) for w in args.workloads.split(",") if w]
     env = dict(os.environ)
-    results: dict = {"seconds": args.seconds, "period_ms": args.period_ms, "quota_ms": args.quota,
-                     "min_util": args.min_util}
+    work = Path(tempfile.mkdtemp(prefix="bench-infer-"))
+    train_argv = [sys.executable, str(WORKLOADS / "train_loop.py"), args.trainer, "100000"]
+    out: dict = {"seconds": args.seconds, "repeats": args.repeats, "trainer": args.trainer,
+                 "min_util": args.min_util, "runs": []}
 
-    def run(cmd):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.seconds + 240)
+    def serve(model, arrival, rate, run_env):
+        argv = [sys.executable, str(WORKLOADS / "serve.py"), model, arrival, rate, str(args.seconds)]
+        proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=args.seconds + 300)
         if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-2000:])
+            raise RuntimeError(f"{' '.join(argv)}: {proc.stderr[-2000:]}")
         return last_json(proc.stdout)
 
-    def with_trainer(train_cmd, infer_cmd, henv=None):
-        trainer = subprocess.Popen(train_cmd, env=henv or env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
-        time.sleep(20)  # the trainer is past start-up (imports, cudnn autotuning) and busy
-        try:
-            proc = subprocess.run(infer_cmd, env=henv or env, capture_output=True, text=True,
-                                  timeout=args.seconds + 240)
-            if proc.returncode != 0:
-                raise RuntimeError(proc.stderr[-2000:])
-            return last_json(proc.stdout)
-        finally:
-            trainer.terminate()
-            trainer.wait(30)
+    def serve_in(be, w, run_env):
+        """The inference workload in group `infer`, through launch-command."""
+        model, arrival, rate = w
+        argv = be.command("infer", [sys.executable, str(WORKLOADS / "serve.py"), model, arrival, rate,
+                                    str(args.seconds)])
+        proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=args.seconds + 300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {proc.stderr[-2000:]}")
+        return last_json(proc.stdout)
 
-    results["alone_native"] = run(infer)
-    results["with_train_native"] = with_trainer(train, infer)
-    groups = [Group("infer", args.min_util, 1.0, "40GiB"), Group("train", 0.0, 1.0, "40GiB")]
-    stats_file = work / "stats"
-    with Backend(work / "backend", groups, quota_ms=args.quota, min_quota_ms=args.min_quota,
-                 window_ms=args.window, env=env) as be:
-        henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
+    def record(case, w, res, trainer=None):
+        row = {"case": case, "workload": ":".join(w), **{k: res[k] for k in ("p50_ms", "p99_ms", "p999_ms",
+                                                                             "mean_ms", "requests", "late")}}
+        if trainer is not None:
+            row["train_steps_per_s"] = trainer.rate(res["t0"], res["t1"])
+        out["runs"].append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+
+    if not args.gemini_only:
+        for _ in range(args.repeats):
+            for w in workloads:
+                record("alone", w, serve(*w, env))
+        trainer = Trainer(train_argv, env)
         try:
-            results["alone_gemini"] = run(be.command("infer", infer))
-            results["with_train_gemini"] = with_trainer(be.command("train", train), be.command("infer", infer),
-                                                        henv)
+            trainer.wait_ready()
+            out["train_alone_native"] = trainer.measure_alone(args.alone_seconds)
+            for _ in range(args.repeats):
+                for w in workloads:
+                    record("native", w, serve(*w, env), trainer)
+        finally:
+            trainer.stop()
+
+    config = work / "resource-config.txt"
+
+    def write_config(cls: str) -> None:
+        tmp = config.with_suffix(".tmp")
+        tmp.write_text(f"[infer]\nMinUtil = {args.min_util}\nMemoryLimit = 40GiB\nClass = {cls}\n"
+                       "[train]\nMinUtil = 0\nMemoryLimit = 40GiB\n")
+        os.replace(tmp, config)
+
+    write_config("batch")
+    stats_file = work / "stats"
+    # gem-schd's default flags: no -q/-m/-w given
+    be = Backend(work / "backend", [Group("infer"), Group("train")], config=config, env=env, quota_ms=None,
+                 min_quota_ms=None, window_ms=None)
+    with be:
+        henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
+        trainer = Trainer(be.command("train", train_argv), henv)
+        try:
+            trainer.wait_ready()
+            out["train_alone_gemini"] = trainer.measure_alone(args.alone_seconds)
+            for _ in range(args.repeats):
+                for w in workloads:
+                    for cls in ("batch", "latency"):
+                        write_config(cls)
+                        time.sleep(0.5)       # the edit is in force (gem-schd reloads within ~10 ms)
+                        record(f"gemini-{cls}", w, serve_in(be, w, henv), trainer)
         except Exception as exc:
-            raise RuntimeError(f"{exc}\nbackend ports {be.ports}; logs:\n{be.logs()}") from exc
-    base = results["alone_native"]["p99_ms"]
-    for key in ("alone_gemini", "with_train_native", "with_train_gemini"):
-        results[key]["p99_inflation"] = results[key]["p99_ms"] / base
-    results["hook_stats"] = {str(k): v for k, v in read_stats(stats_file).items()}
-    print(json.dumps(results, indent=1))
+            raise RuntimeError(f"{exc}\nbackend logs:\n{be.logs()}") from exc
+        finally:
+            trainer.stop()
+    out["hook_stats"] = {str(k): v for k, v in read_stats(stats_file).items()}
+    # summaries: medians over repeats
+    summary: dict = {}
+    for w in workloads:
+        key = ":".join(w)
+        alone = [r["p99_ms"] for r in out["runs"] if r["workload"] == key and r["case"] == "alone"]
+        base = sorted(alone)[len(alone) // 2] if alone else None
+        for case in ("alone", "native", "gemini-batch", "gemini-latency"):
+            rows = [r for r in out["runs"] if r["workload"] == key and r["case"] == case]
+            if not rows:
+                continue
+            med = lambda k, rows=rows: sorted(r[k] for r in rows)[len(rows) // 2]  # noqa: E731
+            s = {"p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"), "p999_ms": med("p999_ms"),
+                 "worst_p99_ms": max(r["p99_ms"] for r in rows)}
+            if base:
+                s["p99_vs_alone"] = s["p99_ms"] / base
+                s["p999_vs_alone"] = s["p999_ms"] / base
+                s["worst_p99_vs_alone"] = s["worst_p99_ms"] / base
+            if case != "alone":
+                s["train_steps_per_s"] = med("train_steps_per_s")
+                alone_rate = out.get("train_alone_native" if case == "native" else "train_alone_gemini")
+                if alone_rate:
+                    s["train_vs_alone"] = s["train_steps_per_s"] / alone_rate
+            summary[f"{key} {case}"] = s
+    native_rates = {k.split(" ")[0]: v.get("train_steps_per_s") for k, v in summary.items() if k.endswith(" native")}
+    for k, v in summary.items():
+        w = k.split(" ")[0]
+        if "gemini" in k and native_rates.get(w):
+            v["train_vs_native"] = v["train_steps_per_s"] / native_rates[w]
+    out["summary"] = summary
+    print(json.dumps(out, indent=1))
     return 0
 
 

@@ -11,7 +11,10 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   alloc    cuMemAlloc/cuMemFree latency through the pod manager, native vs hooked
   share    always-busy spin tenants: native time-slicing, then gemini with MaxUtil 0.3 / 0.6
   reaction how fast a config edit shows on the GPU
-  infer    inference latency alone and next to a trainer
+  infer    inference latency alone, natively next to a trainer, and under gemini as a batch and as a
+           latency group (bench_inference.py; eager trainer; `infer_graph`: a CUDA-graph trainer)
+  floor    MinUtil 0.7 vs 0 with two busy PyTorch trainers (bench_trainers.py)
+  trainers MaxUtil 0.3 / 0.6 with two busy PyTorch trainers (bench_trainers.py)
   soak     8 processes in 4 groups for 2 minutes, ProcessSharing = turns and together
   train    ResNet-18 single-tenant overhead, native vs hooked, interleaved
 
@@ -35,8 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "transport", "reaction", "infer", "soak",
-             "train"]
+ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "transport", "reaction", "infer",
+             "infer_graph", "floor", "trainers", "soak", "train"]
 
 
 def sh(cmd: list | str, timeout: float, cwd: Path = REPO, env: dict | None = None, log: Path | None = None) -> str:
@@ -127,6 +130,8 @@ SHARE_RUNS = [
     ("gemini-0.3-0.6", ["--mode", "gemini", "--caps", "0.3,0.6"], "gemini, MaxUtil 0.3 / 0.6"),
     ("gemini-0.3-0.6-q20", ["--mode", "gemini", "--caps", "0.3,0.6", "--quota", "20"], None),
     ("gemini-0.3-0.6-ipc", ["--mode", "gemini", "--caps", "0.3,0.6", "--transport", "ipc"], None),  # Unix sockets
+    # a capped group whose program queues 800 kernels of 1 ms between synchronisations, beside a busy one
+    ("gemini-deep-0.05", ["--mode", "gemini", "--caps", "0.05,1.0", "--sync-every", "800"], None),
     ("gemini-0.4-0.6", ["--mode", "gemini", "--caps", "0.4,0.6"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),
@@ -136,15 +141,24 @@ SHARE_RUNS = [
 ]
 
 
+def schd_flags(ctx, extra: list) -> list:
+    """gem-schd flags for a share run: none (its defaults) unless --quota/--window were given."""
+    flags = []
+    if ctx.args.quota is not None and "--quota" not in extra:
+        flags += ["--quota", str(ctx.args.quota)]
+    if ctx.args.window is not None:
+        flags += ["--window", str(ctx.args.window)]
+    return flags
+
+
 def step_share(ctx, only: str | None = None) -> dict:
     secs = "8" if ctx.args.quick else "14"
     out = {}
     for name, extra, title in SHARE_RUNS:
         if ctx.args.share_runs and name not in ctx.args.share_runs.split(","):
             continue
-        quota = [] if "--quota" in extra else ["--quota", str(ctx.args.quota)]
-        argv = ["bench/bench_share.py", *extra, "--seconds", secs, *quota,
-                "--window", str(ctx.args.window), "--out", ctx.out / f"share-{name}"]
+        flags = schd_flags(ctx, extra)
+        argv = ["bench/bench_share.py", *extra, "--seconds", secs, *flags, "--out", ctx.out / f"share-{name}"]
         if title:
             argv += ["--plot", ctx.out / f"share-{name}.png", "--title", title]
         try:
@@ -170,10 +184,26 @@ def step_reaction(ctx) -> dict:
     return r
 
 
-def step_infer(ctx) -> dict:
-    r = bench(ctx, ["bench/bench_inference.py", "--seconds", "10" if ctx.args.quick else "15"], 500)
+def step_infer(ctx, trainer: str = "eager") -> dict:
+    argv = ["bench/bench_inference.py", "--seconds", "8" if ctx.args.quick else str(ctx.args.infer_seconds),
+            "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads]
+    r = bench(ctx, argv, 590)
     r.pop("hook_stats", None)
     return r
+
+
+def step_infer_graph(ctx) -> dict:
+    return step_infer(ctx, "graph")
+
+
+def step_floor(ctx) -> dict:
+    return bench(ctx, ["bench/bench_trainers.py", "--groups", "a:0.7:1,b:0:1", "--seconds",
+                       "15" if ctx.args.quick else "25"], 400)
+
+
+def step_trainers(ctx) -> dict:
+    return bench(ctx, ["bench/bench_trainers.py", "--groups", "a:0:0.3,b:0:0.6", "--seconds",
+                       "15" if ctx.args.quick else "25"], 400)
 
 
 def step_soak(ctx) -> dict:
@@ -182,7 +212,7 @@ def step_soak(ctx) -> dict:
     out = {}
     for sharing in ctx.args.soak_sharing.split(","):
         argv = ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.1,0.2,0.3,0.4", "--per-group", "2",
-                "--seconds", secs, "--quota", str(ctx.args.quota), "--window", str(ctx.args.window),
+                "--seconds", secs, *schd_flags(ctx, []),
                 "--out", ctx.out / f"share-soak-{sharing}", "--plot", ctx.out / f"share-soak-{sharing}.png",
                 "--title", f"gemini, 8 processes in 4 groups (ProcessSharing = {sharing}), "
                            "MaxUtil 0.1 / 0.2 / 0.3 / 0.4"]
@@ -203,7 +233,8 @@ def step_train(ctx) -> dict:
 STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests": step_tests,
               "launch": step_launch, "alloc": step_alloc, "share": step_share, "transport": step_transport,
               "reaction": step_reaction,
-              "infer": step_infer, "soak": step_soak, "train": step_train}
+              "infer": step_infer, "infer_graph": step_infer_graph, "floor": step_floor, "trainers": step_trainers,
+              "soak": step_soak, "train": step_train}
 
 
 def fmt(v, nd=1):
@@ -257,11 +288,19 @@ def write_report(ctx, results: dict) -> None:
                 lines.append(line)
         elif name == "reaction":
             lines.append(f"save -> new shares on the GPU: {res['reactions_ms']} ms (median {res['median_ms']})")
-        elif name == "infer":
-            for key in ("alone_native", "alone_gemini", "with_train_native", "with_train_gemini"):
-                one = res[key]
-                lines.append(f"- {key}: p50 {fmt(one['p50_ms'], 2)} ms, p99 {fmt(one['p99_ms'], 2)} ms"
-                             + (f", p99 x{fmt(one['p99_inflation'], 2)}" if "p99_inflation" in one else ""))
+        elif name in ("infer", "infer_graph"):
+            lines.append(f"trainer alone: native {fmt(res.get('train_alone_native'), 2)} steps/s, hooked "
+                         f"{fmt(res.get('train_alone_gemini'), 2)} steps/s")
+            for key, one in res.get("summary", {}).items():
+                lines.append(f"- {key}: p50 {fmt(one['p50_ms'], 2)} / p99 {fmt(one['p99_ms'], 2)} / p99.9 "
+                             f"{fmt(one['p999_ms'], 2)} ms, p99 x{fmt(one.get('p99_vs_alone'), 2)} of alone, "
+                             f"p99.9 x{fmt(one.get('p999_vs_alone'), 2)}; trainer "
+                             f"{fmt(one.get('train_vs_alone'), 3)} of alone, "
+                             f"{fmt(one.get('train_vs_native'), 3)} of native")
+        elif name in ("floor", "trainers"):
+            lines.append(f"groups {res['groups']}: shares of alone throughput "
+                         f"{ {k: round(v, 3) for k, v in res['shares'].items()} }, 10 s windows "
+                         f"{ {k: (round(v['min'], 3), round(v['max'], 3)) for k, v in res['window_10s'].items()} }")
         elif name == "soak":
             for sharing, one in res.items():
                 if one.get("error"):
@@ -294,8 +333,12 @@ def main(argv=None) -> int:
     p.add_argument("--steps", default=",".join(ALL_STEPS))
     p.add_argument("-k", help="pytest -k expression for the tests step")
     p.add_argument("--tests-timeout", type=float, default=420)
-    p.add_argument("--quota", type=float, default=50, help="gem-schd base quota (ms) for the share benchmarks")
-    p.add_argument("--window", type=float, default=10000)
+    p.add_argument("--quota", type=float, default=None,
+                   help="gem-schd base quota (ms) for the share benchmarks (default: gem-schd's own)")
+    p.add_argument("--window", type=float, default=None, help="gem-schd's reporting window (default: its own)")
+    p.add_argument("--infer-seconds", type=float, default=12)
+    p.add_argument("--infer-repeats", type=int, default=2)
+    p.add_argument("--infer-workloads", default="mlp:periodic:50,resnet18:poisson:100")
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
     p.add_argument("--soak-sharing", default="turns,together", help="ProcessSharing modes the soak step runs")
     p.add_argument("--soak-seconds", type=float, default=120)

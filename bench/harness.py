@@ -82,9 +82,9 @@ class Backend:
     workdir: Path
     groups: list[Group] = field(default_factory=list)
     config: Path | None = None   # an existing resource-config.txt to use instead of writing one from `groups`
-    quota_ms: float = 250
-    min_quota_ms: float = 100
-    window_ms: float = 10000
+    quota_ms: float | None = 250        # None: gem-schd's default (the flag is not passed)
+    min_quota_ms: float | None = 100
+    window_ms: float | None = 10000
     env: dict | None = None
     port: int = 0
     ports: dict = field(default_factory=dict)
@@ -122,9 +122,10 @@ class Backend:
         ports_file = self.workdir / "ports.json"
         ports_file.unlink(missing_ok=True)
         self.log_path = self.workdir / "backend.log"
+        flags = [(f, v) for f, v in (("--base_quota", self.quota_ms), ("--min_quota", self.min_quota_ms),
+                                     ("--window", self.window_ms)) if v is not None]
         argv = [sys.executable, str(LAUNCH_BACKEND), "--config", str(self.config_path), *where,
-                "--base_quota", str(self.quota_ms), "--min_quota", str(self.min_quota_ms),
-                "--window", str(self.window_ms), "--ports-file", str(ports_file),
+                *[str(x) for fv in flags for x in fv], "--ports-file", str(ports_file),
                 "--log-dir", str(self.workdir / "logs")]
         if self.verbose:
             argv.append("-v")

@@ -109,7 +109,8 @@ def test_a_latency_tenant_killed_mid_claim_frees_the_gpu(tmp_path, hook_lib, bac
 
 def test_a_stopped_latency_tenant_cannot_hold_the_gpu(tmp_path, hook_lib, backends):
     """SIGSTOP mid-claim: its connection stays open, but a claim lasts at most 20 ms (on the board and in its
-    pod manager), and the next request goes through gem-schd: the trainer is paused for at most that."""
+    pod manager). A tenant that never stops has spent its claim budget and queues for slots like any other,
+    so it may be stopped in a 100 ms slot of its own: the trainer is paused for at most that slot."""
     sim, train, inf = _flat_out_latency_and_trainer(tmp_path, hook_lib, backends)
     stopped = time.monotonic_ns()
     os.kill(inf.pid, signal.SIGSTOP)
@@ -120,7 +121,7 @@ def test_a_stopped_latency_tenant_cannot_hold_the_gpu(tmp_path, hook_lib, backen
         inf.wait()
     assert tr.rc == 0, tr
     rows = native.read_trace(sim.trace)
-    assert gaps_after(rows, tr.json["pid"], stopped + 100_000_000) < 60
+    assert gaps_after(rows, tr.json["pid"], stopped + 150_000_000) < 150
 
 
 def test_a_lone_holder_keeps_its_slot_without_draining(sim, backends):

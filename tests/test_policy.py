@@ -270,6 +270,14 @@ def test_a_release_before_the_continuation_starts_voids_it():
     assert p.history()[-2][2] == 49.5                 # the continued slot really ended at the release
 
 
+def test_a_holder_whose_pod_manager_went_away_is_not_continued():
+    p = Policy(config(("a", 0.0, 1.0)), 50.0, 5.0, 10_000.0)
+    [g] = grants(p.request("a", now=0.0))
+    p.cancel("a", now=10.0)                       # a new pod manager registered for a
+    assert grants(p.tick(49.0)) == []
+    assert [e.reason for e in ends(p.tick(50.0))] == ["deadline"]
+
+
 def test_a_capped_holder_is_continued_only_while_its_bucket_allows():
     p = Policy(config(("a", 0.0, 0.5)), 100.0, 5.0, 10_000.0)
     [g] = grants(p.request("a", now=0.0))

@@ -435,11 +435,16 @@ class Policy:
         return out + self._schedule(now)
 
     def cancel(self, group: str, now: float) -> list[Decision]:
-        """Drop the group's waiting request (its pod manager went away)."""
+        """The group's pod manager went away (or another replaced it): drop its waiting request, and if it holds
+        the GPU its slot runs to its deadline and is not continued -- whoever speaks for the group now must ask
+        (a continuation would keep its hooks launching without ever meeting the new pod manager)."""
         now = self._now(now)
         g = self._groups.get(group)
         if g is not None:
             g.waiting = None
+        h = self._holder
+        if h is not None and h.group == group:
+            h.decided = True
         return self._schedule(now)
 
     def claimed(self, group: str, start_ms: float, end_ms: float, now: float) -> list[Decision]:

@@ -1,0 +1,72 @@
+"""A training loop that says how far it has got, for rates over any span of its run.
+
+usage: train_loop.py MODE SECONDS [BATCH]
+  MODE  eager: ResNet-18 (torchvision), batch BATCH (default 64), SGD, a loss.item() every 10 steps
+        graph: the same steps of an MLP trainer compiled with torch.compile(mode="reduce-overhead"), so every
+               step is a replay of CUDA graphs
+Prints {"t": CLOCK_MONOTONIC seconds, "steps": n} every 0.25 s after warm-up, then a final JSON line with
+the mean rate. A bench reads the progress lines to get the rate over the span another tenant ran.
+"""
+import json
+import sys
+import time
+
+import torch
+
+mode, seconds = sys.argv[1], float(sys.argv[2])
+batch = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+torch.manual_seed(0)
+torch.backends.cudnn.benchmark = True
+if mode == "eager":
+    import torchvision
+    model = torchvision.models.resnet18(num_classes=100).cuda()
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 100, (batch,), device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+elif mode == "graph":
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(4096, 4096), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(4096, 100)).cuda()
+    x = torch.randn(batch * 8, 4096, device="cuda")
+    y = torch.randint(0, 100, (batch * 8,), device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+
+    @torch.compile(mode="reduce-overhead")
+    def fwd_bwd():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    def step():
+        loss = fwd_bwd()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        return loss
+else:
+    raise SystemExit(f"unknown mode {mode}")
+
+for _ in range(20):
+    step()
+torch.cuda.synchronize()
+steps, last_print = 0, 0.0
+start = time.monotonic()
+while time.monotonic() - start < seconds:
+    for _ in range(10):
+        loss = step()
+    loss.item()
+    steps += 10
+    now = time.monotonic()
+    if now - last_print >= 0.25:
+        print(json.dumps({"t": now, "steps": steps}), flush=True)
+        last_print = now
+elapsed = time.monotonic() - start
+print(json.dumps({"ok": True, "mode": mode, "steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed}),
+      flush=True)
