@@ -178,8 +178,9 @@ static void log_query(const char *symbol, int version, cuuint64_t flags, const c
             return;
     }
     char line[384];
-    int n = snprintf(line, sizeof line, "%d %s %d 0x%llx %s %s\n", (int)getpid(), symbol ? symbol : "(null)",
-                     version, (unsigned long long)flags, result, name);
+    int n = snprintf(line, sizeof line, "%d %s %d 0x%llx %s %s\n", (int)getpid(),
+                     !symbol ? "(null)" : !symbol[0] ? "(empty)" : symbol, version, (unsigned long long)flags, result,
+                     name && name[0] ? name : "-");
     if (n > 0) {
         ssize_t w = write(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
         (void)w;

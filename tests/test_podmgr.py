@@ -851,3 +851,74 @@ def test_cli_runs_until_signalled(how):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- latency class: claims -----------------------------------------------------------------------------------
+
+class FakeBoard:
+    def __init__(self):
+        self.claims: dict[int, int] = {}
+        self.waiters: dict[int, int] = {}
+        self.latency_groups = 1
+
+    def claim(self, slot, until_ns):
+        self.claims[slot] = until_ns
+
+    def unclaim(self, slot):
+        self.claims.pop(slot, None)
+
+    def set_waiters(self, slot, n):
+        self.waiters[slot] = n
+
+
+def latency_rig():
+    board = FakeBoard()
+    r = Rig(welcomed=False, board_open=lambda path: board)
+    w = sm.Welcome(group=GROUP, min_util=0.5, max_util=1.0, mem_limit=1000, scheduler_id="s1",
+                   sched_class="latency", board_path="/dev/shm/b", board_slot=3)
+    r.m.on_scheduler(w)
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    return r, board
+
+
+def test_a_latency_hook_is_granted_a_claim_at_once_and_the_board_says_so():
+    r, board = latency_rig()
+    a, b = r.hook(pid=1), r.hook(pid=2)
+    [g] = to_hook(r.m.on_hook(a, 5, hp.TokenRequest()))
+    assert upstream([]) == []
+    assert g.msg.flags & hp.GRANT_CLAIM and abs(g.msg.quota_ns - 20 * MS) <= 1
+    assert abs(board.claims[3] - (r.clock.now + 0.020) * 1e9) <= 1
+    r.clock.advance(0.002)
+    [g2] = to_hook(r.m.on_hook(b, 6, hp.TokenRequest()))      # joins the same claim
+    assert g2.msg.token_seq == g.msg.token_seq
+    r.clock.advance(0.001)
+    acts = r.m.on_hook(a, 7, hp.TokenRelease(token_seq=g.msg.token_seq, used_ns=1 * MS))
+    assert upstream(acts) == [] and 3 in board.claims          # b still holds it
+    acts = r.m.on_hook(b, 8, hp.TokenRelease(token_seq=g.msg.token_seq, used_ns=2 * MS))
+    [report] = upstream(acts)
+    assert isinstance(report, sm.ClaimReport) and report.used_ms == pytest.approx(3.0)
+    assert report.end_s - report.start_s == pytest.approx(0.003) and 3 not in board.claims
+
+
+def test_a_claim_ends_when_its_holder_dies_or_at_its_end():
+    r, board = latency_rig()
+    a = r.hook(pid=1)
+    r.m.on_hook(a, 5, hp.TokenRequest())
+    r.clock.advance(0.001)
+    [report] = upstream(r.m.disconnect(a))
+    assert isinstance(report, sm.ClaimReport) and 3 not in board.claims
+    b = r.hook(pid=2)
+    r.m.on_hook(b, 6, hp.TokenRequest())
+    r.clock.advance(0.025)                                      # a stopped holder: the claim runs out
+    reports = [m for m in upstream(r.m.tick()) if isinstance(m, sm.ClaimReport)]
+    assert len(reports) == 1 and reports[0].end_s - reports[0].start_s == pytest.approx(0.020)
+    assert 3 not in board.claims
+
+
+def test_without_the_right_a_latency_group_asks_gem_schd_like_any_other():
+    r, board = latency_rig()
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=False, max_claim_ms=20.0))
+    a = r.hook(pid=1)
+    acts = r.m.on_hook(a, 5, hp.TokenRequest())
+    assert to_hook(acts) == [] and upstream(acts) == [sm.TokenRequest(group=GROUP)]
+    assert board.claims == {}

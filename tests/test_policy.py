@@ -302,6 +302,18 @@ def test_latency_groups_may_claim_and_claims_are_charged_and_credited():
     assert e.end_ms == 40.0
 
 
+def test_a_claim_is_charged_what_its_hooks_used_and_the_holder_is_credited_the_span():
+    """A request's CPU-bound gaps are not GPU time: the claimer's budget pays for what its hooks measured (but
+    at least a quarter of the span); the paused holder is credited the whole span."""
+    p = Policy(config(("inf", 0.5, 1.0, "latency"), ("train", 0.0, 1.0)), 100.0, 5.0, 10_000.0)
+    [g] = grants(p.request("train", now=0.0))
+    p.claimed("inf", 10.0, 18.0, now=19.0, used_ms=3.0)
+    p.claimed("inf", 20.0, 28.0, now=29.0, used_ms=0.5)        # under-reported: a quarter of 8 ms
+    p.release("train", g.token_seq, now=40.0)
+    assert p.status(40.0)["inf"].claim_ms == pytest.approx(3.0 + 2.0)
+    assert p.usage("train", 40.0) == pytest.approx(40.0 - 16.0)
+
+
 def test_a_claim_after_the_slot_ended_still_credits_it():
     p = Policy(config(("inf", 0.5, 1.0, "latency"), ("train", 0.0, 1.0)), 100.0, 5.0, 10_000.0)
     [g] = grants(p.request("train", now=0.0))

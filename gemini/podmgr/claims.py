@@ -33,6 +33,7 @@ class Claim:
     start: float
     until: float
     holders: set[int] = field(default_factory=set)
+    used_ms: float = 0.0        # GPU time its holders measured (events), summed over them
 
 
 class ClaimBroker:
@@ -65,8 +66,9 @@ class ClaimBroker:
     def owns(self, token_seq: int) -> bool:
         return token_seq >= CLAIM_SEQ_BASE
 
-    def request(self, client_id: int, now: float) -> tuple[int, int, list[tuple[float, float]]]:
-        """A hook asks: (token_seq, quota_ns) of the claim it joins, and the spans of claims that ended."""
+    def request(self, client_id: int, now: float) -> tuple[int, int, list[tuple[float, float, float]]]:
+        """A hook asks: (token_seq, quota_ns) of the claim it joins, and the claims that ended
+        (start, end, measured use in ms)."""
         ended = self.expire(now)
         c = self.current
         if c is None:
@@ -78,35 +80,38 @@ class ClaimBroker:
         c.holders.add(client_id)
         return c.seq, max(0, int((c.until - now) * 1e9)), ended
 
-    def release(self, client_id: int, token_seq: int, now: float) -> list[tuple[float, float]]:
+    def release(self, client_id: int, token_seq: int, now: float,
+                used_ms: float = 0.0) -> list[tuple[float, float, float]]:
+        """A holder gives the claim back (idle), with the GPU time it measured in it."""
         c = self.current
         if c is None or c.seq != token_seq:
             return []
+        c.used_ms += max(0.0, min(used_ms, (now - c.start) * 1000.0))
         c.holders.discard(client_id)
         return self._end(now) if not c.holders else []
 
-    def gone(self, client_id: int, now: float) -> list[tuple[float, float]]:
+    def gone(self, client_id: int, now: float) -> list[tuple[float, float, float]]:
         c = self.current
         if c is None or client_id not in c.holders:
             return []
         c.holders.discard(client_id)
         return self._end(now) if not c.holders else []
 
-    def expire(self, now: float) -> list[tuple[float, float]]:
+    def expire(self, now: float) -> list[tuple[float, float, float]]:
         """A claim past its end is over (its holders ask again for a new one)."""
         c = self.current
         if c is not None and now >= c.until:
             return self._end(c.until)
         return []
 
-    def _end(self, end: float) -> list[tuple[float, float]]:
+    def _end(self, end: float) -> list[tuple[float, float, float]]:
         c = self.current
         assert c is not None
         self.current = None
         if self.board is not None:
             self.board.unclaim(self.slot)
-        return [(c.start, max(c.start, end))]
+        return [(c.start, max(c.start, end), c.used_ms)]
 
-    def end_all(self, now: float) -> list[tuple[float, float]]:
+    def end_all(self, now: float) -> list[tuple[float, float, float]]:
         """The pod manager lost its board or its right: end a running claim now."""
         return self._end(now) if self.current is not None else []

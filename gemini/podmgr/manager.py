@@ -332,10 +332,10 @@ class PodManager:
     def claims_end_all(self, now: float) -> list[Action]:
         return self._claim_reports(self.claims.end_all(now))
 
-    def _claim_reports(self, spans: list[tuple[float, float]]) -> list[Action]:
+    def _claim_reports(self, spans: list[tuple[float, float, float]]) -> list[Action]:
         if not self.link.registered:
             return []
-        return [ToScheduler(sm.ClaimReport(group=self.group, start_s=s, end_s=e)) for s, e in spans]
+        return [ToScheduler(sm.ClaimReport(group=self.group, start_s=s, end_s=e, used_ms=u)) for s, e, u in spans]
 
     def _show_waiters(self) -> None:
         """Turns: the queue's length on the board, so a holder whose burst ended passes its turn on."""
@@ -470,7 +470,8 @@ class PodManager:
     def _on_token_release(self, client: Client, seq: int, msg: hp.TokenRelease, now: float) -> list[Action]:
         actions: list[Action] = [ToHook(client.id, seq, hp.Ack())]
         if self.claims.owns(msg.token_seq):
-            return actions + self._claim_reports(self.claims.release(client.id, msg.token_seq, now))
+            return actions + self._claim_reports(self.claims.release(client.id, msg.token_seq, now,
+                                                                     _ms(msg.used_ns)))
         self._note_report(msg.overuse_ns, msg.burst_ns, msg.used_ns)
         return actions + self.sharing.release(self, client.id, msg.token_seq, now)
 

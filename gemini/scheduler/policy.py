@@ -54,10 +54,11 @@ DEFAULT_BASE_QUOTA_MS = 100.0
 DEFAULT_MIN_QUOTA_MS = 5.0
 DEFAULT_WINDOW_MS = 10_000.0
 DEFAULT_BUCKET_MS = 12.0
-DEFAULT_CLAIM_BURST_MS = 50.0
+DEFAULT_CLAIM_BURST_MS = 100.0
 DEFAULT_MAX_CLAIM_MS = 20.0
 DEFAULT_CONTINUE_LEAD_MS = 2.0
 MAX_CREDIT_FRACTION = 0.15
+CLAIM_MIN_CHARGE = 0.25     # a claim is charged at least this part of its span
 
 
 # --- decisions --------------------------------------------------------------------------------------------------
@@ -447,8 +448,11 @@ class Policy:
             h.decided = True
         return self._schedule(now)
 
-    def claimed(self, group: str, start_ms: float, end_ms: float, now: float) -> list[Decision]:
-        """A latency group's pod manager reports a claim it made: [start_ms, end_ms] on the policy's clock."""
+    def claimed(self, group: str, start_ms: float, end_ms: float, now: float, used_ms: float = 0.0) -> list[Decision]:
+        """A latency group's pod manager reports a claim it made: [start_ms, end_ms] on the policy's clock, and
+        the GPU time its hooks measured in it (0: not measured). The batch holder it paused is credited the whole
+        span; the claimer is charged what it used -- a request's CPU-bound gaps are not GPU time -- but at least a
+        quarter of the span, so that a client that under-reports gains little."""
         now = self._now(now)
         g = self._groups.get(group)
         if g is None:
@@ -458,9 +462,12 @@ class Policy:
         # A claim cannot be in the future, nor longer than its bound plus a margin for the report's travel.
         end_ms = min(end_ms, now)
         start_ms = max(start_ms, end_ms - self.max_claim_ms - 5.0)
-        dur = end_ms - start_ms
-        if dur <= 0:
+        span = end_ms - start_ms
+        if span <= 0:
             return []
+        dur = span
+        if math.isfinite(used_ms) and used_ms > 0:
+            dur = min(span, max(used_ms, CLAIM_MIN_CHARGE * span))
         if not self._started:
             self._started = True
             self.start_ms = start_ms
@@ -472,6 +479,7 @@ class Policy:
         self._charge(g, dur, now)
         g.usage.add(start_ms, end_ms, dur)
         self._claims.append((group, start_ms, end_ms))
+        # (the paused holder is credited the span: it could not launch)
         # Credit the overlapped slots of other groups: their holders stopped launching during the claim.
         h = self._holder
         if h is not None and h.group != group:

@@ -62,6 +62,7 @@ class ClaimReport:
     group: str
     start_s: float
     end_s: float
+    used_ms: float = 0.0        # GPU time its processes measured in it (0: not measured)
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,10 @@ def procaddr_queries(log: Path) -> list[dict]:
     """GEMINI_PROCADDR_LOG lines ("pid symbol version flags result name") as dicts."""
     rows = []
     for line in log.read_text().splitlines():
-        pid, sym, ver, flags, result, name = line.split()
+        parts = line.split()
+        if len(parts) != 6:
+            raise AssertionError(f"malformed GEMINI_PROCADDR_LOG line {line!r}")
+        pid, sym, ver, flags, result, name = parts
         rows.append({"pid": int(pid), "symbol": sym, "version": int(ver), "flags": int(flags, 16),
                      "result": result, "name": name})
     return rows
