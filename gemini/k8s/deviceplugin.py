@@ -158,6 +158,8 @@ class DevicePluginServer:
             pass
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        if len(str(self.socket_path)) > 107:
+            raise OSError(f"{self.socket_path} is too long for a Unix socket address (107 bytes)")
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
@@ -209,9 +211,10 @@ async def keep_registered(servers: list[DevicePluginServer], stop: asyncio.Event
                     await s.start()
                 seen = current
                 retry_s = poll_s
-            except (grpc.aio.AioRpcError, OSError) as exc:
-                log.warning("registration with the kubelet at %s failed: %s; retrying in %.0f s", kubelet,
-                            getattr(exc, "details", lambda: str(exc))(), retry_s)
+            except Exception as exc:    # the kubelet not answering yet, a socket that cannot be made: retry
+                why = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else f"{type(exc).__name__}: {exc}"
+                log.warning("registration with the kubelet at %s failed: %s; retrying in %.0f s", kubelet, why,
+                            retry_s)
                 retry_s = min(retry_s * 2, 30.0)
         try:
             await asyncio.wait_for(stop.wait(), retry_s)
