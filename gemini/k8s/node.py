@@ -159,11 +159,11 @@ class NodeAgent:
             except Exception:   # a bug must not stop the node's daemons from being supervised
                 log.exception("reconcile failed")
             self._poke.clear()
-            try:
-                await asyncio.wait_for(self._poke.wait(), 0.1 if self._pending_restarts() else RESYNC_S)
-            except asyncio.TimeoutError:
-                pass
-            await asyncio.sleep(0)
+            waits = [asyncio.ensure_future(self._poke.wait()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waits, timeout=0.1 if self._pending_restarts() else RESYNC_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
 
     def _pending_restarts(self) -> bool:
         return any(s.scheduler is not None and not s.scheduler.daemon.alive() or
