@@ -70,8 +70,10 @@ def test_the_units_are_counted_so_no_gpu_is_overcommitted(tmp_path):
 
 def test_a_containers_units_stay_on_one_gpu(tmp_path):
     with NodeHarness(tmp_path, gpus(2)) as node:
-        a = node.kubelet.admit("a", "one", "main", {PCT: 60, MEM: 20})
-        b = node.kubelet.admit("a", "two", "main", {PCT: 60, MEM: 20})
+        a = node.kubelet.admit("a", "one", "main", {PCT: 60, MEM: 4})
+        # the percent units must go to the second GPU; the memory units fit the first one more tightly, and
+        # follow the percent units there only because the plugin remembers where they went
+        b = node.kubelet.admit("a", "two", "main", {PCT: 60, MEM: 4})
         for opts in (a, b):
             assert opts.conflicts == []
             for r in (PCT, MEM):
