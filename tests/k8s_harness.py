@@ -69,7 +69,7 @@ class FakeLauncher:
 
 class NodeHarness:
     def __init__(self, root: Path, node_gpus: tuple[dv.Gpu, ...], launcher: Any = None, core_api: Any = None,
-                 node_name: str = "node-1", reserved: int = 0, defaults: Defaults = Defaults(),
+                 node_name: str = "node-1", reserved: int = 0, defaults: Defaults | None = None,
                  hook_source: Path | None = None):
         self.root = Path(root)
         # Unix socket paths must stay under 108 bytes: pytest's tmp_path is often longer
@@ -82,8 +82,8 @@ class NodeHarness:
                                     ipc_root=str(self.short / "ipc"))
         self.options = NodeOptions(node_name=node_name, state_dir=self.root / "gemini/state", layout=self.layout,
                                    plugin_dir=self.kubelet.plugin_dir,
-                                   pod_resources_socket=str(self.kubelet.podres_socket), defaults=defaults,
-                                   hook_source=hook_source)
+                                   pod_resources_socket=str(self.kubelet.podres_socket),
+                                   defaults=defaults or Defaults(), hook_source=hook_source)
         self.inventory = dv.Inventory(node_gpus, reserved)
         self.core_api = core_api
         self.loop = asyncio.new_event_loop()

@@ -1,7 +1,7 @@
-"""A fake kubelet for gem-node's tests: the Registration and PodResources services on Unix sockets in a temporary
-directory, and a device manager that calls the plugins as the kubelet does.
+"""A fake kubelet for gem-node's tests: the Registration and PodResources services on Unix sockets in a
+temporary directory, and a device manager that calls the plugins as the kubelet does.
 
-    kubelet = FakeKubelet(tmp_path).start()          # <dir>/device-plugins/kubelet.sock, <dir>/pod-resources/kubelet.sock
+    kubelet = FakeKubelet(tmp).start()     # tmp/device-plugins/kubelet.sock, tmp/pod-resources/kubelet.sock
     ... gem-node registers its plugins ...
     kubelet.wait_registered({"gemini.io/gpu-percent", "gemini.io/gpu-memory"})
     opts = kubelet.admit("team-a", "train", "main", {"gemini.io/gpu-percent": 30, "gemini.io/gpu-memory": 16})
@@ -59,7 +59,8 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         self.podres_socket = self.root / "pod-resources" / "kubelet.sock"
         self.plugins: dict[str, Plugin] = {}
         self.registrations: list[dp.RegisterRequest] = []
-        self.allocated: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}   # (ns, pod) -> container -> res -> ids
+        # (namespace, pod) -> container -> resource -> device ids
+        self.allocated: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         self.responses: dict[tuple[str, str, str], dict[str, dp.ContainerAllocateResponse]] = {}
         self.preferred_calls: list[tuple[str, list[str]]] = []
         self._cond = threading.Condition()
@@ -193,7 +194,7 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         mounts: dict[str, tuple[str, bool]] = {}
         conflicts = []
         responses = self.responses[(namespace, pod, container)]
-        for resource, resp in responses.items():
+        for resp in responses.values():
             for k, v in resp.envs.items():
                 if k in envs:
                     if envs[k] != v:

@@ -109,7 +109,7 @@ def test_a_watch_that_ends_is_resumed_from_its_version(api, watching):
     for round_ in range(3):
         api.drop_watches()                                    # the server ends the watch (as at its timeout)
         api.annotate("team-a", "train", {"round": str(round_)})
-        seen.wait(lambda p: p[("team-a", "train")].annotations.get("round") == str(round_), what=f"round {round_}")
+        seen.wait(lambda p, r=round_: p[("team-a", "train")].annotations.get("round") == str(r), what=f"round {round_}")
     assert w.lists == 1, "a watch that merely ended must be resumed, not replaced by a new list"
     assert api.count("watch") >= 2
     resumed = [q for k, q in api.requests if k == "watch"][1:]
@@ -125,8 +125,8 @@ def test_410_gone_lists_again_and_misses_nothing(api, watching):
         api.create(pod("team-a", "late", NODE))
         api.compact()
         api.drop_watches()
-    seen.wait(lambda p: ("team-a", "late") in p and p[("team-a", "train")].annotations.get("gemini.io/max-util") == "0.1",
-              what="the state after a 410 Gone")
+    seen.wait(lambda p: ("team-a", "late") in p
+              and p[("team-a", "train")].annotations.get("gemini.io/max-util") == "0.1", what="the state after a 410")
     assert w.lists == 2, "a 410 must be answered with a new list"
 
 

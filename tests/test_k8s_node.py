@@ -48,7 +48,8 @@ def test_allocate_gives_the_hook_the_gpu_socket_dir_and_the_group(tmp_path):
         assert opts.mounts == {
             dv.CONTAINER_HOOK: (node.layout.hook, True),
             "/etc/ld.so.preload": (node.layout.preload, True),       # gated even with LD_PRELOAD cleared
-            f"{dv.CONTAINER_IPC_ROOT}/{gpu.uuid}": (node.layout.ipc_dir(gpu.uuid), True),   # read-only: no socket replaced
+            # read-only: the container can connect to the sockets but replace none
+            f"{dv.CONTAINER_IPC_ROOT}/{gpu.uuid}": (node.layout.ipc_dir(gpu.uuid), True),
         }
         # the same env whichever resource the kubelet allocates first
         other = node.kubelet.admit("team-a", "infer", "main", {PCT: 20, MEM: 8}, order=[MEM, PCT])

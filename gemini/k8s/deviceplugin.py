@@ -128,8 +128,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"gemini: {exc}")
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                f"gemini: gem-node could not serve the container's group within {PRESTART_TIMEOUT_S:g} s "
-                                "(see gem-node's log)")
+                                f"gemini: gem-node could not serve the container's group within "
+                                f"{PRESTART_TIMEOUT_S:g} s (see gem-node's log)")
         return pb.PreStartContainerResponse()
 
 

@@ -97,7 +97,7 @@ class Inventory:
 
     def device_ids(self, resource: str) -> list[str]:
         """Every unit of `resource` on this node, GPU by GPU."""
-        out = []
+        out: list[str] = []
         for g in self.gpus:
             count = PERCENT_UNITS_PER_GPU if resource == RESOURCE_PERCENT else self.memory_units(g)
             out.extend(unit_id(g.uuid, resource, n) for n in range(count))

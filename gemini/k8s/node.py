@@ -71,14 +71,14 @@ class NodeAgent:
     change (`poke()`), and `run()` does so on every poke and every RESYNC_S."""
 
     def __init__(self, inventory: dv.Inventory, layout: dv.HostLayout, state_dir: str | Path, launcher: Launcher,
-                 list_units: Callable[[], Awaitable[list[ContainerUnits]]], defaults: Defaults = Defaults(),
+                 list_units: Callable[[], Awaitable[list[ContainerUnits]]], defaults: Defaults | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.inventory = inventory
         self.layout = layout
         self.state_dir = Path(state_dir)
         self.launcher = launcher
         self.list_units = list_units
-        self.defaults = defaults
+        self.defaults = defaults or Defaults()
         self.clock = clock
         self.pods: dict[tuple[str, str], PodInfo] = {}
         self.plan = Plan()
@@ -213,17 +213,20 @@ class NodeAgent:
                 sched, state.scheduler = state.scheduler, None
                 await sched.daemon.stop()
             return
-        state.scheduler = self._supervise(state.scheduler, lambda: self.launcher.start_scheduler(state.gpu,
-                                                                                                  state.config_path),
-                                          f"gem-schd of GPU {state.gpu.index}")
+        def start_scheduler() -> Daemon:
+            return self.launcher.start_scheduler(state.gpu, state.config_path)
+        state.scheduler = self._supervise(state.scheduler, start_scheduler, f"gem-schd of GPU {state.gpu.index}")
+        if state.scheduler is None:
+            return      # it could not start: the pod managers would only wait for it; next reconcile tries again
         # 3. pod managers of new groups; new settings of a served group reach it through gem-schd's config
         for group, placement in wanted.items():
             current = state.groups.get(group)
-            sup = self._supervise(current[1] if current else None,
-                                  lambda p=placement: self.launcher.start_pod_manager(state.gpu, p),
-                                  f"pod manager of {placement.ref} ({group})")
-            if sup is not None:
-                state.groups[group] = (placement, sup)
+            def start_pod_manager(p: Placement = placement) -> Daemon:
+                return self.launcher.start_pod_manager(state.gpu, p)
+            started = self._supervise(current[1] if current else None, start_pod_manager,
+                                      f"pod manager of {placement.ref} ({group})")
+            if started is not None:
+                state.groups[group] = (placement, started)
 
     def _supervise(self, sup: _Supervised | None, start: Callable[[], Daemon], what: str) -> _Supervised | None:
         """Start a daemon that is not running, restart a dead one with backoff; None if it cannot start now."""

@@ -95,8 +95,9 @@ class GemNode:
         loop = asyncio.get_running_loop()
         thread = None
         if self.core_api is not None:
-            self.watcher = PodWatcher(self.core_api, self.options.node_name,
-                                      lambda pods: loop.call_soon_threadsafe(self.agent.set_pods, pods))
+            def handed_over(pods: dict) -> None:     # in the watch thread: to the loop
+                loop.call_soon_threadsafe(self.agent.set_pods, pods)
+            self.watcher = PodWatcher(self.core_api, self.options.node_name, handed_over)
             thread = threading.Thread(target=self.watcher.run, name="pod-watch", daemon=True)
             thread.start()
         if self.options.metrics_port:

@@ -3,8 +3,8 @@
     python -m gemini.k8s.proto.generate           write *_pb2.py and *_pb2_grpc.py here
     python -m gemini.k8s.proto.generate --check   exit 1 if the committed modules differ from fresh ones
 
-The generated modules are committed, so an installation needs only grpcio and protobuf at run time. Their
-imports are made relative (`from . import x_pb2`) so that they work inside this package.
+The generated modules (and their .pyi type stubs, for mypy) are committed, so an installation needs only grpcio
+and protobuf at run time. Their imports are made relative (`from . import x_pb2`) so that they work inside this package.
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ def generate(out_dir: Path) -> list[Path]:
     written = []
     for proto in PROTOS:
         rc = protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"-I{include}", f"--python_out={out_dir}",
-                          f"--grpc_python_out={out_dir}", str(HERE / proto)])
+                          f"--grpc_python_out={out_dir}", f"--pyi_out={out_dir}", str(HERE / proto)])
         if rc != 0:
             raise RuntimeError(f"protoc failed on {proto} (exit {rc})")
         stem = proto[: -len(".proto")]
-        for name in (f"{stem}_pb2.py", f"{stem}_pb2_grpc.py"):
+        for name in (f"{stem}_pb2.py", f"{stem}_pb2.pyi", f"{stem}_pb2_grpc.py"):
             path = out_dir / name
             text = re.sub(rf"^import {stem}_pb2 as", f"from . import {stem}_pb2 as", path.read_text(), flags=re.M)
             path.write_text(text)
