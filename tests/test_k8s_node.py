@@ -4,6 +4,8 @@ counted, what a container is given, one GPU per container, and the groups, confi
 pods. The daemons are fakes here (test_k8s_e2e.py runs real ones)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("grpc")
@@ -116,6 +118,7 @@ def test_prestart_waits_for_the_pod_and_starts_its_group(tmp_path):
         g = config.group(group)
         assert (g.min_util, g.max_util, g.mem_limit, g.turns) == (0.3, 0.5, 16 * 256 * MiB, True)
         assert "pod team-a/train container main" in schd.config_path.read_text()
+        assert json.loads((schd.config_path.parent / "pods.json").read_text()) == {group: "team-a/train/main"}
 
 
 def test_groups_follow_the_pods(tmp_path):

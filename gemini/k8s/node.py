@@ -13,6 +13,7 @@ fails with the reason it will not be, so a container never starts ungoverned.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -28,7 +29,8 @@ log = logging.getLogger("gemini.k8s.node")
 
 RESYNC_S = 5.0              # PodResources is polled this often besides every event
 RESTART_BACKOFF_S = (0.5, 30.0)
-HINT_TTL_S = 5.0            # how long an Allocate's GPU is a hint for the same container's other resource
+HINT_TTL_S = 5.0
+PODS_FILE = "pods.json"            # how long an Allocate's GPU is a hint for the same container's other resource
 
 
 class Daemon(Protocol):
@@ -64,6 +66,15 @@ class GpuState:
     config_text: str = ""
     scheduler: _Supervised | None = None
     groups: dict[str, tuple[Placement, _Supervised]] = field(default_factory=dict)
+
+    @property
+    def pods_path(self) -> Path:
+        """{group: "namespace/pod/container"} for gem-ctl status --pods."""
+        return self.config_path.parent / PODS_FILE
+
+
+def pods_json(placements: list[Placement]) -> str:
+    return json.dumps({p.group: p.ref for p in sorted(placements, key=lambda p: p.group)}, indent=1) + "\n"
 
 
 class NodeAgent:
@@ -204,7 +215,8 @@ class NodeAgent:
         # 2. the config, then gem-schd (started when the first group comes, stopped when the last one goes)
         text = render_config(placements) if placements else ""
         if placements and text != state.config_text:
-            self._write_config(state.config_path, text)
+            self._write_file(state.pods_path, pods_json(placements))
+            self._write_file(state.config_path, text)
             state.config_text = text
         if not placements:
             state.config_text = ""
@@ -251,7 +263,7 @@ class NodeAgent:
         return _Supervised(daemon, now, restarts)
 
     @staticmethod
-    def _write_config(path: Path, text: str) -> None:
+    def _write_file(path: Path, text: str) -> None:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text)
