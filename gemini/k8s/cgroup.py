@@ -116,10 +116,9 @@ def read_proc_cgroup(pid: int, proc_root: str | Path = "/proc") -> str:
 
 
 class PeerCredentialsLike(Protocol):
-    """What SO_PEERCRED tells about a connecting process (gemini.podmgr's PeerCredentials has this shape)."""
-    pid: int
-    uid: int
-    gid: int
+    """What SO_PEERCRED tells about a connecting process (gemini.peercred.PeerCredentials has this shape)."""
+    @property
+    def pid(self) -> int: ...
 
 
 class CgroupAuthorizer:

@@ -34,7 +34,8 @@ PODS_FILE = "pods.json"            # how long an Allocate's GPU is a hint for th
 
 
 class Daemon(Protocol):
-    pid: int
+    @property
+    def pid(self) -> int: ...
 
     def alive(self) -> bool: ...
 
