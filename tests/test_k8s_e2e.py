@@ -24,11 +24,9 @@ pytest.importorskip("kubernetes")
 transport = pytest.importorskip("gemini.transport", reason="the socket transport (issue 15) is not on this branch")
 
 from gemini.k8s import devices as dv  # noqa: E402
-from gemini.k8s.launch import ProcessLauncher  # noqa: E402
-from tests.k8s_apiserver import ApiServer, pod as api_pod  # noqa: E402
-from tests.k8s_cgroups import PodCgroups  # noqa: E402
-from tests.k8s_harness import GiB, NodeHarness, gpus  # noqa: E402
-from tests.test_k8s_apiwatch import core_api  # noqa: E402
+from tests.e2e_fixtures import client_argv, finish, start  # noqa: E402
+from tests.k8s_cluster import Cluster  # noqa: E402
+from tests.k8s_harness import GiB, gpus  # noqa: E402
 
 PCT, MEM = dv.RESOURCE_PERCENT, dv.RESOURCE_MEMORY
 MiB = 1 << 20
@@ -70,22 +68,6 @@ for line in sys.stdin:
 """
 
 
-def host_env(opts, base: dict) -> dict:
-    """The container's env from its Allocate answers, with container paths turned into the host paths mounted
-    there (as the container would see them)."""
-    env = dict(base)
-    for key, value in opts.envs.items():
-        for cpath, (hpath, _ro) in opts.mounts.items():
-            if value == cpath:
-                value = hpath
-                break
-            if cpath.startswith(value.rstrip("/") + "/") and hpath.endswith(cpath[len(value.rstrip("/")):]):
-                value = hpath[: len(hpath) - len(cpath) + len(value.rstrip("/"))]
-                break
-        env[key] = value
-    return env
-
-
 class PodProcess:
     def __init__(self, argv: list[str], env: dict):
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -120,70 +102,54 @@ class PodProcess:
 
 @pytest.fixture(params=["cgroups", "fixture-files"])
 def cluster(request, tmp_path):
-    """An API double, cgroups (real ones where they can be made, and fixture files), and gem-node with real
-    daemons; yields (node, api, cgroups, processes)."""
-    api = ApiServer().start()
-    cgroups = PodCgroups(tmp_path, force_fixture=request.param == "fixture-files")
-    print(f"identity through {cgroups.mode}")
+    """gem-node with real daemons, identity through real cgroups (where they can be made) and through fixture
+    files; yields (cluster, processes)."""
     procs: list[PodProcess] = []
-    try:
-        node = NodeHarness(tmp_path, gpus(1, memory=4 * GiB), core_api=core_api(api.url))
-        node.launcher = ProcessLauncher(node.layout.ipc_root, log_dir=tmp_path / "logs",
-                                        schd_args=["-q", "20", "-m", "5", "-w", "1000"],
-                                        pmgr_args=["--proc-root", cgroups.proc_root])
-        with node:
-            yield node, api, cgroups, procs
-    finally:
-        for p in procs:
-            p.close()
-        api.stop()
-        cgroups.cleanup()
-        logs = sorted((tmp_path / "logs").glob("*.log")) if (tmp_path / "logs").exists() else []
-        for log in logs:
-            sys.stderr.write(f"--- {log.name}\n{log.read_text()[-1500:]}\n")
+    with Cluster(tmp_path, gpus(1, memory=4 * GiB), force_fixture=request.param == "fixture-files") as c:
+        print(f"identity through {c.cgroups.mode}")
+        try:
+            yield c, procs
+        finally:
+            for p in procs:
+                p.close()
+            c.dump_logs()
 
 
-def start_client(node, cgroups, procs, opts, pod_uid: str | None, **env_changes) -> PodProcess:
-    env = host_env(opts, {"PATH": os.environ["PATH"], "E2E_REPO": str(REPO), "PYTHONPATH": str(REPO)})
+def start_client(c: Cluster, procs: list, opts, pod_uid: str | None, **env_changes) -> PodProcess:
+    env = c.container_env(opts, {"PATH": os.environ["PATH"], "E2E_REPO": str(REPO), "PYTHONPATH": str(REPO)})
     env.pop("LD_PRELOAD", None)       # the wire client is the hook here
-    for k, v in env_changes.items():
-        env[k] = v
-    p = PodProcess(cgroups.argv(pod_uid, [sys.executable, "-c", WIRE_CLIENT]), env)
+    env.update(env_changes)
+    p = PodProcess(c.in_pod(pod_uid, [sys.executable, "-c", WIRE_CLIENT]), env)
     procs.append(p)
     return p
 
 
 def test_pods_get_their_limits_and_only_their_own_group(cluster):
-    node, api, cgroups, procs = cluster
-    a = api.create(api_pod("team-a", "train", "node-1", {"gemini.io/max-util": "0.5"}))
-    b = api.create(api_pod("team-b", "infer", "node-1"))
-    uid_a, uid_b = a["metadata"]["uid"], b["metadata"]["uid"]
-    opts_a = node.kubelet.admit("team-a", "train", "main", {PCT: 30, MEM: 4})     # 1 GiB
-    opts_b = node.kubelet.admit("team-b", "infer", "main", {PCT: 20, MEM: 2})     # 512 MiB
-    node.kubelet.prestart("team-a", "train", "main")
-    node.kubelet.prestart("team-b", "infer", "main")
+    c, procs = cluster
+    node = c.node
+    uid_a, opts_a = c.admit_pod("team-a", "train", {PCT: 30, MEM: 4}, {"gemini.io/max-util": "0.5"})   # 1 GiB
+    uid_b, opts_b = c.admit_pod("team-b", "infer", {PCT: 20, MEM: 2})                                 # 512 MiB
 
-    pa = start_client(node, cgroups, procs, opts_a, uid_a)
+    pa = start_client(c, procs, opts_a, uid_a)
     hello = pa.line()
     assert hello["type"] == "HelloAck" and hello["mem_limit"] == 4 * 256 * MiB, hello
     assert pa.ask(f"alloc {768 * MiB}")["verdict"] == 0
     refused = pa.ask(f"alloc {512 * MiB}")
     assert refused["verdict"] != 0 and refused["limit"] == GiB, refused              # past 1 GiB
-    pb = start_client(node, cgroups, procs, opts_b, uid_b)
+    pb = start_client(c, procs, opts_b, uid_b)
     assert pb.line()["mem_limit"] == 2 * 256 * MiB
 
     # pod B's process names pod A's group: refused, whatever its env says
-    intruder = start_client(node, cgroups, procs, opts_b, uid_b, GEMINI_GROUP_NAME=opts_a.envs["GEMINI_GROUP_NAME"])
+    intruder = start_client(c, procs, opts_b, uid_b, GEMINI_GROUP_NAME=opts_a.envs["GEMINI_GROUP_NAME"])
     reply = intruder.line()
     assert reply.get("type") != "HelloAck", reply
     # a process in no pod at all
-    outsider = start_client(node, cgroups, procs, opts_a, None)
+    outsider = start_client(c, procs, opts_a, None)
     assert outsider.line().get("type") != "HelloAck"
 
     # pod B deleted: its pod manager stops, its group leaves gem-schd's config
     pb.close()
-    api.delete("team-b", "infer")
-    node.kubelet.remove_pod("team-b", "infer")
+    c.delete_pod("team-b", "infer")
     group_b = opts_b.envs["GEMINI_GROUP_NAME"]
     sock_b = transport.group_socket(node.layout.ipc_root, group_b, node.inventory.gpus[0].uuid)
     node.wait(lambda: not sock_b.exists(), timeout=15, what="pod B's socket removed")
@@ -193,7 +159,80 @@ def test_pods_get_their_limits_and_only_their_own_group(cluster):
 
     # pod A's memory comes back when its process ends
     pa.close()
-    again = start_client(node, cgroups, procs, opts_a, uid_a)
+    again = start_client(c, procs, opts_a, uid_a)
     ack = again.line()
     assert ack["type"] == "HelloAck" and ack["mem_used"] == 0, ack
     assert again.ask(f"alloc {GiB}")["verdict"] == 0
+
+
+# --- the real hook on the simulated driver -----------------------------------------------------------------------
+
+UUID_PROBE = r"""
+import ctypes
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+u = (ctypes.c_ubyte * 16)()
+assert cu.cuDeviceGetUuid(u, 0) == 0
+h = bytes(u).hex()
+print(f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+"""
+
+
+def hook_has_sockets(hook) -> bool:
+    """Whether this build of the hook reaches its pod manager through GEMINI_IPC_DIR (issue 15's hook side)."""
+    return b"GEMINI_IPC_DIR" in Path(hook).read_bytes()
+
+
+def device_uuid(env: dict) -> str:
+    """The UUID of device 0 as the driver in `env` names it (the hook finds its socket directory by it)."""
+    out = subprocess.run([sys.executable, "-c", UUID_PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def share(result) -> float:
+    out = result.json
+    return out["onchip_ns"] / out["wall_ns"]
+
+
+def test_hooked_workloads_get_their_shares_and_limits(sim, hook_lib, tmp_path):
+    """Two pods' spin workloads, started with exactly their Allocate env (the hook preloaded from the mounted
+    path), are held to their pods' caps and memory limits; a deleted pod's units and memory go to the next."""
+    if not hook_has_sockets(hook_lib):
+        pytest.skip("the hook has no socket transport yet (no GEMINI_IPC_DIR in libgemhook.so.1): hooked "
+                    "containers cannot reach their pod managers; the wire-level test above covers gem-node")
+    uuid = device_uuid(sim.env())
+    with Cluster(tmp_path, (dv.Gpu(0, uuid, sim.mem_bytes),), hook_source=hook_lib) as c:
+        print(f"identity through {c.cgroups.mode}")
+        try:
+            # 1 GiB simulated: 4 memory units; two pods of 2 units (512 MiB) each
+            uid_a, a = c.admit_pod("team-a", "capped", {PCT: 10, MEM: 2}, {"gemini.io/max-util": "0.3"})
+            uid_b, b = c.admit_pod("team-b", "wider", {PCT: 20, MEM: 2}, {"gemini.io/max-util": "0.6"})
+            assert a.envs["LD_PRELOAD"] == dv.CONTAINER_HOOK
+            argv = client_argv("pyclient.py", "--seconds", 4, "--kernel-us", 1000, "--sync-every", 1, "--meminfo",
+                               "--alloc", "600MiB", "--json")
+            runs = [start(c.in_pod(uid, argv), c.container_env(opts, sim.env())) for uid, opts in ((uid_a, a),
+                                                                                                  (uid_b, b))]
+            ra, rb = (finish(p, timeout=120) for p in runs)
+            assert ra.rc == 0 and rb.rc == 0, (ra, rb)
+            for r in (ra, rb):
+                assert r.json["mem_total"] == 512 * MiB, r                  # the pod's limit is the device's size
+                assert r.json["alloc"]["name"] == "CUDA_ERROR_OUT_OF_MEMORY", r
+            sa, sb = share(ra), share(rb)
+            print(f"shares: capped at 0.3 -> {sa:.3f}, capped at 0.6 -> {sb:.3f}")
+            assert sa < 0.4 and sb < 0.7 and sb > sa + 0.1, (sa, sb)
+
+            # pod B deleted: its pod manager goes, its units and memory go to a new pod
+            c.delete_pod("team-b", "wider")
+            group_b = b.envs["GEMINI_GROUP_NAME"]
+            state = c.node.agent.gpus[uuid]
+            c.node.wait(lambda: group_b not in state.config_path.read_text(), what="pod B's group gone")
+            uid_n, n = c.admit_pod("team-c", "next", {PCT: 20, MEM: 2})
+            assert set(n.device_ids[MEM]) == set(b.device_ids[MEM])          # nothing else was free
+            rn = finish(start(c.in_pod(uid_n, client_argv("pyclient.py", "--kernels", 10, "--alloc", "500MiB",
+                                                          "--meminfo", "--json")),
+                              c.container_env(n, sim.env())), timeout=60)
+            assert rn.rc == 0 and rn.json["alloc"]["result"] == 0 and rn.json["mem_total"] == 512 * MiB, rn
+        except BaseException:
+            c.dump_logs()
+            raise
