@@ -63,6 +63,9 @@ class FakeLauncher:
         self.started.append(d)
         return d
 
+    async def registered(self, gpu: dv.Gpu, group: str) -> bool:
+        return any(d.running and d.placement is not None and d.placement.group == group for d in self.started)
+
     def running(self, kind: str = "pmgr") -> list[FakeDaemon]:
         return [d for d in self.started if d.running and d.what.startswith(kind)]
 

@@ -19,12 +19,15 @@ from pathlib import Path
 
 from gemini.launch.backend import _pdeathsig_preexec
 
+from gemini.wire import sched as sm
+
 from . import devices as dv
 from .policy import Placement
 
 log = logging.getLogger("gemini.k8s.launch")
 
 STOP_GRACE_S = 3.0
+STATUS_TIMEOUT_S = 1.0
 
 
 def group_socket(ipc_root: str | Path, gpu_uuid: str, group: str) -> Path:
@@ -73,6 +76,34 @@ class ProcessDaemon:
         await asyncio.get_running_loop().run_in_executor(None, self.proc.wait)
 
 
+async def scheduler_status(endpoint: str, timeout_s: float = STATUS_TIMEOUT_S) -> sm.StatusReply:
+    """gem-schd's status over zmq (a fresh DEALER each time: a late reply cannot be taken for the next one).
+    TimeoutError if it does not answer."""
+    import zmq
+    import zmq.asyncio
+    ctx = zmq.asyncio.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        await sock.send(sm.encode(sm.StatusRequest()))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            left = deadline - loop.time()
+            if left <= 0 or not await sock.poll(int(left * 1000) + 1):
+                raise TimeoutError(f"no status from gem-schd at {endpoint} within {timeout_s:g} s")
+            reply = sm.decode(await sock.recv(), allowed=sm.FROM_SCHEDULER)
+            if isinstance(reply, sm.StatusReply):
+                return reply
+    finally:
+        sock.close(0)
+
+
+def scheduler_endpoint(ipc_root: str | Path, gpu_uuid: str) -> str:
+    return f"ipc://{scheduler_socket(ipc_root, gpu_uuid)}"
+
+
 class ProcessLauncher:
     """Starts the daemons as child processes of gem-node, logging to its stderr (or `log_dir`)."""
 
@@ -106,6 +137,13 @@ class ProcessLauncher:
         proc = self._spawn(argv, f"gem-schd-{gpu.uuid}")
         log.info("GPU %d (%s): gem-schd started (pid %d)", gpu.index, gpu.uuid, proc.pid)
         return ProcessDaemon(proc, scheduler_socket(self.ipc_root, gpu.uuid), f"gem-schd of {gpu.uuid}")
+
+    async def registered(self, gpu: dv.Gpu, group: str) -> bool:
+        try:
+            reply = await scheduler_status(scheduler_endpoint(self.ipc_root, gpu.uuid))
+        except (TimeoutError, OSError, sm.MessageError):
+            return False
+        return any(g["name"] == group and g["connected"] for g in reply.groups)
 
     def start_pod_manager(self, gpu: dv.Gpu, placement: Placement) -> ProcessDaemon:
         argv = [self.python, "-m", "gemini.k8s.pmgr", "--group", placement.group, "--ipc-dir", str(self.ipc_root),

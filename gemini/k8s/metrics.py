@@ -28,42 +28,15 @@ from typing import Any, Awaitable, Callable, Iterator
 
 from gemini.wire import sched as sm
 
+from .launch import scheduler_endpoint, scheduler_status
+
 log = logging.getLogger("gemini.k8s.metrics")
 
 POLL_S = 2.0
-STATUS_TIMEOUT_S = 1.0
 LABELS = ["namespace", "pod", "container", "gpu", "group"]
 MAX_REASON = 120
 REQUEST_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 16 * 1024
-
-
-async def scheduler_status(endpoint: str, timeout_s: float = STATUS_TIMEOUT_S) -> sm.StatusReply:
-    """gem-schd's status over zmq (a fresh DEALER each time: a late reply cannot be taken for the next one)."""
-    import zmq
-    import zmq.asyncio
-    ctx = zmq.asyncio.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(endpoint)
-        await sock.send(sm.encode(sm.StatusRequest()))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            left = deadline - loop.time()
-            if left <= 0 or not await sock.poll(int(left * 1000) + 1):
-                raise TimeoutError(f"no status from gem-schd at {endpoint} within {timeout_s:g} s")
-            reply = sm.decode(await sock.recv(), allowed=sm.FROM_SCHEDULER)
-            if isinstance(reply, sm.StatusReply):
-                return reply
-    finally:
-        sock.close(0)
-
-
-def scheduler_endpoint(ipc_root: str, gpu_uuid: str) -> str:
-    from .launch import scheduler_socket
-    return f"ipc://{scheduler_socket(ipc_root, gpu_uuid)}"
 
 
 class _Collector:
@@ -131,6 +104,7 @@ class NodeMetrics:
         self.agent = agent
         self.ipc_root = ipc_root
         self._status = status or (lambda uuid: scheduler_status(scheduler_endpoint(ipc_root, uuid)))
+
         self.poll_s = poll_s
         self.statuses: dict[str, dict[str, dict]] = {}     # gpu -> group -> GroupStatus as a dict
         self.registry = CollectorRegistry()

@@ -30,6 +30,7 @@ log = logging.getLogger("gemini.k8s.node")
 RESYNC_S = 5.0              # PodResources is polled this often besides every event
 RESTART_BACKOFF_S = (0.5, 30.0)
 HINT_TTL_S = 5.0
+REGISTERED_POLL_S = 0.05
 PODS_FILE = "pods.json"            # how long an Allocate's GPU is a hint for the same container's other resource
 
 
@@ -50,6 +51,11 @@ class Launcher(Protocol):
     def start_scheduler(self, gpu: dv.Gpu, config_path: Path) -> Daemon: ...
 
     def start_pod_manager(self, gpu: dv.Gpu, placement: Placement) -> Daemon: ...
+
+    async def registered(self, gpu: dv.Gpu, group: str) -> bool:
+        """Whether the GPU's gem-schd knows the group and its pod manager is registered (only then is a hook's
+        HELLO answered: before, the pod manager refuses it as an unknown group)."""
+        ...
 
 
 @dataclass
@@ -153,7 +159,9 @@ class NodeAgent:
             served = state.groups.get(placement.group)
             if served is not None and served[1].daemon.ready() and state.scheduler is not None \
                     and state.scheduler.daemon.ready():
-                return
+                if await self.launcher.registered(state.gpu, placement.group):
+                    return
+                await asyncio.sleep(REGISTERED_POLL_S)    # gem-schd reloads the config, the pod manager retries
 
     async def _next_reconcile(self) -> None:
         self._reconciled.clear()
