@@ -95,7 +95,7 @@ class Cluster:
     def in_pod(self, pod_uid: str | None, argv: list) -> list[str]:
         return self.cgroups.argv(pod_uid, [str(a) for a in argv])
 
-    def logs(self, tail: int = 2000) -> str:
+    def logs(self, tail: int = 6000) -> str:
         parts = []
         for log in sorted(self.log_dir.glob("*.log")) if self.log_dir.exists() else []:
             parts.append(f"--- {log.name}\n{log.read_text()[-tail:]}")
