@@ -50,10 +50,12 @@ class FakeLauncher:
     """Records what gem-node starts; nothing runs."""
     started: list[FakeDaemon] = field(default_factory=list)
     _pid: int = 1000
+    broken_schedulers: bool = False     # every gem-schd exits at once (as with a config it cannot use)
 
     def start_scheduler(self, gpu: dv.Gpu, config_path: Path) -> FakeDaemon:
         self._pid += 1
-        d = FakeDaemon(f"gem-schd {gpu.uuid}", self._pid, config_path=config_path)
+        d = FakeDaemon(f"gem-schd {gpu.uuid}", self._pid, config_path=config_path,
+                       running=not self.broken_schedulers)
         self.started.append(d)
         return d
 

@@ -201,3 +201,21 @@ def test_plugins_register_again_after_a_kubelet_restart(tmp_path):
         assert len(node.kubelet.registrations) == before + 2
         opts = node.kubelet.admit("a", "after", "main", {PCT: 10, MEM: 1})
         assert opts.envs["GEMINI_GROUP_NAME"].startswith("k8s-")
+
+
+def test_a_gpu_whose_scheduler_keeps_failing_is_advertised_unhealthy(tmp_path, monkeypatch):
+    import gemini.k8s.node as node_mod
+    monkeypatch.setattr(node_mod, "RESTART_BACKOFF_S", (0.01, 0.02))
+    monkeypatch.setattr(node_mod, "STABLE_S", 0.3)
+    monkeypatch.setattr(node_mod, "RESYNC_S", 0.2)
+    with NodeHarness(tmp_path, gpus(2)) as node:
+        bad = node.inventory.gpus[0].uuid
+        node.launcher.broken_schedulers = True
+        node.kubelet.admit("a", "p", "main", {PCT: 10, MEM: 2})            # lands on the first GPU
+        node.set_pods([pod("a", "p", "uid-p")])
+        node.wait(lambda: node.kubelet.capacity(PCT) == 100, what="the failing GPU's units unhealthy")
+        unhealthy = {d for d, h in node.kubelet.plugins[PCT].devices.items() if h == "Unhealthy"}
+        assert {dv.parse_unit(d).gpu_uuid for d in unhealthy} == {bad}
+        assert node.kubelet.capacity(MEM) == node.inventory.memory_units(node.inventory.gpus[1])
+        node.launcher.broken_schedulers = False                           # it runs again: healthy again
+        node.wait(lambda: node.kubelet.capacity(PCT) == 200, timeout=30, what="healthy again")

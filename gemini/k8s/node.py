@@ -31,6 +31,8 @@ RESYNC_S = 5.0              # PodResources is polled this often besides every ev
 RESTART_BACKOFF_S = (0.5, 30.0)
 HINT_TTL_S = 5.0
 REGISTERED_POLL_S = 0.05
+STABLE_S = 10.0             # a daemon that ran this long before exiting is restarted with the first backoff
+UNHEALTHY_AFTER = 3         # a GPU whose gem-schd failed this many times in a row is advertised Unhealthy
 PODS_FILE = "pods.json"            # how long an Allocate's GPU is a hint for the same container's other resource
 
 
@@ -64,6 +66,7 @@ class _Supervised:
     started: float
     restarts: int = 0
     restart_at: float | None = None
+    failures: int = 0           # exits in a row, each within STABLE_S of its start
 
 
 @dataclass
@@ -109,6 +112,8 @@ class NodeAgent:
         self._hints: dict[str, tuple[str, float]] = {}     # resource -> (gpu, when) of the last Allocate
         self._last_units: list[ContainerUnits] = []
         self.on_plan: list[Callable[[Plan], None]] = []    # metrics, status
+        self.on_health: list[Callable[[], None]] = []      # the device plugins: send the device list again
+        self._unhealthy: set[str] = set()
 
     # --- inputs ---------------------------------------------------------------------------------------------------
 
@@ -123,7 +128,16 @@ class NodeAgent:
     # --- PluginBackend ---------------------------------------------------------------------------------------------
 
     def unhealthy_gpus(self) -> set[str]:
-        return set()
+        """GPUs whose gem-schd keeps failing: their units are advertised Unhealthy, so the kubelet places no new
+        container there (running ones keep their units) until it runs again."""
+        now = self.clock()
+        out = set()
+        for uuid, state in self.gpus.items():
+            s = state.scheduler
+            stable = s is not None and s.daemon.alive() and now - s.started > STABLE_S
+            if s is not None and s.failures >= UNHEALTHY_AFTER and not stable:
+                out.add(uuid)
+        return out
 
     def preferred_gpu(self, resource: str) -> str | None:
         other = dv.RESOURCE_MEMORY if resource == dv.RESOURCE_PERCENT else dv.RESOURCE_PERCENT
@@ -211,6 +225,12 @@ class NodeAgent:
             self.reconciles += 1
             for callback in self.on_plan:
                 callback(new_plan)
+            unhealthy = self.unhealthy_gpus()
+            if unhealthy != self._unhealthy:
+                log.warning("GPUs advertised unhealthy: %s", ", ".join(sorted(unhealthy)) or "none")
+                self._unhealthy = unhealthy
+                for notify in self.on_health:
+                    notify()
             self._reconciled.set()
 
     async def _apply_gpu(self, state: GpuState, placements: list[Placement]) -> None:
@@ -256,9 +276,8 @@ class NodeAgent:
             return sup
         if sup is not None:
             if sup.restart_at is None:
-                ran = now - sup.started
-                delay = RESTART_BACKOFF_S[0] if ran > 10 else min(RESTART_BACKOFF_S[0] * 2 ** sup.restarts,
-                                                                  RESTART_BACKOFF_S[1])
+                sup.failures = 0 if now - sup.started > STABLE_S else sup.failures + 1
+                delay = min(RESTART_BACKOFF_S[0] * 2 ** max(sup.failures - 1, 0), RESTART_BACKOFF_S[1])
                 sup.restart_at = now + delay
                 log.warning("%s exited; restarting in %.1f s", what, delay)
             if now < sup.restart_at:
@@ -268,8 +287,9 @@ class NodeAgent:
         except Exception as exc:
             log.error("cannot start %s: %s", what, exc)
             return sup
-        restarts = 0 if sup is None else sup.restarts + 1
-        return _Supervised(daemon, now, restarts)
+        if sup is None:
+            return _Supervised(daemon, now)
+        return _Supervised(daemon, now, sup.restarts + 1, failures=sup.failures)
 
     @staticmethod
     def _write_file(path: Path, text: str) -> None:

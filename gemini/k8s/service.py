@@ -85,6 +85,7 @@ class GemNode:
         self.agent = NodeAgent(inventory, options.layout, options.state_dir, launcher, self.podres.list,
                                options.defaults)
         self.plugins = [DevicePluginServer(r, self.agent, options.plugin_dir) for r in dv.RESOURCES]
+        self.agent.on_health += [p.notify for p in self.plugins]
         self.core_api = core_api
         self.watcher: PodWatcher | None = None
         self.metrics: Any = None
