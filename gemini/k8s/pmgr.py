@@ -11,17 +11,22 @@ containers, so no container can replace it.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import click
 
-from gemini import transport
 from gemini.podmgr.cli import serve, setup_logging
-from gemini.podmgr.server import PodManagerServer
 
 from .cgroup import CgroupAuthorizer
+
+# The socket transport (issue 15: gemini.transport, PodManagerServer(ipc_dir=, socket_access=, authorizer=)) is
+# looked up at run time and typed Any until it is on the main branch; then these become plain imports.
+transport: Any = importlib.import_module("gemini.transport")
+PodManagerServer: Any = importlib.import_module("gemini.podmgr.server").PodManagerServer
 
 log = logging.getLogger("gemini.k8s.pmgr")
 
