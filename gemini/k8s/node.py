@@ -31,6 +31,7 @@ RESYNC_S = 5.0              # PodResources is polled this often besides every ev
 RESTART_BACKOFF_S = (0.5, 30.0)
 HINT_TTL_S = 5.0
 REGISTERED_POLL_S = 0.05
+PRESTART_POLL_S = 0.1
 STABLE_S = 10.0             # a daemon that ran this long before exiting is restarted with the first backoff
 UNHEALTHY_AFTER = 3         # a GPU whose gem-schd failed this many times in a row is advertised Unhealthy
 PODS_FILE = "pods.json"            # how long an Allocate's GPU is a hint for the same container's other resource
@@ -154,11 +155,17 @@ class NodeAgent:
     async def prestart(self, resource: str, device_ids: list[str]) -> None:
         """Return once the container holding these units is served; AllocationError if it will not be."""
         wanted = set(device_ids)
+        need_reconcile = True
         while True:
-            self.poke()
-            await self._next_reconcile()
+            if need_reconcile:
+                self.poke()
+                await self._next_reconcile()
+            # until the kubelet lists the units and the API server shows the pod, look again every
+            # PRESTART_POLL_S (each look asks the kubelet, which limits PodResources to 100 calls a second)
+            need_reconcile = True
             holder = next((u for u in self._last_units if set(u.units.get(resource, ())) == wanted), None)
             if holder is None:
+                await asyncio.sleep(PRESTART_POLL_S)
                 continue            # the kubelet has not listed the allocation yet
             problem = next((p for p in self.plan.problems if (p.namespace, p.pod, p.container) ==
                             (holder.namespace, holder.pod, holder.container) and not p.kept), None)
@@ -168,6 +175,7 @@ class NodeAgent:
             placement = next((p for p in self.plan.placements if (p.namespace, p.pod, p.container) ==
                               (holder.namespace, holder.pod, holder.container)), None)
             if placement is None:
+                await asyncio.sleep(PRESTART_POLL_S)
                 continue            # the API server has not shown the pod yet
             state = self.gpus[placement.gpu]
             served = state.groups.get(placement.group)
@@ -175,7 +183,10 @@ class NodeAgent:
                     and state.scheduler.daemon.ready():
                 if await self.launcher.registered(state.gpu, placement.group):
                     return
-                await asyncio.sleep(REGISTERED_POLL_S)    # gem-schd reloads the config, the pod manager retries
+            # the daemons are starting (the agent's loop looks after them), gem-schd is reloading the config, or
+            # the pod manager is retrying its hello: no need to ask the kubelet again
+            need_reconcile = False
+            await asyncio.sleep(REGISTERED_POLL_S)
 
     async def _next_reconcile(self) -> None:
         self._reconciled.clear()
