@@ -43,8 +43,9 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 def test_per_container_series_with_names_settings_and_achieved_share(tmp_path):
     with NodeHarness(tmp_path, gpus(1)) as node:
         a = node.kubelet.admit("team-a", "train", "main", {PCT: 30, MEM: 16})
-        node.kubelet.admit("team-b", "bad", "main", {PCT: 10})              # refused: no memory units
-        node.set_pods([pod("team-a", "train", "uid-a", max_util="0.6"), pod("team-b", "bad", "uid-b")])
+        node.kubelet.admit("team-b", "bad", "main", {PCT: 10, MEM: 1})      # refused: a class that does not exist
+        node.set_pods([pod("team-a", "train", "uid-a", max_util="0.6"),
+                       pod("team-b", "bad", "uid-b", **{"class": "x"})])
         node.kubelet.prestart("team-a", "train", "main")
         group, gpu = a.envs["GEMINI_GROUP_NAME"], node.inventory.gpus[0].uuid
         asked = []
@@ -76,4 +77,4 @@ def test_per_container_series_with_names_settings_and_achieved_share(tmp_path):
         assert m[("gemini_node_gpu_scheduler_up", (("gpu", gpu),))] == 1
         refused = [k for k in m if k[0] == "gemini_node_pod_refused"]
         assert len(refused) == 1 and dict(refused[0][1])["pod"] == "bad"
-        assert "gpu-memory" in dict(refused[0][1])["reason"]
+        assert "gemini.io/class" in dict(refused[0][1])["reason"]

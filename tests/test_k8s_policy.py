@@ -82,6 +82,9 @@ def test_plan_reads_requests_and_annotations():
     q = by_pod["q"]
     assert q.gpu == G1 and (q.config.min_util, q.config.max_util) == (0.0, 0.9)   # node defaults
     assert [w.pod for w in result.waiting] == ["unknown"]            # the API has not shown it yet
+    # percent units alone: not placed, not refused (its memory units may come next)
+    later = plan([units("a", "q", pct[40:41])], pods, INV, Defaults())
+    assert not later.placements and not later.problems and [w.pod for w in later.waiting] == ["q"]
     text = render_config(result.placements)
     assert [g.name for g in parse_config(text).groups] == sorted(x.group for x in result.placements)
 

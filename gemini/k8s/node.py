@@ -167,6 +167,10 @@ class NodeAgent:
             if holder is None:
                 await asyncio.sleep(PRESTART_POLL_S)
                 continue            # the kubelet has not listed the allocation yet
+            if dv.RESOURCE_MEMORY not in holder.units:
+                raise dv.AllocationError(f"pod {holder.namespace}/{holder.pod} container {holder.container}: it asks "
+                                         f"for {dv.RESOURCE_PERCENT} without {dv.RESOURCE_MEMORY}: a gemini container "
+                                         "needs both (its memory units name its group)")
             problem = next((p for p in self.plan.problems if (p.namespace, p.pod, p.container) ==
                             (holder.namespace, holder.pod, holder.container) and not p.kept), None)
             if problem is not None:

@@ -103,7 +103,7 @@ class Problem:
 class Plan:
     placements: tuple[Placement, ...] = ()
     problems: tuple[Problem, ...] = ()
-    waiting: tuple[ContainerUnits, ...] = ()     # units whose pod the API server has not shown yet
+    waiting: tuple[ContainerUnits, ...] = ()     # pod not shown by the API server yet, or no memory units (yet)
 
     def by_gpu(self, gpus: Iterable[str]) -> dict[str, list[Placement]]:
         out: dict[str, list[Placement]] = {g: [] for g in gpus}
@@ -181,6 +181,11 @@ def plan(assignments: Iterable[ContainerUnits], pods: Mapping[tuple[str, str], P
             waiting.append(units)
             continue
         if pod.phase in FINISHED_PHASES:
+            continue
+        if RESOURCE_MEMORY not in units.units:
+            # its memory units may not be allocated yet (the kubelet allocates a container's resources one
+            # after the other); PreStartContainer refuses a container that has none when it is about to start
+            waiting.append(units)
             continue
         try:
             placements.append(place_container(units, pod, inventory, defaults))
