@@ -6,8 +6,9 @@ cgroups shaped as the kubelet makes them (tests/k8s_cgroups.py: real cgroups whe
 - test_pods_get_their_limits_and_only_their_own_group: a wire-level client (the hook's protocol, in Python)
   per pod: each gets its own memory limit from its pod spec; a process that names another pod's group, or is
   in no pod, is refused; a pod deleted from the API loses its pod manager, and its memory comes back.
-- test_hooked_workloads_get_their_shares (the real hook on the simulated driver): needs the hook's socket
-  transport (GEMINI_IPC_DIR); skipped, saying so, where the hook has none yet.
+- test_hooked_workloads_get_their_shares_and_limits: the real hook on the simulated driver, in spin workloads
+  started with their Allocate env: each pod held to its cap and memory limit; a deleted pod's units and
+  memory go to the next pod.
 """
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ import pytest
 
 pytest.importorskip("grpc")
 pytest.importorskip("kubernetes")
-transport = pytest.importorskip("gemini.transport", reason="the socket transport (issue 15) is not on this branch")
-
+from gemini import transport  # noqa: E402
 from gemini.k8s import devices as dv  # noqa: E402
 from tests.e2e_fixtures import client_argv, finish, start  # noqa: E402
 from tests.k8s_cluster import Cluster  # noqa: E402
@@ -198,9 +198,7 @@ def share(result) -> float:
 def test_hooked_workloads_get_their_shares_and_limits(sim, hook_lib, tmp_path):
     """Two pods' spin workloads, started with exactly their Allocate env (the hook preloaded from the mounted
     path), are held to their pods' caps and memory limits; a deleted pod's units and memory go to the next."""
-    if not hook_has_sockets(hook_lib):
-        pytest.skip("the hook has no socket transport yet (no GEMINI_IPC_DIR in libgemhook.so.1): hooked "
-                    "containers cannot reach their pod managers; the wire-level test above covers gem-node")
+    assert hook_has_sockets(hook_lib), f"{hook_lib} has no socket transport (GEMINI_IPC_DIR)"
     uuid = device_uuid(sim.env())
     with Cluster(tmp_path, (dv.Gpu(0, uuid, sim.mem_bytes),), hook_source=hook_lib) as c:
         print(f"identity through {c.cgroups.mode}")

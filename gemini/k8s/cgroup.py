@@ -23,7 +23,9 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
+
+from gemini.peercred import PeerCredentials
 
 log = logging.getLogger("gemini.k8s.cgroup")
 
@@ -115,23 +117,18 @@ def read_proc_cgroup(pid: int, proc_root: str | Path = "/proc") -> str:
     return data.decode("utf-8", errors="replace")
 
 
-class PeerCredentialsLike(Protocol):
-    """What SO_PEERCRED tells about a connecting process (gemini.peercred.PeerCredentials has this shape)."""
-    @property
-    def pid(self) -> int: ...
-
-
 class CgroupAuthorizer:
-    """A pod manager's PeerAuthorizer on Kubernetes: a client may join only if the kernel places it in the
-    pod this pod manager serves. `authorize` returns None to allow, else the reason for the refusal (the
-    client sees it). The group name the client says in its HELLO plays no part in the decision."""
+    """A pod manager's PeerAuthorizer (gemini/podmgr/auth.py) on Kubernetes: a client may join only if the
+    kernel places it in the pod this pod manager serves. `authorize` returns None to allow, else the reason for
+    the refusal (the client sees it). The group name the client says in its HELLO plays no part in the
+    decision."""
 
     def __init__(self, pod_uid: str, pod: str, read_cgroup: Callable[[int], str] = read_proc_cgroup):
         self.pod_uid = _canonical_uid(pod_uid)
         self.pod = pod                  # "namespace/name", for messages
         self._read = read_cgroup
 
-    def authorize(self, creds: PeerCredentialsLike, hello_group: str) -> str | None:
+    def authorize(self, creds: PeerCredentials, hello_group: str) -> str | None:
         pid = int(getattr(creds, "pid", 0) or 0)
         if pid <= 0:
             # SO_PEERCRED reports pid 0 for a peer in a pid namespace this process cannot see.

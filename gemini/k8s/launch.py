@@ -9,7 +9,6 @@ a restarted gem-node starts them again from the pods (their sockets are replaced
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import signal
@@ -17,8 +16,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from gemini import transport
 from gemini.launch.backend import _pdeathsig_preexec
 
 from gemini.wire import sched as sm
@@ -34,16 +33,11 @@ STATUS_TIMEOUT_S = 1.0
 
 def group_socket(ipc_root: str | Path, gpu_uuid: str, group: str) -> Path:
     """Where a group's pod manager listens (gemini.transport's layout)."""
-    return _transport().group_socket(ipc_root, group, gpu_uuid)
+    return transport.group_socket(ipc_root, group, gpu_uuid)
 
 
 def scheduler_socket(ipc_root: str | Path, gpu_uuid: str) -> Path:
-    return _transport().scheduler_socket(ipc_root, gpu_uuid)
-
-
-def _transport() -> Any:
-    # gemini.transport (issue 15), typed Any until it is on the main branch
-    return importlib.import_module("gemini.transport")
+    return transport.scheduler_socket(ipc_root, gpu_uuid)
 
 
 @dataclass

@@ -11,22 +11,18 @@ containers, so no container can replace it.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 import click
 
-from gemini.podmgr.cli import serve, setup_logging
+from gemini import transport
+from gemini.podmgr.admission import Limits
+from gemini.podmgr.cli import raise_fd_limit, serve, setup_logging
+from gemini.podmgr.server import PodManagerServer
 
-from .cgroup import CgroupAuthorizer
-
-# The socket transport (issue 15: gemini.transport, PodManagerServer(ipc_dir=, socket_access=, authorizer=)) is
-# looked up at run time and typed Any until it is on the main branch; then these become plain imports.
-transport: Any = importlib.import_module("gemini.transport")
-PodManagerServer: Any = importlib.import_module("gemini.podmgr.server").PodManagerServer
+from .cgroup import CgroupAuthorizer, read_proc_cgroup
 
 log = logging.getLogger("gemini.k8s.pmgr")
 
@@ -52,11 +48,12 @@ class PodSocketAccess(transport.SocketAccess):
 @click.option("-v", "--verbose", count=True)
 def main(group: str, ipc_dir: str, device_uuid: str, pod_uid: str, pod_ref: str, proc_root: str, verbose: int) -> None:
     """Pod manager of one container's group on a Kubernetes node."""
-    from .cgroup import read_proc_cgroup
     setup_logging(verbose or 1, None, f"gem-pmgr[{pod_ref}]")
     authorizer = CgroupAuthorizer(pod_uid, pod_ref, read_cgroup=lambda pid: read_proc_cgroup(pid, proc_root))
+    limits = Limits()
+    raise_fd_limit(limits.total + 256)
     server = PodManagerServer(group, device_uuid=device_uuid, ipc_dir=ipc_dir, socket_access=PodSocketAccess(),
-                              authorizer=authorizer)
+                              authorizer=authorizer, limits=limits)
     try:
         asyncio.run(serve(server))
     except (OSError, transport.TransportError) as exc:

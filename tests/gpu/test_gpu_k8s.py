@@ -3,8 +3,8 @@ pod watch, gem-schd, a pod manager per container) and the real hook, with PyTorc
 with exactly the env their Allocate answers gave, inside cgroups shaped as the kubelet makes them (real cgroups
 where this process may create them; else fixture /proc files, and the report says so).
 
-Needs the k8s wheels (grpcio, protobuf, kubernetes and their dependencies: docs/kubernetes.md) and a hook with
-the socket transport; skipped, saying which is missing, otherwise.
+Needs the k8s wheels (grpcio, protobuf, kubernetes and their dependencies: docs/kubernetes.md); skipped, saying
+which is missing, otherwise.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ pytestmark = pytest.mark.gpu
 
 pytest.importorskip("grpc", reason="grpcio is not installed (bring the k8s wheels: docs/kubernetes.md)")
 pytest.importorskip("kubernetes", reason="kubernetes is not installed (bring the k8s wheels: docs/kubernetes.md)")
-pytest.importorskip("gemini.transport", reason="the socket transport (issue 15) is not in this checkout")
 
 from gemini.k8s import devices as dv  # noqa: E402
 from gemini.k8s.service import discover_gpus  # noqa: E402
@@ -73,8 +72,7 @@ def start(c: Cluster, uid: str, opts, argv: list) -> subprocess.Popen:
 
 
 def test_pods_on_a_real_gpu_get_their_shares_and_limits(tmp_path):
-    if not HOOK.is_file() or b"GEMINI_IPC_DIR" not in HOOK.read_bytes():
-        pytest.skip(f"{HOOK} has no socket transport (GEMINI_IPC_DIR): hooked pods cannot reach gem-node")
+    assert HOOK.is_file() and b"GEMINI_IPC_DIR" in HOOK.read_bytes(), f"{HOOK}: build it with make hook"
     gpu = discover_gpus()[0]
     with Cluster(tmp_path, (gpu,), hook_source=HOOK, schd_args=["-q", "50", "-m", "20", "-w", "10000"]) as c:
         mode = c.cgroups.mode
