@@ -139,6 +139,16 @@ def test_pods_get_their_limits_and_only_their_own_group(cluster):
     pb = start_client(c, procs, opts_b, uid_b)
     assert pb.line()["mem_limit"] == 2 * 256 * MiB
 
+    # gem-ctl status names each group's pod (from the file gem-node keeps beside the GPU's config)
+    gpu = node.inventory.gpus[0].uuid
+    state = node.agent.gpus[gpu]
+    ctl = subprocess.run([sys.executable, "-m", "gemini.ctl", "--ipc-dir", node.layout.ipc_root, "--device-uuid", gpu,
+                          "status", "--pods", str(state.pods_path)], capture_output=True, text=True, timeout=30)
+    assert ctl.returncode == 0, ctl.stderr
+    rows = {line.split()[0]: line.split()[1] for line in ctl.stdout.splitlines()[3:] if line.strip()}
+    assert rows == {opts_a.envs["GEMINI_GROUP_NAME"]: "team-a/train/main",
+                    opts_b.envs["GEMINI_GROUP_NAME"]: "team-b/infer/main"}, ctl.stdout
+
     # pod B's process names pod A's group: refused, whatever its env says
     intruder = start_client(c, procs, opts_b, uid_b, GEMINI_GROUP_NAME=opts_a.envs["GEMINI_GROUP_NAME"])
     reply = intruder.line()
@@ -153,7 +163,6 @@ def test_pods_get_their_limits_and_only_their_own_group(cluster):
     group_b = opts_b.envs["GEMINI_GROUP_NAME"]
     sock_b = transport.group_socket(node.layout.ipc_root, group_b, node.inventory.gpus[0].uuid)
     node.wait(lambda: not sock_b.exists(), timeout=15, what="pod B's socket removed")
-    state = node.agent.gpus[node.inventory.gpus[0].uuid]
     node.wait(lambda: group_b not in state.config_path.read_text(), what="pod B's group out of the config")
     assert [p.pod for p, _ in state.groups.values()] == ["train"]
 
