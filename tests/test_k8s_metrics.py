@@ -53,7 +53,7 @@ def test_per_container_series_with_names_settings_and_achieved_share(tmp_path):
         async def fake_status(uuid):
             asked.append(uuid)
             return status_reply({group: dict(share=0.29, mem_used=300 * MiB, waiting=True, wait_ms=1500.0,
-                                             grants=42, clients=2)})
+                                             grants=42, clients=2, target=0.3, claims=7, claim_ms=250.0)})
 
         metrics = NodeMetrics(node.agent, node.layout.ipc_root, status=fake_status, poll_s=0.05)
         node.call(metrics.start, "127.0.0.1", 0)
@@ -74,6 +74,9 @@ def test_per_container_series_with_names_settings_and_achieved_share(tmp_path):
         assert m[("gemini_pod_gpu_token_waiting", labels)] == 1
         assert m[("gemini_pod_gpu_token_wait_seconds", labels)] == pytest.approx(1.5)
         assert m[("gemini_pod_gpu_processes", labels)] == 2
+        assert m[("gemini_pod_gpu_target_share_ratio", labels)] == pytest.approx(0.3)
+        assert m[("gemini_pod_gpu_claims_total", labels)] == 7
+        assert m[("gemini_pod_gpu_claim_seconds_total", labels)] == pytest.approx(0.25)
         assert m[("gemini_node_gpu_scheduler_up", (("gpu", gpu),))] == 1
         refused = [k for k in m if k[0] == "gemini_node_pod_refused"]
         assert len(refused) == 1 and dict(refused[0][1])["pod"] == "bad"

@@ -16,6 +16,9 @@ Per container (labels namespace, pod, container, gpu, group):
     gemini_pod_gpu_token_wait_seconds       gauge    how long it has waited so far (0 when not waiting)
     gemini_pod_gpu_token_holder             gauge    1 while it holds the GPU
     gemini_pod_gpu_processes                gauge    processes connected to its pod manager
+    gemini_pod_gpu_target_share_ratio       gauge    the share gem-schd steers it to now (0 when idle)
+    gemini_pod_gpu_claims_total             counter  latency class: claims of the GPU made
+    gemini_pod_gpu_claim_seconds_total      counter  latency class: GPU time its claims took
 
 Per node: gemini_node_pod_refused{namespace,pod,container,reason} (1 per container gem-node will not serve),
 gemini_node_gpu_scheduler_up{gpu} (1 when the GPU's gem-schd answered the last poll).
@@ -64,8 +67,14 @@ class _Collector:
             "clients": GaugeMetricFamily("gemini_pod_gpu_processes", "Processes connected to the pod manager",
                                          labels=LABELS),
         }
+        gauges["target"] = GaugeMetricFamily("gemini_pod_gpu_target_share_ratio",
+                                             "The share the scheduler steers the container to now", labels=LABELS)
         grants = CounterMetricFamily("gemini_pod_gpu_token_grants", "GPU slots granted to the container",
                                      labels=LABELS)
+        claims = CounterMetricFamily("gemini_pod_gpu_claims", "Claims of the GPU made (latency class)",
+                                     labels=LABELS)
+        claim_s = CounterMetricFamily("gemini_pod_gpu_claim_seconds", "GPU time the container's claims took",
+                                      labels=LABELS)
         for labels, placement, status in self.owner.rows():
             c = placement.config
             gauges["min"].add_metric(labels, c.min_util)
@@ -79,9 +88,12 @@ class _Collector:
             gauges["wait"].add_metric(labels, float(status["wait_ms"]) / 1000.0 if status["waiting"] else 0.0)
             gauges["holder"].add_metric(labels, float(bool(status["holding"])))
             gauges["clients"].add_metric(labels, float(status["clients"]))
+            gauges["target"].add_metric(labels, float(status.get("target", 0.0)))
             grants.add_metric(labels, float(status["grants"]))
+            claims.add_metric(labels, float(status.get("claims", 0)))
+            claim_s.add_metric(labels, float(status.get("claim_ms", 0.0)) / 1000.0)
         yield from gauges.values()
-        yield grants
+        yield from (grants, claims, claim_s)
         refused = GaugeMetricFamily("gemini_node_pod_refused", "Containers gem-node will not serve, and why",
                                     labels=["namespace", "pod", "container", "reason"])
         for p in self.owner.agent.plan.problems:
