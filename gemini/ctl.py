@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from dataclasses import asdict
 from typing import Optional
 
@@ -164,11 +165,15 @@ def status_rows(reply: StatusReply) -> list[tuple[str, ...]]:
     return rows
 
 
-def format_table(reply: StatusReply, endpoint: str) -> str:
-    """The status table: a header line, then one row per group."""
+def format_table(reply: StatusReply, endpoint: str, pods: Optional[dict] = None) -> str:
+    """The status table: a header line, then one row per group (with `pods`, {group: name}, a POD column)."""
     rows = status_rows(reply)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(COLUMNS)]
+    columns: tuple[str, ...] = COLUMNS
     right = {1, 2, 3, 5, 7, 8}     # numbers are right-aligned
+    if pods is not None:
+        rows = [(r[0], str(pods.get(r[0], "-")), *r[1:]) for r in rows]
+        columns, right = (COLUMNS[0], "POD", *COLUMNS[1:]), {i + 1 for i in right}
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(columns)]
 
     def line(cells: tuple[str, ...]) -> str:
         out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
@@ -176,7 +181,7 @@ def format_table(reply: StatusReply, endpoint: str) -> str:
 
     head = (f"gem-schd {reply.scheduler_id} at {endpoint}  window {format_ms(reply.window_ms)}  "
             f"token: {reply.holder or '(free)'}")
-    lines = [head, "", line(COLUMNS)]
+    lines = [head, "", line(columns)]
     lines.extend(line(r) for r in rows)
     if not rows:
         lines.append("(no groups configured)")
@@ -221,9 +226,20 @@ def main(ctx: click.Context, ipc_dir: Optional[str], device_uuid: Optional[str],
 @click.option("--json", "as_json", is_flag=True, help="Print gem-schd's status reply as JSON.")
 @click.option("--watch", type=click.FloatRange(0.05, 3600), is_flag=False, flag_value=DEFAULT_WATCH_S, default=None,
               metavar="[SECONDS]", help=f"Refresh every SECONDS (default {DEFAULT_WATCH_S:g}) until Ctrl-C.")
+@click.option("--pods", "pods_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A JSON {group: name} to show beside each group (gem-node keeps one per GPU: "
+                   "/var/lib/gemini/state/<GPU>/pods.json).")
 @click.pass_obj
-def status(obj: dict, as_json: bool, watch: Optional[float]) -> None:
+def status(obj: dict, as_json: bool, watch: Optional[float], pods_file: Optional[str]) -> None:
     """One row per group: MinUtil, MaxUtil, share of the window used, memory, clients, token, wait."""
+    pods = None
+    if pods_file is not None:
+        try:
+            pods = json.loads(Path(pods_file).read_text())
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"--pods {pods_file}: {exc}") from None
+        if not isinstance(pods, dict):
+            raise click.ClickException(f"--pods {pods_file}: expected a JSON object {{group: name}}")
     client = StatusClient(obj["ip"], obj["port"], obj["timeout_s"], obj["ipc_path"])
     try:
         if watch is None:
@@ -231,14 +247,14 @@ def status(obj: dict, as_json: bool, watch: Optional[float]) -> None:
                 reply = client.status()
             except SchedulerUnreachable as exc:
                 raise click.ClickException(str(exc)) from None
-            click.echo(reply_json(reply) if as_json else format_table(reply, client.endpoint))
+            click.echo(reply_json(reply) if as_json else format_table(reply, client.endpoint, pods))
             return
-        _watch(client, watch, as_json)
+        _watch(client, watch, as_json, pods)
     finally:
         client.close()
 
 
-def _watch(client: StatusClient, interval_s: float, as_json: bool) -> None:
+def _watch(client: StatusClient, interval_s: float, as_json: bool, pods: Optional[dict] = None) -> None:
     """Redraw until Ctrl-C. With --json: one JSON line per refresh (for logging), no screen control."""
     out = sys.stdout
     first = True
@@ -247,7 +263,7 @@ def _watch(client: StatusClient, interval_s: float, as_json: bool) -> None:
             started = time.monotonic()
             try:
                 reply = client.status()
-                text = reply_json(reply, indent=None) if as_json else format_table(reply, client.endpoint)
+                text = reply_json(reply, indent=None) if as_json else format_table(reply, client.endpoint, pods)
             except SchedulerUnreachable as exc:
                 if as_json:
                     text = json.dumps({"type": "error", "message": str(exc)})
