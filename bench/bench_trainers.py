@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_inference import WORKLOADS, Trainer  # noqa: E402
-from bench.harness import Backend, Group  # noqa: E402
+from bench.harness import Backend, Group, read_stats  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--alone-seconds", type=float, default=10)
     p.add_argument("--trainer", default="eager", choices=["eager", "graph"])
+    p.add_argument("--schd-args", default="", help="extra gem-schd flags (none: its defaults), e.g. '--bucket 25'")
     args = p.parse_args(argv)
     specs = []
     for item in args.groups.split(","):
@@ -38,7 +39,8 @@ def main(argv=None) -> int:
         specs.append(Group(name, float(mn), float(mx), "30GiB"))
     env = dict(os.environ)
     argv_train = [sys.executable, str(WORKLOADS / "train_loop.py"), args.trainer, "100000"]
-    out: dict = {"groups": args.groups, "seconds": args.seconds, "trainer": args.trainer}
+    out: dict = {"groups": args.groups, "seconds": args.seconds, "trainer": args.trainer,
+                 "schd_args": args.schd_args}
     alone = Trainer(argv_train, env)
     try:
         alone.wait_ready()
@@ -46,8 +48,11 @@ def main(argv=None) -> int:
     finally:
         alone.stop()
     work = Path(tempfile.mkdtemp(prefix="bench-trainers-"))
-    with Backend(work / "backend", specs, env=env, quota_ms=None, min_quota_ms=None, window_ms=None) as be:
-        trainers = {g.name: Trainer(be.command(g.name, argv_train), env) for g in specs}
+    with Backend(work / "backend", specs, env=env, quota_ms=None, min_quota_ms=None, window_ms=None,
+                 extra_args=args.schd_args.split()) as be:
+        stats_file = work / "stats"
+        henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
+        trainers = {g.name: Trainer(be.command(g.name, argv_train), henv) for g in specs}
         try:
             for t in trainers.values():
                 t.wait_ready()
@@ -67,6 +72,8 @@ def main(argv=None) -> int:
             s += 1.0
         windows[n] = w
     out["window_10s"] = {n: {"min": min(w), "max": max(w)} for n, w in windows.items() if w}
+    # the hooks' counters (slots, drains, marker waits: where a trainer's time went)
+    out["hook_stats"] = {str(k): v for k, v in read_stats(stats_file).items()}
     out["configured"] = {g.name: {"min_util": g.min_util, "max_util": g.max_util} for g in specs}
     print(json.dumps(out, indent=1))
     return 0

@@ -202,8 +202,17 @@ def step_floor(ctx) -> dict:
 
 
 def step_trainers(ctx) -> dict:
-    return bench(ctx, ["bench/bench_trainers.py", "--groups", "a:0:0.3,b:0:0.6", "--seconds",
-                       "15" if ctx.args.quick else "25"], 400)
+    """Caps with gem-schd's default flags, then once per --trainers-variants entry (flags to compare)."""
+    argv = ["bench/bench_trainers.py", "--groups", "a:0:0.3,b:0:0.6", "--seconds", "15" if ctx.args.quick else "25"]
+    res = bench(ctx, argv, 400)
+    variants = [v.strip() for v in (ctx.args.trainers_variants or "").split(";") if v.strip()]
+    for v in variants:
+        try:
+            one = bench(ctx, argv + ["--schd-args", v], 400)
+            res.setdefault("variants", {})[v] = {k: one[k] for k in ("shares", "window_10s", "hook_stats")}
+        except Exception as exc:  # noqa: BLE001 -- a variant failing keeps the default run
+            res.setdefault("variants", {})[v] = {"error": str(exc)[-1000:]}
+    return res
 
 
 def step_soak(ctx) -> dict:
@@ -301,6 +310,9 @@ def write_report(ctx, results: dict) -> None:
             lines.append(f"groups {res['groups']}: shares of alone throughput "
                          f"{ {k: round(v, 3) for k, v in res['shares'].items()} }, 10 s windows "
                          f"{ {k: (round(v['min'], 3), round(v['max'], 3)) for k, v in res['window_10s'].items()} }")
+            for flags, one in res.get("variants", {}).items():
+                lines.append(f"- with gem-schd {flags}: " + (f"FAILED {one['error'][-300:]}" if "error" in one else
+                             f"shares { {k: round(v, 3) for k, v in one['shares'].items()} }"))
         elif name == "soak":
             for sharing, one in res.items():
                 if one.get("error"):
@@ -340,6 +352,8 @@ def main(argv=None) -> int:
     p.add_argument("--infer-repeats", type=int, default=2)
     p.add_argument("--infer-workloads", default="mlp:periodic:50,resnet18:poisson:100")
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
+    p.add_argument("--trainers-variants", default="",
+                   help="';'-separated gem-schd flag sets the trainers step also runs, e.g. '--bucket 25'")
     p.add_argument("--soak-sharing", default="turns,together", help="ProcessSharing modes the soak step runs")
     p.add_argument("--soak-seconds", type=float, default=120)
     args = p.parse_args(argv)

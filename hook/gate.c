@@ -270,6 +270,7 @@ static void apply_grant_terms(struct gem_gate *g, uint32_t flags) {
     g->board_slot = g->board ? d->conn.board_slot : -1;
     atomic_store(&g->claim_word, (g->board && !g->latency) ? &g->board->claims.claim_until_ns : &no_claim);
     g->bound = (flags & GEM_GRANT_BOUND) != 0;
+    g->tight = g->bound && (flags & GEM_GRANT_TIGHT) != 0;
     uint64_t per_marker = atomic_load(&g->inflight.launches_per_marker);
     atomic_store(&g->marker_mask, g->bound ? per_marker - 1 : ~0ull);
 }
@@ -479,7 +480,18 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
 CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
     if (!g->bound)
         return CUDA_SUCCESS;
-    gem_inflight_marker(&g->inflight, stream, ptsz);
+    /* Queue at most half the time left in the slot: the queue then ends by the deadline even when a
+     * neighbour's leftover queue shares the GPU half and half with it, so a cap's slot ends on time (a
+     * continued slot's deadline moves on, and so does the budget). Only GEMINI_INFLIGHT_MS when a claim may
+     * come at any moment. */
+    int64_t budget = gem_cfg.inflight_ns;
+    if (!g->tight) {
+        int64_t left = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed) - gem_now_ns();
+        left /= 2;
+        if (left > budget)
+            budget = left;
+    }
+    gem_inflight_marker(&g->inflight, stream, ptsz, budget);
     if (g->bound)
         atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
     return CUDA_SUCCESS;

@@ -55,7 +55,8 @@ struct gem_gate {
     const struct gem_board *board;  /* the GPU's board page, NULL if none */
     int board_slot;             /* the group's line on it */
     int latency;                /* the group is latency class: its tokens are claims */
-    int bound;                  /* the current grant asked for a short queue */
+    int bound;                  /* the current grant asked for the queue to end with the slot */
+    int tight;                  /* ... and to stay GEMINI_INFLIGHT_MS short whatever the time left */
     int pass_turn;              /* turns: the burst ended while others wait; give the turn back now */
     struct gem_inflight inflight;
 };

@@ -115,11 +115,15 @@ struct gem_token_grant {
     uint32_t reserved;
 };
 
-/* GEM_GRANT_BOUND: keep the work queued on the GPU short, so that a claim or a slot's end takes effect
- * within about a millisecond (a latency group is present, or the group is capped below 1).
+/* GEM_GRANT_BOUND: keep the work queued on the GPU within the slot (the group is capped below 1, or a
+ * latency group is present): at most half the time left until the slot's deadline, and never less than
+ * GEMINI_INFLIGHT_MS, stays queued, so a slot's end takes effect about when it is due.
+ * GEM_GRANT_TIGHT (with BOUND): at most GEMINI_INFLIGHT_MS stays queued whatever the time left, so that a
+ * latency group's claim takes effect within about that (a latency group is present).
  * GEM_GRANT_CLAIM: the token is a latency group's claim (batch holders pause meanwhile). */
 #define GEM_GRANT_BOUND 1
 #define GEM_GRANT_CLAIM 2
+#define GEM_GRANT_TIGHT 4
 
 struct gem_token_release {
     uint64_t token_seq;

@@ -26,6 +26,11 @@ struct ring {
     pthread_t thread;
     pthread_mutex_t mu;         /* one launching thread at a time records on a ring */
     CUevent ev[GEM_INFLIGHT_MARKERS];
+    /* ev[i] was recorded while the marker before it was still pending: the GPU was busy with this stream's
+     * work all the way from that marker to this one, so the interval between them is GPU work. After an idle
+     * moment (the host paused and the queue ran dry) the interval also holds the idle time, which says
+     * nothing of the kernels' lengths and would shrink the queue just when the host needs it deep. */
+    unsigned char behind[GEM_INFLIGHT_MARKERS];
     unsigned head;              /* the next event to record (the oldest once the ring is full) */
     unsigned count;
     int used;
@@ -45,12 +50,13 @@ void gem_inflight_init(struct gem_inflight *f) {
 }
 
 /* How many markers may stay queued: the budget over the measured interval. */
-static unsigned depth_of(const struct gem_inflight *f) {
+static unsigned depth_of(const struct gem_inflight *f, int64_t budget_ns) {
     int64_t interval = atomic_load(&f->interval_ns);
     if (interval <= 0)
         return 2;
-    int64_t d = gem_cfg.inflight_ns / interval;
-    return d < 1 ? 1 : d > GEM_INFLIGHT_MARKERS ? GEM_INFLIGHT_MARKERS : (unsigned)d;
+    int64_t d = budget_ns / interval;
+    /* one slot of the ring stays free: the interval before the marker waited for must be a finished one */
+    return d < 1 ? 1 : d > GEM_INFLIGHT_MARKERS - 1 ? GEM_INFLIGHT_MARKERS - 1 : (unsigned)d;
 }
 
 static struct ring *ring_for(CUcontext ctx, CUstream s) {
@@ -82,7 +88,7 @@ static struct ring *ring_for(CUcontext ctx, CUstream s) {
 static void adapt(struct gem_inflight *f, struct ring *r, unsigned done) {
     unsigned prev = (done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     float ms = 0;
-    if (r->count < 2 || REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
+    if (r->count < 2 || !r->behind[done] || REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
         REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
         return;
     int64_t interval = (int64_t)((double)ms * 1e6);
@@ -94,7 +100,7 @@ static void adapt(struct gem_inflight *f, struct ring *r, unsigned done) {
         atomic_store(&f->launches_per_marker, n / 2);
 }
 
-void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz) {
+void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns) {
     if (atomic_load(&gem_active_captures) > 0 || !HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventQuery) ||
         !HAVE_REAL(cuEventSynchronize) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent))
         return;
@@ -115,7 +121,7 @@ void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz) {
         r->used = 1;
     }
     unsigned slot = r->head;
-    unsigned depth = depth_of(f);
+    unsigned depth = depth_of(f, budget_ns);
     if (r->count >= depth) {
         /* Wait for the marker `depth` back: then at most `depth` intervals of work stay queued. */
         unsigned back = (slot + GEM_INFLIGHT_MARKERS - depth) % GEM_INFLIGHT_MARKERS;
@@ -127,6 +133,8 @@ void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz) {
         }
         adapt(f, r, back);
     }
+    unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+    r->behind[slot] = r->count > 0 && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
     if (REAL(cuEventRecord)(r->ev[slot], s) == CUDA_SUCCESS) {
         atomic_fetch_add(&gem_stats.markers, 1);
         r->head = (slot + 1) % GEM_INFLIGHT_MARKERS;

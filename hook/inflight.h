@@ -12,9 +12,15 @@
  * `depth` markers' worth of work stays queued on each stream. The GPU time
  * between consecutive markers is measured: N grows while an interval is
  * shorter than a quarter of GEMINI_INFLIGHT_MS (default 1 ms) and shrinks
- * while it is longer than half of it, and depth is that budget over the
- * interval (1 to GEM_INFLIGHT_MARKERS): with millisecond kernels one or two
- * of them stay queued, with microsecond kernels a few hundred launches. A
+ * while it is longer than half of it, and depth is the budget over the
+ * interval (1 to GEM_INFLIGHT_MARKERS - 1). The budget is half the time left
+ * in the slot (at least GEMINI_INFLIGHT_MS): a capped trainer keeps much of
+ * a slot queued, which hides its host's pauses, yet the queue ends with the
+ * slot even when a neighbour's leftover queue shares the GPU with it. An
+ * interval measured across an idle moment (the marker was recorded after the
+ * one before had finished) holds idle time and is not used. With GEM_GRANT_TIGHT (a latency group may claim the GPU)
+ * it is GEMINI_INFLIGHT_MS: with millisecond kernels one or two of them stay
+ * queued, with microsecond kernels a few hundred launches. A
  * graph launch is one unit (a marker after each). Nothing is
  * recorded while any stream of the process captures (a marker would become
  * a node of the user's graph).
@@ -27,7 +33,7 @@
 
 #include "cuda_types.h"
 
-#define GEM_INFLIGHT_MARKERS 8
+#define GEM_INFLIGHT_MARKERS 64
 
 /* One device's marker rate and queue depth. */
 struct gem_inflight {
@@ -36,9 +42,9 @@ struct gem_inflight {
 };
 
 void gem_inflight_init(struct gem_inflight *f);
-/* Record a marker on `stream` (NULL + ptsz: the per-thread stream), first waiting for the one
- * GEM_INFLIGHT_MARKERS back on that stream. Never fails the launch. */
-void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz);
+/* Record a marker on `stream` (NULL + ptsz: the per-thread stream), first waiting until at most about
+ * `budget_ns` of GPU work (measured intervals) stays queued on that stream. Never fails the launch. */
+void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns);
 
 void gem_inflight_after_fork(void);     /* the parent's events are not the child's */
 

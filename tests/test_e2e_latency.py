@@ -1,6 +1,7 @@
 """End to end on the simulated driver: latency-class groups claim the GPU next to a trainer, claims end when
 their tenant dies or stops, the claim budget is the MinUtil, a lone holder's slot continues without a drain,
-and a capped group's deep queue does not carry it past its cap inside a slot.
+a capped group's deep queue does not carry it past its cap inside a slot, and its queue is kept within the
+slot (deep enough to hide its host's pauses) unless a latency group may claim the GPU.
 
 The simulated GPU runs the kernels of all processes one at a time in the order they were queued, so a
 trainer's queue delays a latency tenant's kernels exactly as long as the hook lets it grow.
@@ -160,3 +161,38 @@ def test_a_capped_group_with_a_deep_queue_stays_under_its_cap_every_second(tmp_p
         worst = max(worst, busy / 1e9)
         t += 100_000_000
     assert worst <= 0.08, worst
+
+
+def _capped_loop_share(tmp_path, hook_lib, backends, neighbour: Group | None) -> float:
+    """The GPU share (busy time over the run, from the simulator's record of every kernel) of a MaxUtil 0.5
+    loop whose host side pauses 6 ms after every 8 launches of 1 ms kernels, as a training loop's Python and
+    data loading do; a neighbour group, if any, only sits in the config."""
+    sim = Sim(tmp_path / "sim", hook_lib, trace=tmp_path / "kernels.trace")
+    groups = [Group("capped", 0.0, 0.5)] + ([neighbour] if neighbour else [])
+    be = backends(groups, quota_ms=None, min_quota_ms=None, window_ms=None)
+    r = finish(start(client_argv("workload-linked", "--kernel-us", KERNEL_US, "--json", "--seconds", 3,
+                                 "--sync-every", 0, "--pause-us", 6000, "--pause-every", 8), sim.hooked(be, "capped")))
+    assert r.rc == 0, r
+    kernels = sorted((row[2], row[3]) for row in native.read_trace(sim.trace)
+                     if row[0] == r.json["pid"] and row[4] == "gem_spin")
+    assert len(kernels) > 100
+    t0, t1 = kernels[0][0] + 500_000_000, kernels[-1][1]       # past the first half second's full bucket
+    busy = sum(max(0, min(e, t1) - max(s, t0)) for s, e in kernels)
+    return busy / (t1 - t0)
+
+
+def test_a_capped_loop_with_host_pauses_keeps_its_slot_queued_and_reaches_its_cap(tmp_path, hook_lib, backends):
+    """With no latency group in the config a capped group's queue may hold half the time left in its slot: its
+    host pauses (6 ms per 8 ms of GPU work) are mostly hidden behind the queue, and it runs at 0.43 of the GPU
+    under its cap of 0.5 (the rest: each slot's end drains the queue and the next starts empty), against 0.34
+    with the 1 ms queue that a latency group's presence asks for (the next test: the same loop)."""
+    share = _capped_loop_share(tmp_path, hook_lib, backends, None)
+    assert 0.40 <= share <= 0.55, share
+
+
+def test_next_to_a_latency_group_a_capped_loop_keeps_its_queue_tight(tmp_path, hook_lib, backends):
+    """A latency group in the config may claim at any moment, so the batch group's queue stays about 1 ms
+    (GEM_GRANT_TIGHT): the same loop then idles the GPU during its host pauses -- the cost of claims taking
+    effect within a millisecond, paid only where a latency group is configured."""
+    share = _capped_loop_share(tmp_path, hook_lib, backends, Group("inf", 0.2, 1.0, sched_class="latency"))
+    assert share <= 0.37, share

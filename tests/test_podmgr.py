@@ -922,3 +922,21 @@ def test_without_the_right_a_latency_group_asks_gem_schd_like_any_other():
     acts = r.m.on_hook(a, 5, hp.TokenRequest())
     assert to_hook(acts) == [] and upstream(acts) == [sm.TokenRequest(group=GROUP)]
     assert board.claims == {}
+
+
+@pytest.mark.parametrize("max_util, latency_groups, flags", [
+    (1.0, 0, 0),                                        # nothing to keep short
+    (0.5, 0, hp.GRANT_BOUND),                           # a cap: the queue ends with the slot
+    (1.0, 1, hp.GRANT_BOUND | hp.GRANT_TIGHT),          # a claim may come at any moment
+    (0.5, 2, hp.GRANT_BOUND | hp.GRANT_TIGHT),
+])
+def test_grant_flags_say_how_short_the_hooks_queue_must_be(max_util, latency_groups, flags):
+    board = FakeBoard()
+    board.latency_groups = latency_groups
+    r = Rig(welcomed=False, board_open=lambda path: board)
+    r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=max_util, mem_limit=1000, scheduler_id="s1",
+                                board_path="/dev/shm/b", board_slot=1))
+    a = r.hook(pid=1)
+    r.m.on_hook(a, 5, hp.TokenRequest())
+    [g] = to_hook(r.grant(50.0, 7))
+    assert g.msg.flags == flags

@@ -262,14 +262,18 @@ class PodManager:
         return self.link.unknown_reason or f"group {self.group!r} is not known to gem-schd"
 
     def _grant_flags(self) -> int:
-        """GRANT_BOUND when a claim or a cap needs the hooks' queue short."""
+        """GRANT_BOUND when a cap or a claim needs the hooks' queue kept within the slot; GRANT_TIGHT as well when a
+        latency group may claim the GPU at any moment (then the queue stays about a millisecond long: a claim
+        must not wait for a whole slot's queued work, while a cap only needs the queue to end with the slot)."""
         latency_present = False
         if self.board is not None:
             try:
                 latency_present = int(self.board.latency_groups) > 0
             except (AttributeError, TypeError, ValueError):
                 latency_present = False
-        return hp.GRANT_BOUND if (self.max_util < 1.0 or latency_present) else 0
+        if latency_present:
+            return hp.GRANT_BOUND | hp.GRANT_TIGHT
+        return hp.GRANT_BOUND if self.max_util < 1.0 else 0
 
     # --- the SharingContext the strategies use ------------------------------------------------
 

@@ -62,6 +62,7 @@ HELLO_FLAG_FAIL_OPEN = _const("GEM_HELLO_FLAG_FAIL_OPEN")
 ACK_LATENCY = _const("GEM_ACK_LATENCY")
 GRANT_BOUND = _const("GEM_GRANT_BOUND")
 GRANT_CLAIM = _const("GEM_GRANT_CLAIM")
+GRANT_TIGHT = _const("GEM_GRANT_TIGHT")
 BOARD_PATH_LEN = _const("GEM_BOARD_PATH_LEN")
 
 assert ffi.sizeof("struct gem_msg") == MSG_SIZE
@@ -161,7 +162,7 @@ class TokenGrant:
     PAYLOAD: ClassVar[str | None] = "token_grant"
     quota_ns: int
     token_seq: int
-    flags: int = 0              # GRANT_BOUND | GRANT_CLAIM
+    flags: int = 0              # GRANT_BOUND | GRANT_TIGHT | GRANT_CLAIM
     reserved: int = 0
 
 

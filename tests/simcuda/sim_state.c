@@ -14,7 +14,8 @@
  * for bookkeeping, never while a kernel runs, so a process SIGKILLed at any
  * moment cannot wedge it (EOWNERDEAD -> pthread_mutex_consistent). A waiter
  * that times out (20 ms) drops dead owners and dead waiters, so a process
- * killed while running a kernel delays the others by at most that much.
+ * killed while running a kernel delays the others by at most that much; so
+ * are stopped ones (SIGSTOP), until they run again.
  * Handoff is FIFO: a releasing thread that wants the device again queues
  * behind those already waiting.
  */
@@ -112,22 +113,37 @@ static uint64_t env_u64(const char *name, uint64_t dflt)
     return x;
 }
 
-/* Dead, or a zombie nobody has reaped yet (its kernels are not running). */
-static int pid_alive(pid_t pid)
+/* The state letter of /proc/<pid>/stat ('R', 'S', 'T', 'Z', ...); 0 if the process is gone, '?' if unknown. */
+static char pid_state(pid_t pid)
 {
     if (pid <= 0) return 0;
     if (kill(pid, 0) == -1 && errno == ESRCH) return 0;
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT ? 0 : 1;
+    if (fd < 0) return errno == ENOENT ? 0 : '?';
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
-    if (n <= 0) return 1;
+    if (n <= 0) return '?';
     buf[n] = 0;
     char *rp = strrchr(buf, ')');
-    if (rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X')) return 0;
-    return 1;
+    return rp && rp[1] == ' ' && rp[2] ? rp[2] : '?';
+}
+
+/* Dead, or a zombie nobody has reaped yet (its kernels are not running). */
+static int pid_alive(pid_t pid)
+{
+    char st = pid_state(pid);
+    return st != 0 && st != 'Z' && st != 'X';
+}
+
+/* May hold or wait for the execution lock: alive and not stopped. A GPU runs a stopped (SIGSTOP) process's
+ * queued kernels on its own and ends them, but here its stopped worker would hold the lock, or get it next and
+ * never take it, forever; so the others treat it as gone until it runs again (then it queues anew). */
+static int pid_may_hold(pid_t pid)
+{
+    char st = pid_state(pid);
+    return st != 0 && st != 'Z' && st != 'X' && st != 'T' && st != 't';
 }
 
 static void robust_lock(pthread_mutex_t *m)
@@ -273,17 +289,17 @@ CUresult cuDriverGetVersion(int *driverVersion)
 
 /* ------------------------------------------------------------------ device execution lock */
 
-/* d->lock held. Drop a dead owner and dead waiters; 1 if anything changed. */
+/* d->lock held. Drop a dead or stopped owner and such waiters; 1 if anything changed. */
 static int reap_dead(struct sim_shdev *d)
 {
     int changed = 0;
-    if (d->owner_pid && !pid_alive(d->owner_pid)) {
+    if (d->owner_pid && !pid_may_hold(d->owner_pid)) {
         d->owner_pid = d->owner_tid = 0;
         changed = 1;
     }
     uint32_t j = 0;
     for (uint32_t i = 0; i < d->nwait; i++) {
-        if (pid_alive(d->wait[i].pid))
+        if (pid_may_hold(d->wait[i].pid))
             d->wait[j++] = d->wait[i];
         else
             changed = 1;

@@ -8,10 +8,14 @@ Prints {"t": CLOCK_MONOTONIC seconds, "steps": n} every 0.25 s after warm-up, th
 the mean rate. A bench reads the progress lines to get the rate over the span another tenant ran.
 """
 import json
+import signal
 import sys
 import time
 
 import torch
+
+# A bench stops the loop with SIGTERM: exit normally, so the hook's counters (GEMINI_STATS_FILE) are written.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 mode, seconds = sys.argv[1], float(sys.argv[2])
 batch = int(sys.argv[3]) if len(sys.argv) > 3 else 64

@@ -1,0 +1,29 @@
+"""bench/bench_share.py's shares from kernel logs alone (device clock), used when a tenant synchronises too rarely
+for its host trace to overlap the others'."""
+from __future__ import annotations
+
+import pytest
+
+from bench.bench_share import device_clock_shares
+
+MS = 1_000_000
+
+
+def test_shares_over_the_span_every_group_ran():
+    kernels = {
+        # a: 1 ms kernels back to back from 0 to 100 ms, each fully on chip
+        "a": [(i * MS, (i + 1) * MS, MS) for i in range(100)],
+        # b: from 20 ms to 80 ms, a 2 ms kernel every 10 ms, half of it on chip
+        "b": [(t * MS, (t + 2) * MS, MS) for t in range(20, 80, 10)],
+    }
+    lo, hi, onchip, timeshare = device_clock_shares(kernels, trim_s=0.0)
+    assert (lo, hi) == (20 * MS, 72 * MS)
+    assert onchip["a"] == pytest.approx(1.0)
+    assert timeshare["b"] == pytest.approx(12 / 52)
+    assert onchip["b"] == pytest.approx(6 / 52)
+
+
+def test_groups_that_never_overlapped_are_an_error():
+    kernels = {"a": [(0, MS, MS)], "b": [(5 * MS, 6 * MS, MS)]}
+    with pytest.raises(ValueError, match="did not run at the same time"):
+        device_clock_shares(kernels, trim_s=0.0)
