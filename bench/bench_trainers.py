@@ -49,7 +49,7 @@ def main(argv=None) -> int:
         alone.stop()
     work = Path(tempfile.mkdtemp(prefix="bench-trainers-"))
     with Backend(work / "backend", specs, env=env, quota_ms=None, min_quota_ms=None, window_ms=None,
-                 extra_args=args.schd_args.split()) as be:
+                 extra_args=[f"--schd-arg={a}" for a in args.schd_args.split()]) as be:
         stats_file = work / "stats"
         henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
         trainers = {g.name: Trainer(be.command(g.name, argv_train), henv) for g in specs}

@@ -84,20 +84,40 @@ static struct ring *ring_for(CUcontext ctx, CUstream s) {
 }
 
 /* Marker `done` is complete and so is the one before it: the GPU time between them says how many launches
- * an interval should hold and how many intervals may stay queued. */
+ * an interval should hold and how many intervals may stay queued. An interval that spans an idle moment
+ * (`behind` unset) is only an upper bound of the work in it: short, it still shows the launches are short;
+ * long, it may be mostly idle -- then the rate halves anyway (a marker costs about a microsecond, a queue
+ * too deep costs a slot's end), and the interval is taken as halved with it. Without that a rate grown
+ * on short kernels could stay high for good once every interval spans the idle moment of a slot's start. */
 static void adapt(struct gem_inflight *f, struct ring *r, unsigned done) {
     unsigned prev = (done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     float ms = 0;
-    if (r->count < 2 || !r->behind[done] || REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
+    if (r->count < 2 || REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
         REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
         return;
     int64_t interval = (int64_t)((double)ms * 1e6);
-    atomic_store(&f->interval_ns, interval);
     uint64_t n = atomic_load(&f->launches_per_marker);
-    if (interval < gem_cfg.inflight_ns / 4 && n < MAX_PER_MARKER)
-        atomic_store(&f->launches_per_marker, n * 2);   /* grow slowly: a long kernel may come next */
-    else if (interval > gem_cfg.inflight_ns / 2 && n > 1)
+    if (interval < gem_cfg.inflight_ns / 4) {
+        atomic_store(&f->interval_ns, interval);
+        if (n < MAX_PER_MARKER) {
+            atomic_store(&f->launches_per_marker, n * 2);   /* grow slowly: a long kernel may come next */
+            atomic_fetch_add(&gem_stats.marker_grows, 1);
+        }
+    } else if (r->behind[done]) {
+        atomic_store(&f->interval_ns, interval);
+        atomic_fetch_add(&gem_stats.marker_intervals, 1);
+        atomic_fetch_add(&gem_stats.marker_interval_ns, (unsigned long long)interval);
+        if (interval > gem_cfg.inflight_ns / 2 && n > 1) {
+            atomic_store(&f->launches_per_marker, n / 2);
+            atomic_fetch_add(&gem_stats.marker_shrinks, 1);
+        }
+    } else if (interval > gem_cfg.inflight_ns / 2 && n > 1) {
+        int64_t known = atomic_load(&f->interval_ns);
+        if (known > 1)
+            atomic_store(&f->interval_ns, known / 2);
         atomic_store(&f->launches_per_marker, n / 2);
+        atomic_fetch_add(&gem_stats.marker_shrinks, 1);
+    }
 }
 
 void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns) {
