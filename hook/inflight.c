@@ -31,6 +31,10 @@ struct ring {
      * moment (the host paused and the queue ran dry) the interval also holds the idle time, which says
      * nothing of the kernels' lengths and would shrink the queue just when the host needs it deep. */
     unsigned char behind[GEM_INFLIGHT_MARKERS];
+    /* The marker rate when ev[i] was recorded: the interval before it held about that many launches. The
+     * interval measured is a queue's depth old, and the rate may have changed since: it is scaled to the
+     * current rate, or a rate would keep growing on intervals measured at a lower one. */
+    uint32_t per[GEM_INFLIGHT_MARKERS];
     unsigned head;              /* the next event to record (the oldest once the ring is full) */
     unsigned count;
     int used;
@@ -90,13 +94,14 @@ static struct ring *ring_for(CUcontext ctx, CUstream s) {
  * too deep costs a slot's end), and the interval is taken as halved with it. Without that a rate grown
  * on short kernels could stay high for good once every interval spans the idle moment of a slot's start. */
 static void adapt(struct gem_inflight *f, struct ring *r, unsigned done) {
+    /* (the interval below is scaled to the current rate: see `per`) */
     unsigned prev = (done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     float ms = 0;
     if (r->count < 2 || REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
         REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
         return;
-    int64_t interval = (int64_t)((double)ms * 1e6);
     uint64_t n = atomic_load(&f->launches_per_marker);
+    int64_t interval = (int64_t)((double)ms * 1e6 * (double)n / (double)(r->per[done] ? r->per[done] : 1));
     if (interval < gem_cfg.inflight_ns / 4) {
         atomic_store(&f->interval_ns, interval);
         if (n < MAX_PER_MARKER) {
@@ -155,6 +160,7 @@ void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int6
     }
     unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     r->behind[slot] = r->count > 0 && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
+    r->per[slot] = (uint32_t)atomic_load(&f->launches_per_marker);
     if (REAL(cuEventRecord)(r->ev[slot], s) == CUDA_SUCCESS) {
         atomic_fetch_add(&gem_stats.markers, 1);
         r->head = (slot + 1) % GEM_INFLIGHT_MARKERS;
