@@ -13,6 +13,7 @@ import signal
 import time
 
 from bench.harness import Group, Trace, common_span, shares_over
+from gemini.scheduler.policy import DEFAULT_BUCKET_MS
 from tests import native
 from tests.e2e_fixtures import Sim, client_argv, finish, start
 
@@ -139,7 +140,7 @@ def test_a_lone_holder_keeps_its_slot_without_draining(sim, backends):
 def test_a_capped_group_with_a_deep_queue_stays_under_its_cap_every_second(tmp_path, hook_lib, backends):
     """MaxUtil 0.05 and 800 kernels of 1 ms queued between synchronisations: without a short queue the first
     slot's queue alone is 0.8 s of GPU. Every 1 s window (from the simulator's record of every kernel) stays
-    near the cap: the bucket allows 0.05 x 1 s + 12 ms, and the neighbour's unbounded queue interleaves with
+    near the cap: the bucket allows 0.05 x 1 s + its depth, and the neighbour's unbounded queue interleaves with
     the small group's first kernels of each slot (the GPU goal of 0.07 is measured by bench/)."""
     sim = Sim(tmp_path / "sim", hook_lib, trace=tmp_path / "kernels.trace")
     be = backends([Group("small", 0.0, 0.05), Group("other", 0.0, 1.0)], quota_ms=100, min_quota_ms=5,
@@ -160,7 +161,7 @@ def test_a_capped_group_with_a_deep_queue_stays_under_its_cap_every_second(tmp_p
         busy = sum(max(0, min(e, t) - max(s, t - 1_000_000_000)) for s, e in kernels)
         worst = max(worst, busy / 1e9)
         t += 100_000_000
-    assert worst <= 0.08, worst
+    assert worst <= 0.05 + DEFAULT_BUCKET_MS / 1000 + 0.01, worst
 
 
 def _capped_loop_share(tmp_path, hook_lib, backends, neighbour: Group | None) -> float:
@@ -181,7 +182,7 @@ def _capped_loop_share(tmp_path, hook_lib, backends, neighbour: Group | None) ->
     return busy / (t1 - t0)
 
 
-def test_a_capped_loop_with_host_pauses_keeps_its_slot_queued_and_reaches_its_cap(tmp_path, hook_lib, backends):
+def test_a_capped_loop_with_host_pauses_keeps_its_slot_queued(tmp_path, hook_lib, backends):
     """With no latency group in the config a capped group's queue may hold half the time left in its slot: its
     host pauses (6 ms per 8 ms of GPU work) are mostly hidden behind the queue, and it runs at 0.43 of the GPU
     under its cap of 0.5 (the rest: each slot's end drains the queue and the next starts empty), against 0.34

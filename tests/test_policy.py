@@ -78,15 +78,21 @@ def test_fair_targets_with_floors_and_caps():
 
 # --- caps ---------------------------------------------------------------------------------------------------------
 
+# 1 s windows: within the bucket's depth over 1 s (MaxUtil x T + bucket is the guarantee) plus 2 points
+W1 = DEFAULT_BUCKET_MS / 1000 + 0.002
+
+
 @pytest.mark.parametrize("caps,w1,w10,mean", [
-    ((0.3, 0.6), 0.012, 0.010, 0.009),
-    ((0.4, 0.6), 0.012, 0.006, 0.005),
-    ((0.2, 0.3, 0.5), 0.020, 0.010, 0.008),
-    ((0.1, 0.2, 0.3, 0.4), 0.020, 0.010, 0.008),
+    ((0.3, 0.6), W1, 0.010, 0.009),
+    ((0.4, 0.6), W1, 0.006, 0.005),
+    ((0.2, 0.3, 0.5), W1, 0.010, 0.008),
+    ((0.1, 0.2, 0.3, 0.4), W1, 0.010, 0.008),
 ])
 def test_busy_capped_groups_reach_their_caps_over_every_window(caps, w1, w10, mean):
-    """Sliding 1 s and 10 s windows, stepped by 100 ms, from the 2nd second. The bounds are what this model
-    gives with the default bucket: with caps adding up to 1 the GPU's context switches (modelled at 0.14 ms each)
+    """Sliding 1 s and 10 s windows, stepped by 100 ms, from the 2nd second. 1 s windows stay within the bucket's
+    depth of the cap (the 25 ms bucket's slots swing a 1 s window by up to 2.6 points in this model; the 12 ms one
+    gave 1.2 but cost PyTorch trainers a tenth of their cap on an H100, docs/benchmarks.md). The 10 s and mean
+    bounds are what this model gives with the default bucket: with caps adding up to 1 the GPU's context switches (modelled at 0.14 ms each)
     cost someone up to a point of share; with 0.3 / 0.6 the 0.3 group is credited the grant's travel at the start
     of its slots (the hooks measure it) and runs up to 0.8 pp over. The GPU benchmarks are the real measure."""
     groups = [(chr(97 + i), 0.0, c) for i, c in enumerate(caps)]
@@ -178,7 +184,7 @@ def test_a_late_starter_gets_its_share_within_a_second_and_the_other_never_overs
     groups = [("a", 0.0, 0.3), ("b", 0.0, 0.6)]
     m = Model(groups, {"a": Busy(), "b": Busy(start_ms=3000.0)}).run(12_000.0)
     assert max(m.window_shares("a", 1000.0, 100.0, 0.0)) <= 0.3 + DEFAULT_BUCKET_MS / 1000 + 0.002
-    assert worst(m.window_shares("b", 1000.0, 100.0, 4000.0), 0.6) <= 0.015
+    assert worst(m.window_shares("b", 1000.0, 100.0, 4000.0), 0.6) <= W1
 
 
 def test_a_group_that_comes_back_does_not_bank_its_idle_time():
@@ -404,7 +410,7 @@ def test_reload_keeps_buckets_and_applies_new_caps_from_the_next_decision():
     if not grants(ds):
         ds = p.tick(p.next_wakeup(g.quota_ms))
     [g2] = grants(ds)
-    # the bucket went on from where it was (the 24 ms slot reserved from a full 12 ms bucket), refilling at 0.5
+    # the bucket went on from where it was (the slot reserved from a full bucket), refilling at 0.5
     # for 1 ms, then at 0.8; the slot empties it at the new rate
     level = DEFAULT_BUCKET_MS - g.quota_ms + 0.5 * 1.0 + 0.8 * (g.quota_ms - 1.0)
     assert g2.quota_ms == pytest.approx(level / (1 - 0.8))
