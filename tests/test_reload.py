@@ -174,6 +174,52 @@ def test_a_save_without_changes_pushes_nothing(daemon_on_file):
 
 # --- the reloader on its own ------------------------------------------------------------------------------------------
 
+class ManualTimers:
+    """Stands in for the loop a ConfigReloader is given: call_soon_threadsafe (how the watcher thread hands events
+    over) goes to the real loop, but the debounce timers (call_later) run only when the test advances a simulated
+    clock. So how the machine schedules the watcher thread and the loop cannot change what the debounce does."""
+
+    class Timer:
+        def __init__(self, when: float, callback, args):
+            self.when, self.callback, self.args, self.cancelled = when, callback, args, False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.now = 0.0
+        self.timers: list[ManualTimers.Timer] = []
+        self.armed = 0              # timers started so far: one per event the watcher handed over
+
+    def is_closed(self) -> bool:
+        return self.loop.is_closed()
+
+    def call_soon_threadsafe(self, callback, *args):
+        return self.loop.call_soon_threadsafe(callback, *args)
+
+    def call_later(self, delay: float, callback, *args) -> "ManualTimers.Timer":
+        timer = ManualTimers.Timer(self.now + delay, callback, args)
+        self.timers.append(timer)
+        self.armed += 1
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        due = sorted((t for t in self.timers if not t.cancelled and t.when <= self.now), key=lambda t: t.when)
+        self.timers = [t for t in self.timers if not t.cancelled and t.when > self.now]
+        for timer in due:
+            timer.callback(*timer.args)
+
+
+async def until(pred, timeout: float = 60.0, what: str = "") -> None:
+    """Wait in real time for something only another thread can bring about (the bound only catches a hang)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        await asyncio.sleep(0.002)
+
+
 def test_reloader_debounces_and_calls_back_on_the_loop(tmp_path):
     path = tmp_path / "rc.txt"
     path.write_text(cfg_text(0.1))
@@ -181,19 +227,22 @@ def test_reloader_debounces_and_calls_back_on_the_loop(tmp_path):
 
     async def main():
         loop_thread = threading.get_ident()
+        timers = ManualTimers(asyncio.get_running_loop())
         # settle_s = debounce_s: even "writer done" events wait the full debounce, so the burst is coalesced
-        r = ConfigReloader(path, lambda c: calls.append((c, threading.get_ident() == loop_thread)),
+        r = ConfigReloader(path, lambda c: calls.append((c, threading.get_ident() == loop_thread)), loop=timers,
                            debounce_s=0.05, settle_s=0.05, current=load_config(path))
         r.start()
         try:
-            for i in range(10):                      # a burst of saves: one reload after the last
+            for i in range(10):                      # a burst of saves 5 ms apart: one reload, after the last
+                armed = timers.armed
                 save_in_place(path, cfg_text(0.2 + i / 100))
-                await asyncio.sleep(0.005)
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if calls:
-                    break
-            await asyncio.sleep(0.15)
+                await until(lambda armed=armed: timers.armed > armed, what=f"the watcher reports save {i}")
+                timers.advance(0.005)
+            assert calls == []                       # each save pushed the reload back
+            timers.advance(0.05)
+            assert len(calls) == 1
+            await asyncio.sleep(0.05)                # events still on their way re-arm the timer ...
+            timers.advance(1.0)                      # ... and read the same file again: nothing new to apply
         finally:
             r.stop()
 
@@ -222,10 +271,7 @@ def test_reloader_follows_a_symlinked_config(tmp_path):
             (v2 / "rc.txt").write_text(cfg_text(0.9))
             (tmp_path / "..data_tmp").symlink_to("..v2")
             os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                if seen:
-                    break
+            await until(lambda: seen, what="the reload after the ..data switch")
         finally:
             r.stop()
 
@@ -256,25 +302,20 @@ def test_finished_saves_apply_without_waiting_for_the_debounce(tmp_path):
     seen = []
 
     async def main():
-        r = ConfigReloader(path, lambda c: seen.append(time.monotonic()), debounce_s=2.0, settle_s=0.005,
-                           current=load_config(path))
+        timers = ManualTimers(asyncio.get_running_loop())
+        r = ConfigReloader(path, lambda c: seen.append(c.group("a").max_util), loop=timers, debounce_s=2.0,
+                           settle_s=0.005, current=load_config(path))
         r.start()
         try:
-            t0 = time.monotonic()
-            save_rename_over(path, cfg_text(0.2))
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if seen:
-                    break
-            assert seen and seen[0] - t0 < 1.0
-            t1 = time.monotonic()
-            save_in_place(path, cfg_text(0.3))
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if len(seen) > 1:
-                    break
-            assert len(seen) == 2 and seen[1] - t1 < 1.0
+            for expected, save in ((0.2, save_rename_over), (0.3, save_in_place)):
+                save(path, cfg_text(expected))
+                # the event that ends the save (the rename, the close) arms the short timer
+                await until(lambda: any(not t.cancelled and t.when <= timers.now + 0.005 for t in timers.timers),
+                            timeout=10.0, what=f"{save.__name__}: a reload due within settle_s")
+                timers.advance(0.005)
+                assert seen[-1] == expected
         finally:
             r.stop()
 
     asyncio.run(main())
+    assert seen == [0.2, 0.3]
