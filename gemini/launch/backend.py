@@ -38,6 +38,7 @@ from typing import IO
 
 from gemini import transport
 from gemini.config import Config, ConfigError, GroupConfig, load_config
+from gemini.logs import setup_logging
 from gemini.reload import ConfigReloader
 
 log = logging.getLogger("gemini.launch")
@@ -612,6 +613,6 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.DEBUG if opts.verbose >= 2 else logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {PROG} %(levelname)s: %(message)s")
+    # -v makes the daemons say more (it is passed on); -vv launch-backend too
+    setup_logging(PROG, logging.DEBUG if opts.verbose >= 2 else logging.INFO, library_debug=opts.verbose >= 2)
     return asyncio.run(_main(Backend(opts)))

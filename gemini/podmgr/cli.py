@@ -13,6 +13,7 @@ import sys
 import click
 
 from gemini import transport
+from gemini.logs import LEVEL_NAMES, level_from_flags, setup_logging
 from gemini.wire import hook as hp
 
 from . import (DEFAULT_IP, DEFAULT_PORT, DEFAULT_SCHEDULER_PORT, ENV_POD_MANAGER_IP, ENV_POD_MANAGER_PORT,
@@ -23,9 +24,6 @@ from .server import PodManagerServer
 
 log = logging.getLogger("gemini.podmgr")
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -33,15 +31,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def setup_logging(verbose: int, log_level: str | None, tag: str) -> None:
-    if log_level:
-        level = getattr(logging, log_level.upper())
-    else:
-        level = logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format=f"%(asctime)s {tag} %(levelname)s: %(message)s")
 
 
 def raise_fd_limit(wanted: int) -> None:
@@ -127,7 +116,7 @@ async def serve(server: PodManagerServer) -> None:
 @click.option("--hello-timeout", type=click.FloatRange(0.05, 3600), default=Limits.hello_timeout_s,
               show_default=True, help="Seconds a new connection has to say HELLO before it is closed.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
-@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None,
+@click.option("--log-level", type=click.Choice(LEVEL_NAMES, case_sensitive=False), default=None,
               help="Log level (overrides -v).")
 def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, device_uuid: str | None,
          ipc_dir: str | None, socket_owner: str | None, socket_group: str | None, socket_mode: int | None,
@@ -143,7 +132,7 @@ def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, 
             raise click.UsageError(f"--ipc-dir and {', '.join(given)}: choose one transport")
     elif any(v is not None for v in (socket_owner, socket_group, socket_mode)):
         raise click.UsageError("--socket-owner/--socket-group/--socket-mode need --ipc-dir")
-    setup_logging(verbose, log_level, f"gem-pmgr[{name}]")
+    setup_logging(f"gem-pmgr[{name}]", level_from_flags(verbose, log_level, logging.WARNING))
     access = transport.SocketAccess(socket_owner, socket_group,
                                     transport.DEFAULT_GROUP_SOCKET_MODE if socket_mode is None else socket_mode)
     if ipc_dir is None:
