@@ -185,6 +185,9 @@ def format_table(reply: StatusReply, endpoint: str, pods: Optional[dict] = None)
     lines.extend(line(r) for r in rows)
     if not rows:
         lines.append("(no groups configured)")
+    if reply.config_rejected:
+        lines += ["", f"The last edit of the config was REJECTED; the groups above are the last good config. "
+                      f"{reply.config_rejected}"]
     return "\n".join(lines)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -9,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from gemini.config import load_config
+from gemini.ctl import main as ctl_main
 from gemini.wire.sched import ConfigUpdate, GroupRemoved, Hello, StatusReply, StatusRequest, Welcome
 from gemini.reload import ConfigReloader
 from tests.schd_inproc import DaemonThread, FakePodManager
@@ -126,6 +129,33 @@ def test_a_process_sharing_edit_alone_is_pushed(daemon_on_file):
         assert p.request(Hello("a", pid=1)).turns is False
         save_rename_over(path, cfg_text(0.3).replace("[a]\n", "[a]\nProcessSharing = turns\n"))
         assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.3, 1 << 30, turns=True)
+
+
+def test_gem_ctl_status_says_the_last_edit_was_rejected_and_why(daemon_on_file):
+    d, path = daemon_on_file
+
+    def status(*args):
+        r = CliRunner().invoke(ctl_main, ["--port", str(d.port), "status", *args])
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    assert "REJECTED" not in status() and json.loads(status("--json"))["config_rejected"] == ""
+    save_rename_over(path, "[a]\nMaxUtil = 0.9\n[b]\nMaxUtil = banana\n")
+    assert wait_for(lambda: d.daemon.reloader.errors >= 1)
+    text = status()
+    assert "The last edit of the config was REJECTED" in text and f"{path}:4:" in text and "banana" in text
+    assert "0.30" in _row(text, "a")                     # the config in force is still the last good one
+    assert f"{path}:4:" in json.loads(status("--json"))["config_rejected"]
+    path.unlink()
+    assert wait_for(lambda: "was removed" in d.call(d.daemon.status_reply).config_rejected)
+    assert "was removed" in status()
+    path.write_text(cfg_text(0.6))                        # a good save clears it
+    assert wait_for(lambda: d.call(d.daemon.status_reply).config_rejected == "")
+    assert "REJECTED" not in status() and "0.60" in _row(status(), "a")
+
+
+def _row(table: str, group: str) -> str:
+    return next(line for line in table.splitlines() if line.startswith(group + " "))
 
 
 def test_deleted_file_keeps_config_until_recreated(daemon_on_file, caplog):

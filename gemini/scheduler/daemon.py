@@ -743,7 +743,8 @@ class SchedulerDaemon:
                 continuations=p.continuations, claims=p.claims, claim_ms=p.claim_ms,
                 claim_allowed=p.claim_allowed, members=info.members if info.connected else [])))
         holder = next((g["name"] for g in groups if g["holding"]), "")
-        return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups)
+        rejected = self.reloader.rejected if self.reloader is not None else None
+        return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups, rejected or "")
 
 
 def _call(observer, method: str, *args) -> None:
