@@ -66,6 +66,17 @@ def is_ipv6(ip: str) -> bool:
         return False
 
 
+def parse_port(text: str, lowest: int = 1) -> int:
+    """A TCP port number written as text (a flag, an environment variable). ValueError saying why not."""
+    try:
+        port = int(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a port number") from None
+    if not lowest <= port <= 65535:
+        raise ValueError(f"{port} is not a port number ({lowest} to 65535)")
+    return port
+
+
 def tcp_endpoint(ip: str, port: int | str) -> str:
     """zmq's tcp:// endpoint for ip:port (IPv6 literals in brackets)."""
     host = f"[{ip.strip('[]')}]" if is_ipv6(ip) else ip

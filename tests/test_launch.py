@@ -111,6 +111,14 @@ def test_env_vars_give_name_and_port(pmgr, fake_hook, dump_script, tmp_path):
     assert json.loads(out.read_text())["argv"] == ["x"]
 
 
+@pytest.mark.parametrize("var,value", [("POD_MANAGER_PORT", "abc"), ("GEMINI_POD_MANAGER_PORT", "70000"),
+                                       ("POD_MANAGER_PORT", "0")])
+def test_a_bad_port_variable_is_named_not_replaced(fake_hook, var, value):
+    res = launch(["--name", GROUP, "--", "true"], clean_env(GEMINI_HOOK_LIB=str(fake_hook), **{var: value}))
+    assert res.returncode == 2
+    assert f"{var}={value!r} is not usable" in res.stderr and "not a port number" in res.stderr, res.stderr
+
+
 def test_shell_mode_runs_through_sh(pmgr, fake_hook, dump_script, tmp_path):
     out = tmp_path / "dump.json"
     env = clean_env(GEMINI_HOOK_LIB=str(fake_hook), DUMP_TO=str(out))

@@ -42,11 +42,17 @@ class LaunchError(Exception):
     """Something launch-command itself cannot do; the text is for the user."""
 
 
-def _env_first(names: tuple[str, ...]) -> str | None:
+def _env_setting(names: tuple[str, ...]) -> tuple[str, str] | None:
+    """(variable, value) of the first of `names` that is set and not empty."""
     for name in names:
         if os.environ.get(name):
-            return os.environ[name]
+            return name, os.environ[name]
     return None
+
+
+def _env_first(names: tuple[str, ...]) -> str | None:
+    found = _env_setting(names)
+    return found[1] if found else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,14 +114,15 @@ def _choose_transport(ns: argparse.Namespace) -> str | None:
         return "--ipc-dir and --ip/--port: choose one transport"
     if not tcp_flags and ns.ipc_dir is None:
         env_dir = os.environ.get(transport.ENV_IPC_DIR)
-        env_port = _env_first(ENV_POD_MANAGER_PORT)
+        env_port = _env_setting(ENV_POD_MANAGER_PORT)
         if env_dir:
             ns.ipc_dir = env_dir
         elif env_port:
             try:
-                ns.port = int(env_port)
-            except ValueError:
-                return f"POD_MANAGER_PORT={env_port!r} is not a port number"
+                ns.port = transport.parse_port(env_port[1])
+            except ValueError as exc:
+                return (f"{env_port[0]}={env_port[1]!r} is not usable: {exc}; set it to the group's pod manager "
+                        "port or pass --port")
         else:
             ns.ipc_dir = transport.DEFAULT_IPC_DIR
     if ns.ipc_dir is not None:

@@ -6,6 +6,7 @@ import errno
 import importlib
 import ipaddress
 import logging
+import os
 import resource
 import signal
 import sys
@@ -23,6 +24,26 @@ from .auth import PeerAuthorizer
 from .server import PodManagerServer
 
 log = logging.getLogger("gemini.podmgr")
+
+class PortParam(click.ParamType):
+    """A TCP port; a bad value from an environment variable is reported with the variable's name."""
+    name = "port"
+
+    def __init__(self, lowest: int):
+        self.lowest = lowest
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return transport.parse_port(str(value), self.lowest)
+        except ValueError as exc:
+            if ctx is not None and param is not None and param.name is not None and \
+                    ctx.get_parameter_source(param.name) is click.core.ParameterSource.ENVIRONMENT:
+                var = next((v for v in (param.envvar or ()) if os.environ.get(v)), "the environment")
+                self.fail(f"{var}={value!r} is not usable: {exc}", param, ctx)
+            self.fail(str(exc), param, ctx)
+
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -95,11 +116,11 @@ async def serve(server: PodManagerServer) -> None:
 @click.option("--ip", envvar=list(ENV_POD_MANAGER_IP), default=DEFAULT_IP, show_default=True,
               help="Address the hooks connect to. [env: POD_MANAGER_IP]")
 @click.option("--port", envvar=list(ENV_POD_MANAGER_PORT), default=DEFAULT_PORT, show_default=True,
-              type=click.IntRange(0, 65535), help="Port the hooks connect to. [env: POD_MANAGER_PORT]")
+              type=PortParam(0), help="Port the hooks connect to (0: any free port). [env: POD_MANAGER_PORT]")
 @click.option("--scheduler-ip", envvar=list(ENV_SCHEDULER_IP), default="127.0.0.1", show_default=True,
               help="Address of gem-schd. [env: SCHEDULER_IP]")
 @click.option("--scheduler-port", envvar=list(ENV_SCHEDULER_PORT), default=DEFAULT_SCHEDULER_PORT,
-              show_default=True, type=click.IntRange(1, 65535), help="Port of gem-schd. [env: SCHEDULER_PORT]")
+              show_default=True, type=PortParam(1), help="Port of gem-schd. [env: SCHEDULER_PORT]")
 @click.option("--device-uuid", default=None,
               help="Serve only hooks on this GPU (\"GPU-...\"); hooks reporting another device are refused. "
                    "With --ipc-dir it also names the GPU's subdirectory (default: 'default').")
