@@ -560,6 +560,25 @@ def test_backend_follows_config_edits(backend):
 
 
 @needs_scheduler
+def test_a_removed_groups_processes_are_told_why_its_pod_manager_stops(backend):
+    b = backend
+    hook = BlockingHook(b.port + 1, timeout=20)
+    try:
+        assert isinstance(hook.call(hp.Hello(pid=1, pod_name="alpha")), hp.HelloAck)
+        b.config.write_text("[beta]\nMemoryLimit = 2MiB\n")
+        seen = []
+        with pytest.raises(ConnectionError):
+            while True:
+                seen.append(hook.recv())
+    finally:
+        hook.close()
+    # the last word before the connection closed (gem-schd's own refusal may come first: it is about the same)
+    seq, last = seen[-1]
+    assert seq == 0 and isinstance(last, hp.Error) and last.code == hp.ErrorCode.UNKNOWN_GROUP, seen
+    assert last.message == "group 'alpha' was removed from the config: its pod manager has stopped"
+
+
+@needs_scheduler
 def test_backend_restarts_a_pod_manager_that_dies(backend):
     b = backend
     before = set(b.children())

@@ -183,10 +183,10 @@ class Child:
             self._log_file = None
 
 
-def stop_children(children: list[Child], grace: float = KILL_GRACE_S) -> None:
-    """SIGTERM all, wait up to `grace`, SIGKILL what is left, reap everything."""
+def stop_children(children: list[Child], grace: float = KILL_GRACE_S, sig: int = signal.SIGTERM) -> None:
+    """`sig` (SIGTERM) to all, wait up to `grace`, SIGKILL what is left, reap everything."""
     for c in children:
-        c.signal(signal.SIGTERM)
+        c.signal(sig)
     deadline = time.monotonic() + grace
     while any(c.alive() for c in children) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -470,7 +470,8 @@ class Backend:
         removed = [g for g in self.groups if g not in config.names]
         added = [g for g in config.names if g not in self.groups]
         events = []
-        stop_children([self.groups[g] for g in removed], self.opts.kill_grace)
+        # SIGUSR1: gem-pmgr tells its processes that their group was removed before it stops
+        stop_children([self.groups[g] for g in removed], self.opts.kill_grace, signal.SIGUSR1)
         for g in removed:
             child = self.groups.pop(g)
             if child.socket is not None:

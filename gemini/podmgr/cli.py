@@ -96,18 +96,25 @@ def load_authorizer(spec: str) -> PeerAuthorizer:
 
 
 async def serve(server: PodManagerServer) -> None:
-    """Run until SIGINT/SIGTERM."""
+    """Run until SIGINT/SIGTERM, or SIGUSR1: launch-backend's "your group was removed from the config", which the
+    hooks are told before the connections close."""
     # Handlers first: a signal that arrives as soon as the port is listening must stop us cleanly.
     stop = asyncio.Event()
+    farewell: list[str] = []
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+
+    def removed() -> None:
+        farewell.append(f"group '{server.manager.group}' was removed from the config: its pod manager has stopped")
+        stop.set()
+    loop.add_signal_handler(signal.SIGUSR1, removed)
     await server.start()
     try:
         await stop.wait()
-        log.info("stopping")
+        log.info("stopping%s", f" ({farewell[0]})" if farewell else "")
     finally:
-        await server.stop()
+        await server.stop(farewell[0] if farewell else None)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -154,7 +154,14 @@ class PodManagerServer:
         self._scheduler_path = transport.ShortPath(transport.scheduler_socket(self.ipc_dir, self.device_uuid))
         return transport.ipc_endpoint(self._scheduler_path.address)
 
-    async def stop(self) -> None:
+    async def stop(self, farewell: str | None = None) -> None:
+        """Stop serving. `farewell`: why, told to every connected hook first (an ERROR push, UNKNOWN_GROUP), so
+        that its process can say so rather than only that the pod manager went away."""
+        if farewell:
+            for cid, client in self.manager.clients.items():
+                writer = self._writers.get(cid)
+                if client.greeted and writer is not None and not writer.is_closing():
+                    writer.write(hp.error_frame(hp.ErrorCode.UNKNOWN_GROUP, farewell, 0))
         if self._server is not None:
             self._server.close()
         if self.socket_path is not None:
