@@ -45,6 +45,7 @@ from gemini.board import Board, BoardError
 from gemini.config import Config
 from gemini.scheduler.connections import HELLO_TIMEOUT_S, MAX_CONNECTIONS, ConnectionGuard
 from gemini.scheduler.observers import SchedulerObserver
+from gemini.scheduler.share import reported_share
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS,
                                      DEFAULT_WINDOW_MS, ClaimRightDecision, Decision, GrantDecision, Policy,
                                      RefuseDecision, SlotEndDecision, diff_configs)
@@ -726,9 +727,16 @@ class SchedulerDaemon:
 
     # --- status -----------------------------------------------------------------------------------------------------
 
+    def reported_shares(self, now: float) -> dict[str, float]:
+        """Each group's share as gem-schd reports it (gemini/scheduler/share.py): the policy's charges over the
+        whole window. gem-ctl status, the metrics and the trace's share samples all read it here."""
+        return {gc.name: reported_share(self.policy.usage(gc.name, now), self.policy.window_ms)
+                for gc in self.config.groups}
+
     def status_reply(self) -> StatusReply:
         now = self.now_ms()
         pstat = self.policy.status(now)
+        shares = self.reported_shares(now)
         groups = []
         for gc in self.config.groups:
             p = pstat.get(gc.name)
@@ -736,7 +744,7 @@ class SchedulerDaemon:
             if p is None:
                 continue
             groups.append(asdict(GroupStatus(
-                name=gc.name, min_util=gc.min_util, max_util=gc.max_util, share=p.share,
+                name=gc.name, min_util=gc.min_util, max_util=gc.max_util, share=shares[gc.name],
                 mem_used=info.mem_used, mem_limit=gc.mem_limit, clients=info.clients, holding=p.holding,
                 waiting=p.waiting, wait_ms=p.wait_ms, quota_ms=p.quota_ms, grants=p.grants,
                 connected=info.connected, sched_class=p.sched_class, target=p.target,
