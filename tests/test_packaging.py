@@ -59,7 +59,7 @@ def test_wheel_builds_without_warnings_and_ships_the_hook(tmp_path):
         hook = zf.read("gemini/lib/libgemhook.so.1")
         entry_points = zf.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert hook[:4] == b"\x7fELF" and hook == (src / "gemini" / "lib" / "libgemhook.so.1").read_bytes()
-    assert "gemini/hook_include/gemini_proto.h" in names
+    assert {"gemini/hook_include/gemini_proto.h", "gemini/hook_include/board.h"} <= names   # read by cffi
     assert "gemini/wire/hook.py" in names and "gemini/launch/command.py" in names
     declared = set(re.findall(r"^([\w-]+) = ", entry_points, re.MULTILINE))
     assert SCRIPTS <= declared, entry_points

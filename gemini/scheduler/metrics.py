@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
 from gemini.config import Config
+from gemini.endpoints import host_port
 from gemini.scheduler.observers import ObserverBase
 from gemini.wire.sched import StatusReply
 
