@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+from datetime import datetime, timedelta, timezone
 import json
 import logging
 import re
@@ -15,6 +16,8 @@ import pytest
 from bench.harness import LAUNCH_BACKEND, free_port_base
 from gemini.logs import LineFormatter, level_from_flags
 from tests.e2e_fixtures import clean_env, client_argv
+
+TZ = "XYZ-05:30"     # POSIX: 5:30 h east of UTC, no daylight saving
 
 # 2026-11-22 16:25:01.123 gem-pmgr[train] warn: message
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (?P<program>\S+) "
@@ -51,7 +54,8 @@ def test_levels_from_flags():
 @pytest.mark.slow
 def test_daemons_and_hook_write_one_format_into_one_stream(tmp_path, sim):
     """launch-backend with its daemons (no --log-dir: their lines go to its stderr) and a hooked program writing
-    to the same file, as in a terminal: every line has the one format."""
+    to the same file, as in a terminal: every line has the one format, and the same clock (a time zone 5:30 h
+    east of UTC, so that a hook writing UTC, or a date computed wrongly, would stand out)."""
     stream = tmp_path / "stream.log"
     config = tmp_path / "rc.txt"
     config.write_text("[a]\nMaxUtil = 0.5\n")
@@ -60,7 +64,8 @@ def test_daemons_and_hook_write_one_format_into_one_stream(tmp_path, sim):
     with open(stream, "ab", buffering=0) as out:
         backend = subprocess.Popen([sys.executable, str(LAUNCH_BACKEND), "--config", str(config), "--port", str(port),
                                     "--ports-file", str(ports_file), "-v"],
-                                   stdout=subprocess.DEVNULL, stderr=out, env=clean_env(), start_new_session=True)
+                                   stdout=subprocess.DEVNULL, stderr=out, env=dict(clean_env(), TZ=TZ),
+                                   start_new_session=True)
         try:
             deadline = time.monotonic() + 30
             while not ports_file.exists():
@@ -68,7 +73,7 @@ def test_daemons_and_hook_write_one_format_into_one_stream(tmp_path, sim):
                 time.sleep(0.05)
             pmgr_port = json.loads(ports_file.read_text())["a"]
             env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="a", GEMINI_POD_MANAGER_PORT=pmgr_port,
-                          GEMINI_LOG_LEVEL="info")
+                          GEMINI_LOG_LEVEL="info", TZ=TZ)
             client = subprocess.run(client_argv("workload-procaddr", "--seconds", "0.3"), env=env,
                                     stdout=subprocess.DEVNULL, stderr=out, timeout=60)
             assert client.returncode == 0, stream.read_text()
@@ -86,3 +91,8 @@ def test_daemons_and_hook_write_one_format_into_one_stream(tmp_path, sim):
     assert {"launch-backend", "gem-schd", "gem-pmgr[a]"} <= programs, programs
     assert any(re.fullmatch(r"gemini\[\d+\]", p) for p in programs), programs     # the hook
     assert any(" gem-schd error: " in ln and "banana" in ln for ln in lines)
+    stamps = {LINE.match(ln).group("program"): datetime.strptime(ln[:23], "%Y-%m-%d %H:%M:%S.%f") for ln in lines}
+    hook = next(t for p, t in stamps.items() if p.startswith("gemini["))
+    assert abs((hook - stamps["gem-schd"]).total_seconds()) < 60, stamps
+    expected = datetime.now(timezone(timedelta(hours=5, minutes=30))).replace(tzinfo=None)
+    assert abs((hook - expected).total_seconds()) < 600, (hook, expected)
