@@ -78,7 +78,7 @@ def test_daemons_and_hook_write_one_format_into_one_stream(tmp_path, sim):
                                     stdout=subprocess.DEVNULL, stderr=out, timeout=60)
             assert client.returncode == 0, stream.read_text()
             config.write_text("[a]\nMaxUtil = banana\n")         # a rejected edit: an error line of gem-schd
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30
             while "banana" not in stream.read_text() and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:

@@ -141,16 +141,16 @@ def test_gem_ctl_status_says_the_last_edit_was_rejected_and_why(daemon_on_file):
 
     assert "REJECTED" not in status() and json.loads(status("--json"))["config_rejected"] == ""
     save_rename_over(path, "[a]\nMaxUtil = 0.9\n[b]\nMaxUtil = banana\n")
-    assert wait_for(lambda: d.daemon.reloader.errors >= 1)
+    assert wait_for(lambda: d.daemon.reloader.errors >= 1, timeout=30)
     text = status()
     assert "The last edit of the config was REJECTED" in text and f"{path}:4:" in text and "banana" in text
     assert "0.30" in _row(text, "a")                     # the config in force is still the last good one
     assert f"{path}:4:" in json.loads(status("--json"))["config_rejected"]
     path.unlink()
-    assert wait_for(lambda: "was removed" in d.call(d.daemon.status_reply).config_rejected)
+    assert wait_for(lambda: "was removed" in d.call(d.daemon.status_reply).config_rejected, timeout=30)
     assert "was removed" in status()
     path.write_text(cfg_text(0.6))                        # a good save clears it
-    assert wait_for(lambda: d.call(d.daemon.status_reply).config_rejected == "")
+    assert wait_for(lambda: d.call(d.daemon.status_reply).config_rejected == "", timeout=30)
     assert "REJECTED" not in status() and "0.60" in _row(status(), "a")
 
 

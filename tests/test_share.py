@@ -90,8 +90,10 @@ def test_status_and_trace_samples_are_one_computation(tmp_path):
             time.sleep(0.03)
             pa.send(TokenRelease("a", g.token_seq, overuse_ms=5.0))
             assert isinstance(pa.request(StatusRequest()), StatusReply)
-            shares = _status_shares(d)
-            assert shares == calls[-1][1]                          # status: what reported_shares said
+            # status: what reported_shares said (read on the loop, before a trace sample can come in between)
+            shares, said = d.call(lambda: ({g["name"]: g["share"] for g in d.daemon.status_reply().groups},
+                                           calls[-1][1]))
+            assert shares == said
             time.sleep(3 * window_ms / 1000)                       # a's slot leaves the window
     finally:
         d.stop()
