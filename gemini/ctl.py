@@ -25,8 +25,8 @@ import zmq
 from gemini import transport
 from gemini.wire.sched import (FROM_SCHEDULER, Error, MessageError, StatusReply, StatusRequest, decode, encode)
 
-DEFAULT_IP = "127.0.0.1"
-DEFAULT_PORT = 50051
+DEFAULT_IP = transport.DEFAULT_IP
+DEFAULT_PORT = transport.DEFAULT_SCHEDULER_PORT
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_WATCH_S = 2.0
 UNLIMITED_BYTES = (1 << 63) - 1

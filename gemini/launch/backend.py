@@ -65,7 +65,7 @@ def connect_host(ip: str) -> str:
 
 
 def port_free(ip: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    family = socket.AF_INET6 if transport.is_ipv6(ip) else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as the daemons bind: TIME_WAIT is no obstacle
         try:
@@ -585,7 +585,7 @@ async def _main(backend: Backend) -> int:
         backend.shutdown()
 
 
-DEFAULT_TCP_PORT = 50051
+DEFAULT_TCP_PORT = transport.DEFAULT_SCHEDULER_PORT
 
 
 def choose_transport(opts: argparse.Namespace) -> str | None:
@@ -594,7 +594,7 @@ def choose_transport(opts: argparse.Namespace) -> str | None:
     if tcp and opts.ipc_dir is not None:
         return "--ipc-dir and --ip/--port: choose one transport"
     if tcp:
-        opts.ip = opts.ip or "127.0.0.1"
+        opts.ip = opts.ip or transport.DEFAULT_IP
         opts.port = DEFAULT_TCP_PORT if opts.port is None else opts.port
         if not 1 <= opts.port <= 65534:
             return f"--port {opts.port} is not usable (gem-schd's port, pod managers above it)"

@@ -68,8 +68,8 @@ class PodManagerServer:
     DIR/<gpu>/gem-schd.sock (see gemini/transport.py); no TCP port is opened.
     """
 
-    def __init__(self, group: str, ip: str = "127.0.0.1", port: int = 50052, *,
-                 scheduler_ip: str = "127.0.0.1", scheduler_port: int = 50051,
+    def __init__(self, group: str, ip: str = transport.DEFAULT_IP, port: int = transport.DEFAULT_POD_MANAGER_PORT, *,
+                 scheduler_ip: str = transport.DEFAULT_IP, scheduler_port: int = transport.DEFAULT_SCHEDULER_PORT,
                  device_uuid: str | None = None, clock: Callable[[], float] = time.monotonic,
                  ipc_dir: str | os.PathLike | None = None,
                  socket_access: transport.SocketAccess | None = None,

@@ -56,7 +56,7 @@ from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_
 
 log = logging.getLogger("gemini.scheduler")
 
-DEFAULT_PORT = 50051
+DEFAULT_PORT = transport.DEFAULT_SCHEDULER_PORT
 HEARTBEAT_TIMEOUT_S = 5.0
 MAX_BYTES = 2**63 - 1
 MAX_CLIENTS = 1 << 20
@@ -168,7 +168,7 @@ class SchedulerDaemon:
     `ipc_dir`: the socket transport: listen on ipc_dir/<device_uuid or default>/gem-schd.sock, no TCP port.
     """
 
-    def __init__(self, config: Config, *, ip: str = "127.0.0.1", port: int = DEFAULT_PORT,
+    def __init__(self, config: Config, *, ip: str = transport.DEFAULT_IP, port: int = DEFAULT_PORT,
                  base_quota_ms: float = DEFAULT_BASE_QUOTA_MS, min_quota_ms: float = DEFAULT_MIN_QUOTA_MS,
                  window_ms: float = DEFAULT_WINDOW_MS, bucket_ms: float = DEFAULT_BUCKET_MS,
                  config_path: Optional[str] = None, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
