@@ -228,6 +228,12 @@ class ManualTimers:
     def call_soon_threadsafe(self, callback, *args):
         return self.loop.call_soon_threadsafe(callback, *args)
 
+    def create_task(self, coro, **kw):            # the read itself runs for real, off the loop
+        return self.loop.create_task(coro, **kw)
+
+    def run_in_executor(self, executor, fn, *args):
+        return self.loop.run_in_executor(executor, fn, *args)
+
     def call_later(self, delay: float, callback, *args) -> "ManualTimers.Timer":
         timer = ManualTimers.Timer(self.now + delay, callback, args)
         self.timers.append(timer)
@@ -240,6 +246,11 @@ class ManualTimers:
         self.timers = [t for t in self.timers if not t.cancelled and t.when > self.now]
         for timer in due:
             timer.callback(*timer.args)
+
+
+async def read_done(r: ConfigReloader) -> None:
+    """Wait for the read a fired timer started (it runs on a thread) to be applied."""
+    await until(lambda: r._reading is None, what="the reload's read")
 
 
 async def until(pred, timeout: float = 60.0, what: str = "") -> None:
@@ -270,9 +281,11 @@ def test_reloader_debounces_and_calls_back_on_the_loop(tmp_path):
                 timers.advance(0.005)
             assert calls == []                       # each save pushed the reload back
             timers.advance(0.05)
+            await read_done(r)
             assert len(calls) == 1
             await asyncio.sleep(0.05)                # events still on their way re-arm the timer ...
             timers.advance(1.0)                      # ... and read the same file again: nothing new to apply
+            await read_done(r)
         finally:
             r.stop()
 
@@ -343,6 +356,7 @@ def test_finished_saves_apply_without_waiting_for_the_debounce(tmp_path):
                 await until(lambda: any(not t.cancelled and t.when <= timers.now + 0.005 for t in timers.timers),
                             timeout=10.0, what=f"{save.__name__}: a reload due within settle_s")
                 timers.advance(0.005)
+                await read_done(r)
                 assert seen[-1] == expected
         finally:
             r.stop()
