@@ -31,6 +31,15 @@ def test_a_process_without_pod_name_is_told_which_group_it_joined(sim, backends)
     assert "POD_NAME is not set: this process joined group 'a'" in r.err, r
 
 
+def test_a_process_without_a_group_name_is_told_so_on_the_socket_transport(sim, tmp_path):
+    """With GEMINI_IPC_DIR and no group name there is no socket to look for: said at once, not 'unreachable'."""
+    env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_IPC_DIR=tmp_path / "ipc", GEMINI_CONNECT_TIMEOUT_MS=5000)
+    r = run(workload("--kernels", 5), env, timeout=60)
+    assert r.rc == 1 and r.json["first_error"]["code"] == CUDA_ERROR_SYSTEM_NOT_READY, r
+    assert "no pod manager to ask: no group name (set GEMINI_GROUP_NAME or POD_NAME" in r.err, r
+    assert "unreachable" not in r.err and r.wall_s < 4.0, r
+
+
 def test_a_removed_groups_process_hears_that_it_was_removed(sim, backends, tmp_path):
     """Its group is removed from the config while it runs: launch-backend stops the group's pod manager, which
     says why first; the hook then says that, not how to start a pod manager."""
