@@ -27,6 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.bench_soak import LoadModel, run_backend, summarize  # noqa: E402
+from gemini.logs import setup_logging  # noqa: E402
 
 log = logging.getLogger("bench.scale")
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="bench-out", help="directory for scale.json and scale.md")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup_logging("bench-scale", logging.INFO)
     seconds = 5.0 if args.quick else args.seconds
     model = LoadModel(think_ms=args.think_ms)
     points = []

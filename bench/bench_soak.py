@@ -42,6 +42,7 @@ if str(REPO) not in sys.path:
 
 from bench.harness import Backend, Group  # noqa: E402
 from gemini.wire import hook as hp  # noqa: E402
+from gemini.logs import setup_logging  # noqa: E402
 
 log = logging.getLogger("bench.soak")
 
@@ -387,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="bench-out", help="directory for soak.json and soak.md")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup_logging("bench-soak", logging.INFO)
     minutes = 1.0 if args.quick else args.minutes
     seconds = minutes * 60
     sample_s = args.sample_s or max(2.0, seconds / 20)

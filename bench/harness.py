@@ -301,7 +301,14 @@ class Trace:
 
     def onchip_at(self, t_ns: float) -> float:
         """Cumulative on-chip time at host time t, interpolated between syncs."""
-        h, c = self.host_ns, self.onchip_ns
+        return self._at(self.onchip_ns, t_ns)
+
+    def kernels_at(self, t_ns: float) -> float:
+        """Cumulative kernels completed at host time t, interpolated between syncs."""
+        return self._at(self.kernels, t_ns)
+
+    def _at(self, c: list[int], t_ns: float) -> float:
+        h = self.host_ns
         if not h or t_ns <= h[0]:
             return float(c[0]) if c and t_ns >= h[0] else 0.0
         if t_ns >= h[-1]:

@@ -48,11 +48,12 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgGtT][iI]?)?[bB]?\s*$"
 
 
 class ConfigError(ValueError):
-    """A config that cannot be used. str() is 'file:line: what is wrong'."""
+    """A config that cannot be used. str() is 'file:line: what is wrong', or 'file: what is wrong' when the
+    problem is the file itself (line 0: missing, unreadable, not a file)."""
 
     def __init__(self, path: str, line: int, message: str):
         self.path, self.line, self.message = path, line, message
-        super().__init__(f"{path}:{line}: {message}")
+        super().__init__(f"{path}:{line}: {message}" if line > 0 else f"{path}: {message}")
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,8 @@ def _check_name(name: str, path: str, line: int) -> None:
         raise ConfigError(path, line, "empty group name")
     if len(name) > MAX_NAME_LEN:
         raise ConfigError(path, line, f"group name {_shown(name, 20)} is longer than {MAX_NAME_LEN} characters")
+    if any(c.isspace() for c in name):
+        raise ConfigError(path, line, f"group name {_shown(name)} may not contain spaces (use - or _ instead)")
     bad = [c for c in name if not (0x21 <= ord(c) <= 0x7E)]
     if bad:
         raise ConfigError(path, line, f"group name {_shown(name)} has a character that is not printable "
@@ -324,8 +327,14 @@ def read_config_bytes(path: str | Path, max_bytes: int = MAX_CONFIG_BYTES) -> by
     p = str(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(p))
+        raise ConfigError(p, 0, "no such file" if os.path.isdir(parent) else
+                          f"no such file (there is no directory {parent})") from None
+    except PermissionError:
+        raise ConfigError(p, 0, "permission denied: cannot read it") from None
     except OSError as exc:
-        raise ConfigError(p, 0, f"cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(p, 0, f"cannot read it: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

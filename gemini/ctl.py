@@ -25,8 +25,8 @@ import zmq
 from gemini import transport
 from gemini.wire.sched import (FROM_SCHEDULER, Error, MessageError, StatusReply, StatusRequest, decode, encode)
 
-DEFAULT_IP = "127.0.0.1"
-DEFAULT_PORT = 50051
+DEFAULT_IP = transport.DEFAULT_IP
+DEFAULT_PORT = transport.DEFAULT_SCHEDULER_PORT
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_WATCH_S = 2.0
 UNLIMITED_BYTES = (1 << 63) - 1
@@ -185,6 +185,9 @@ def format_table(reply: StatusReply, endpoint: str, pods: Optional[dict] = None)
     lines.extend(line(r) for r in rows)
     if not rows:
         lines.append("(no groups configured)")
+    if reply.config_rejected:
+        lines += ["", f"The last edit of the config was REJECTED; the groups above are the last good config. "
+                      f"{reply.config_rejected}"]
     return "\n".join(lines)
 
 

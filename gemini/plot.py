@@ -4,16 +4,19 @@ Top panel: each group's share of GPU time over the sliding window, sampled over 
 (dotted) and MaxUtil (dashed) as configured at each moment (reloads included). Bottom panel: who held the token
 when (one row per group).
 
-The share is computed from the slots in the trace -- the time from a grant to its release or deadline -- over
-the window min(window, t) as gem-schd does; a client's overuse past a deadline, which the scheduler charges when it
-is reported, is not in the trace.
+The share curves are gem-schd's own share samples in the trace: what `gem-ctl status` reported at each moment
+(gemini/scheduler/share.py). A trace without them (an older gem-schd), or `--window` asking for another window, gets
+curves computed from the slots as granted, over the whole window, without the corrections gem-schd charges (the
+hooks' overuse and measured use, claims).
 """
 from __future__ import annotations
 
+import math
 import os
-from typing import Optional, Sequence
+from typing import Optional
 
-from gemini.scheduler.trace import SchedulerTrace, SlotEvent
+from gemini.scheduler.share import share_series
+from gemini.scheduler.trace import SchedulerTrace
 
 INSTALL_HINT = "gem-ctl plot needs matplotlib: pip install 'gemini-gpu[plot]' (or matplotlib)"
 
@@ -22,34 +25,17 @@ class PlotUnavailable(RuntimeError):
     """matplotlib is missing."""
 
 
-def cumulative_usage(slots: Sequence[SlotEvent], times: Sequence[float]) -> list[float]:
-    """U(t): total slot time of `slots` (one group's, not overlapping, sorted by start) before each time t."""
-    out = []
-    i, done = 0, 0.0       # slots before i have ended by the current t (times are sorted)
-    for t in times:
-        while i < len(slots) and slots[i].start_s + slots[i].dur_s <= t:
-            done += slots[i].dur_s
-            i += 1
-        partial = 0.0
-        if i < len(slots) and slots[i].start_s < t:
-            partial = t - slots[i].start_s
-        out.append(done + partial)
-    return out
-
-
-def share_series(slots: Sequence[SlotEvent], times: Sequence[float], window_s: float,
-                 opened_s: float = 0.0) -> list[float]:
-    """The share over the sliding window ending at each time t, for one group's slots, as gem-schd measures it:
-    the window is min(window_s, t - opened_s), opened_s being when it opened (the first slot of any group).
-    `times` must be sorted."""
-    ends = cumulative_usage(slots, times)
-    starts_t = [max(opened_s, t - window_s) for t in times]
-    begins = cumulative_usage(slots, starts_t)
-    out = []
-    for t, u_end, u_begin in zip(times, ends, begins):
-        w = min(window_s, t - opened_s)
-        out.append((u_end - u_begin) / w if w > 0 else 0.0)
-    return out
+def share_curves(trace: SchedulerTrace, times: list[float],
+                 window_s: Optional[float] = None) -> dict[str, tuple[list[float], list[float]]]:
+    """(times, shares) of each group: gem-schd's share samples, or, without them or for another window, the
+    shares computed from the slots at `times` (see the module docstring)."""
+    window = window_s if window_s is not None else trace.window_s
+    if trace.samples and math.isclose(window, trace.window_s):
+        xs = [sm.t_s for sm in trace.samples]
+        return {g: (xs, [sm.shares.get(g, math.nan) for sm in trace.samples]) for g in trace.groups}  # NaN: absent
+    return {g: (list(times), share_series([(sl.start_s, sl.start_s + sl.dur_s) for sl in trace.slots
+                                           if sl.group == g], times, window))
+            for g in trace.groups}
 
 
 def limit_series(trace: SchedulerTrace, group: str, key: str, end_s: float) -> tuple[list[float], list[float]]:
@@ -87,11 +73,11 @@ def plot_trace(path: str | os.PathLike, output: str | os.PathLike, points: int =
 
     fig, (ax_share, ax_token) = plt.subplots(2, 1, sharex=True, figsize=(11, 3.2 + 0.35 * max(len(groups), 2)),
                                              gridspec_kw={"height_ratios": [3, max(1, 0.35 * len(groups))]})
+    curves = share_curves(trace, times, window_s)
     for k, group in enumerate(groups):
         color = colors[k % len(colors)]
-        opened = min((sl.start_s for sl in trace.slots), default=0.0)
-        ax_share.plot(times, share_series(by_group[group], times, window, opened), color=color, lw=1.4,
-                      label=f"{group} share")
+        xs, ys = curves[group]
+        ax_share.plot(xs, ys, color=color, lw=1.4, label=f"{group} share")
         for key, style in (("max_util", "--"), ("min_util", ":")):
             xs, ys = limit_series(trace, group, key, end)
             if xs and not (key == "min_util" and not any(y > 0 for y in ys)):   # no MinUtil: no line at 0

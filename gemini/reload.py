@@ -73,6 +73,14 @@ class ConfigReloader:
         self.reloads = 0            # configs applied (for tests and status)
         self.errors = 0             # bad saves seen
 
+    @property
+    def rejected(self) -> Optional[str]:
+        """Why the config file as it is now is not in force (a bad edit, or the file is gone), for gem-ctl status;
+        None when the last read of the file applied or changed nothing."""
+        if self._missing_logged and not self.path.exists():
+            return f"{self.path} was removed; the last good config stays in force until it is back"
+        return self._last_error
+
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
     def start(self) -> None:

@@ -58,6 +58,14 @@ class TransportError(Exception):
 
 # --- TCP ---------------------------------------------------------------------------------------------
 
+# On TCP, gem-schd listens on DEFAULT_SCHEDULER_PORT and launch-backend gives the groups' pod managers the ports
+# above it, so the first group's is DEFAULT_POD_MANAGER_PORT, which is also where a hook looks when
+# POD_MANAGER_PORT is not set (hook/settings.c has the same number: it is C and cannot import this).
+DEFAULT_IP = "127.0.0.1"
+DEFAULT_SCHEDULER_PORT = 50051
+DEFAULT_POD_MANAGER_PORT = DEFAULT_SCHEDULER_PORT + 1
+
+
 def is_ipv6(ip: str) -> bool:
     """True for an IPv6 address literal (not for a host name, nor for 'ip:port')."""
     try:
@@ -66,10 +74,26 @@ def is_ipv6(ip: str) -> bool:
         return False
 
 
+def parse_port(text: str, lowest: int = 1) -> int:
+    """A TCP port number written as text (a flag, an environment variable). ValueError saying why not."""
+    try:
+        port = int(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a port number") from None
+    if not lowest <= port <= 65535:
+        raise ValueError(f"{port} is not a port number ({lowest} to 65535)")
+    return port
+
+
+def host_port(ip: str, port: int | str) -> str:
+    """ip:port as it is written in an endpoint, a URL or a message (IPv6 literals in brackets)."""
+    host = f"[{ip.strip('[]')}]" if is_ipv6(ip) else ip
+    return f"{host}:{port}"
+
+
 def tcp_endpoint(ip: str, port: int | str) -> str:
     """zmq's tcp:// endpoint for ip:port (IPv6 literals in brackets)."""
-    host = f"[{ip.strip('[]')}]" if is_ipv6(ip) else ip
-    return f"tcp://{host}:{port}"
+    return f"tcp://{host_port(ip, port)}"
 
 
 # --- the socket layout -----------------------------------------------------------------------------

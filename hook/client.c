@@ -322,6 +322,18 @@ static int ensure_connected(struct gem_conn *c) {
         int64_t now = gem_now_ns();
         if (now < c->next_connect_ns)
             return c->last_failure; /* failed moments ago: fail fast, do not stall every call */
+        /* A bad setting leaves no endpoint: never a default one in its place (some other group's). */
+        const char *unusable = NULL;
+        if (!c->ep.path[0] && c->ep.port <= 0)
+            unusable = gem_cfg.settings_error[0] ? gem_cfg.settings_error : "no port for it";
+        else if (c->ep.path[0] && !gem_cfg.pod_name[0])
+            unusable = "no group name (set GEMINI_GROUP_NAME or POD_NAME; launch-command does)";
+        if (unusable) {
+            c->last_failure = GEM_CALL_REFUSED;
+            c->next_connect_ns = now + GEM_NS_PER_S;
+            GEM_LOG(GEM_LOG_ERROR, "no pod manager to ask: %s; this CUDA call fails", unusable);
+            return c->last_failure;
+        }
         c->connecting = 1;
         pthread_mutex_unlock(&c->mu);
         char why[GEM_ERRMSG_LEN + 64] = "";
@@ -360,7 +372,12 @@ static int ensure_connected(struct gem_conn *c) {
             c->next_connect_ns = 0;
             if (c->ever_connected)
                 atomic_fetch_add(&gem_stats.reconnects, 1);
+            else if (!gem_cfg.pod_name[0])
+                GEM_LOG(GEM_LOG_WARN, "POD_NAME is not set: this process joined group '%s', whose pod manager "
+                        "listens at %s; set POD_NAME to the group to be sure (launch-command does)", c->group,
+                        c->where);
             c->ever_connected = 1;
+            c->farewell[0] = '\0';
             GEM_LOG(GEM_LOG_DEBUG, "connected to the pod manager of group '%s' at %s (client %llu, "
                     "connection %llu)", c->group, c->where, (unsigned long long)c->client_id,
                     (unsigned long long)s->generation);
@@ -370,9 +387,12 @@ static int ensure_connected(struct gem_conn *c) {
         c->next_connect_ns = gem_now_ns() + GEM_NS_PER_S;
         if (fd == -2)
             GEM_LOG(GEM_LOG_ERROR, "the pod manager at %s refused this process: %s", c->where, why);
+        else if (c->farewell[0])    /* it said why it went away: that, not how to start one */
+            GEM_LOG(GEM_LOG_ERROR, "the pod manager at %s is gone (%s): %.*s; this CUDA call fails", c->where, why,
+                    GEM_ERRMSG_LEN, c->farewell);
         else
             GEM_LOG(GEM_LOG_ERROR, "the pod manager at %s is unreachable (%s); this CUDA call fails "
-                    "(start it with launch-backend.py, or set GEMINI_FAIL_OPEN=1 to run ungated)",
+                    "(start it with launch-backend, or set GEMINI_FAIL_OPEN=1 to run ungated)",
                     c->where, why);
         return c->last_failure;
     }
@@ -413,9 +433,12 @@ static void mark_broken(struct gem_conn *c, struct gem_session *s, const char *w
 
 static void dispatch(struct gem_conn *c, struct gem_session *s, const struct gem_msg *m) {
     if (m->hdr.seq == 0) {
-        /* a push: the only one is an ERROR (a refusal before the HELLO was read) */
-        if (m->hdr.type == GEM_MSG_ERROR)
+        /* a push: the only one is an ERROR (a refusal before the HELLO was read, or its last word as it stops) */
+        if (m->hdr.type == GEM_MSG_ERROR) {
             GEM_LOG(GEM_LOG_ERROR, "pod manager: %.*s", GEM_ERRMSG_LEN, m->u.error.message);
+            if (m->u.error.code == GEM_ERR_UNKNOWN_GROUP)   /* the group was removed: it is going away */
+                snprintf(c->farewell, sizeof c->farewell, "%.*s", GEM_ERRMSG_LEN - 1, m->u.error.message);
+        }
         return;
     }
     for (struct gem_waiter *w = c->waiters; w; w = w->next)

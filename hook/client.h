@@ -36,6 +36,7 @@ struct gem_conn {
     char device_uuid[GEM_UUID_LEN];
     uint64_t client_id;
     char group[GEM_NAME_LEN];
+    char farewell[GEM_ERRMSG_LEN];  /* why the pod manager said it stops (group removed); cleared on connecting */
     uint32_t ack_flags;         /* HELLO_ACK: GEM_ACK_* */
     int32_t board_slot;         /* HELLO_ACK: the group's line on the board page, -1 if none */
     char board_path[GEM_BOARD_PATH_LEN];  /* HELLO_ACK: the GPU's board page, "" if none */

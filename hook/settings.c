@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "settings.h"
@@ -34,10 +35,42 @@ struct gem_settings gem_cfg = {
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
+/* Seconds east of UTC, taken once in the constructor: localtime_r takes glibc's time-zone lock, which a fork
+ * child could inherit held, so the log lines compute the local time themselves. (A daylight-saving change while
+ * the process runs is not followed.) */
+static long utc_offset_s;
+
+static void take_utc_offset(void) {
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm))
+        utc_offset_s = tm.tm_gmtoff;
+}
+
+/* "YYYY-MM-DD HH:MM:SS.mmm" of the local time (days to a civil date: H. Hinnant's algorithm). */
+static int format_now(char *out, size_t len) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t s = (int64_t)ts.tv_sec + utc_offset_s;
+    int64_t days = s >= 0 ? s / 86400 : (s - 86399) / 86400;
+    int64_t secs = s - days * 86400;
+    int64_t z = days + 719468, era = (z >= 0 ? z : z - 146096) / 146097;
+    int64_t doe = z - era * 146097;
+    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    int64_t mp = (5 * doy + 2) / 153;
+    int64_t day = doy - (153 * mp + 2) / 5 + 1, month = mp < 10 ? mp + 3 : mp - 9;
+    int64_t year = yoe + era * 400 + (month <= 2);
+    return snprintf(out, len, "%04lld-%02lld-%02lld %02lld:%02lld:%02lld.%03ld", (long long)year, (long long)month,
+                    (long long)day, (long long)(secs / 3600), (long long)(secs / 60 % 60), (long long)(secs % 60),
+                    ts.tv_nsec / 1000000);
+}
+
 void gem_log(int level, const char *fmt, ...) {
-    char line[768];
-    int n = snprintf(line, sizeof line, "[gemini %d] %s: ", (int)getpid(),
-                     level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
+    char line[800];
+    int n = format_now(line, sizeof line);
+    n += snprintf(line + n, sizeof line - (size_t)n, " gemini[%d] %s: ", (int)getpid(),
+                  level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
@@ -80,6 +113,7 @@ static void env_ms(const char *name, int64_t *out_ns) {
 }
 
 void gem_settings_load(void) {
+    take_utc_offset();
     const char *v = getenv("GEMINI_LOG_LEVEL");
     if (v && *v) {
         int found = 0;
@@ -109,10 +143,16 @@ void gem_settings_load(void) {
     if ((v = env_first("GEMINI_POD_MANAGER_PORT", "POD_MANAGER_PORT"))) {
         char *end = NULL;
         long port = strtol(v, &end, 10);
-        if (end == v || *end != '\0' || port <= 0 || port > 65535)
-            gem_log(GEM_LOG_ERROR, "POD_MANAGER_PORT=%s is not a port number; using %d", v, gem_cfg.pmgr_port);
-        else
+        if (end == v || *end != '\0' || port <= 0 || port > 65535) {
+            /* Not replaced by the default port: that is some other group's pod manager, or none. */
+            const char *name = getenv("GEMINI_POD_MANAGER_PORT") && *getenv("GEMINI_POD_MANAGER_PORT")
+                                   ? "GEMINI_POD_MANAGER_PORT" : "POD_MANAGER_PORT";
+            snprintf(gem_cfg.settings_error, sizeof gem_cfg.settings_error,
+                     "%s='%.40s' is not a port number (1 to 65535)", name, v);
+            gem_cfg.pmgr_port = 0;
+        } else {
             gem_cfg.pmgr_port = (int)port;
+        }
     }
     if ((v = getenv("GEMINI_POD_MANAGERS")))
         snprintf(gem_cfg.pmgr_map, sizeof gem_cfg.pmgr_map, "%s", v);

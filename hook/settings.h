@@ -19,7 +19,8 @@ struct gem_settings {
     int fail_open;              /* GEMINI_FAIL_OPEN=1: run ungated when the pod manager is unreachable */
     char pod_name[GEM_NAME_LEN];
     char pmgr_ip[64];
-    int pmgr_port;
+    int pmgr_port;              /* 0: POD_MANAGER_PORT is not a port (settings_error says so) */
+    char settings_error[160];   /* a setting that leaves no pod manager to ask; CUDA calls that need one fail */
     char pmgr_map[1024];        /* GEMINI_POD_MANAGERS: "GPU-uuid=ip:port,..." for several GPUs */
     char ipc_dir[256];          /* GEMINI_IPC_DIR: the socket transport; empty: TCP */
     int64_t idle_release_ns;    /* GEMINI_IDLE_RELEASE_MS; 0 disables early release */
@@ -36,6 +37,8 @@ extern struct gem_settings gem_cfg;
 /* Read the GEMINI_* variables into gem_cfg (the constructor; no CUDA call, no connection). */
 void gem_settings_load(void);
 
+/* One line on stderr in the format of every gemini program (gemini/logs.py):
+ * "2026-11-22 16:25:02.789 gemini[PID] level: message", local time. */
 void gem_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define GEM_LOG(level, ...)                                     \
     do {                                                        \

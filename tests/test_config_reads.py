@@ -26,11 +26,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def test_read_config_bytes_refuses_what_is_not_a_plain_file(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    with pytest.raises(ConfigError, match=f"^{fifo}:0: is a FIFO, not a regular file"):
+    with pytest.raises(ConfigError, match=f"^{fifo}: is a FIFO, not a regular file"):
         read_config_bytes(fifo)             # and returns at once: no writer is waited for
     zero = tmp_path / "zero"
     zero.symlink_to("/dev/zero")
-    with pytest.raises(ConfigError, match=f"^{zero}:0: is a character device, not a regular file"):
+    with pytest.raises(ConfigError, match=f"^{zero}: is a character device, not a regular file"):
         read_config_bytes(zero)
     with pytest.raises(ConfigError, match="is a directory"):
         read_config_bytes(tmp_path)
@@ -121,15 +121,15 @@ def test_a_fifo_or_dev_zero_config_neither_blocks_nor_grows_gem_schd(tmp_path):
                 assert [(g["name"], g["max_util"]) for g in reply.groups] == list(groups)
 
         # (the same error twice in a row is logged once: the cases alternate)
-        replace(os.mkfifo, f"{path}:0: is a FIFO, not a regular file")
-        replace(lambda p: p.symlink_to("/dev/zero"), f"{path}:0: is a character device, not a regular file")
+        replace(os.mkfifo, f"{path}: is a FIFO, not a regular file")
+        replace(lambda p: p.symlink_to("/dev/zero"), f"{path}: is a character device, not a regular file")
         # a FIFO with a writer that never stops
         fifo = path.with_name("fifo2")
         os.mkfifo(fifo)
         writer = subprocess.Popen([sys.executable, "-c", "import sys\nwhile True: sys.stdout.write('[x]\\n' * 999)"],
                                   stdout=os.open(fifo, os.O_RDWR))
         try:
-            replace(lambda p: p.symlink_to(fifo), f"{path}:0: is a FIFO, not a regular file")
+            replace(lambda p: p.symlink_to(fifo), f"{path}: is a FIFO, not a regular file")
         finally:
             writer.kill()
         rss_after = _rss_kib(proc.pid)

@@ -146,9 +146,16 @@ def _env() -> dict:
     return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
+def _default_sigint() -> None:
+    """In gem-ctl: Ctrl-C as at a terminal, even when the test runner was started with SIGINT ignored (a
+    `make test &` of a script): such an ignore is inherited, and gem-ctl would not stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_watch_redraws_until_ctrl_c(busy_schd):
     proc = subprocess.Popen([sys.executable, "-m", "gemini.ctl", "--port", str(busy_schd.port), "status",
-                             "--watch", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+                             "--watch", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+                            preexec_fn=_default_sigint)
     out = b""
     try:
         deadline = time.monotonic() + 15
@@ -180,7 +187,8 @@ def test_watch_redraws_until_ctrl_c(busy_schd):
 def test_watch_json_lines_and_no_daemon_keeps_trying():
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gemini.ctl", "--port", str(port), "--timeout", "0.1", "status",
-                             "--json", "--watch", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+                             "--json", "--watch", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+                            preexec_fn=_default_sigint)
     try:
         lines = []
         deadline = time.monotonic() + 15

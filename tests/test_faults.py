@@ -225,13 +225,20 @@ def test_sigkill_of_a_token_holder_mid_slot(tmp_path):
 
 # --- SIGKILL of a pod manager ---------------------------------------------------------------------------------
 
+SURVIVOR_LAUNCHES = 3000     # about 3 s of kernels when it has the GPU alone, 6 s next to the bystander
+
+
 def test_sigkill_of_a_pod_manager(tmp_path):
     groups = [Group("a", 0.0, 1.0, "1GiB"), Group("b", 0.0, 1.0, "1GiB")]
     with Backend(tmp_path / "be", groups, quota_ms=20, min_quota_ms=10, window_ms=2000) as be:
         env = sim_env(tmp_path)
-        # survivor: keeps going through the outage; impatient: gives up on the pod manager after 100 ms
-        survivor = be.spawn("a", workload_argv(3.0, tmp_path / "survivor.trace", "--alloc", "64MiB",
-                                               "--keep-going"), env=env)
+        # survivor: keeps going through the outage; impatient: gives up on the pod manager after 100 ms. The
+        # survivor runs a number of launches, not a time: its launches wait while the pod manager is away, so it
+        # outlives the restart however slow a loaded machine makes that (with --seconds 3 it could end first).
+        survivor = be.spawn("a", native.client_cmd("workload-procaddr", "--kernels", SURVIVOR_LAUNCHES, "--kernel-us",
+                                                   KERNEL_US, "--sync-every", 4, "--json", "--trace",
+                                                   tmp_path / "survivor.trace", "--alloc", "64MiB", "--keep-going"),
+                            env=env)
         impatient = be.spawn("a", workload_argv(30, None), env=dict(env, GEMINI_CONNECT_TIMEOUT_MS="100"))
         bystander = be.spawn("b", workload_argv(3.0, tmp_path / "bystander.trace"), env=env)
         wait_for(lambda: mem_used(be.ports["a"], "a") >= 64 * MiB, 10, "the survivor's allocation accounted")
@@ -259,7 +266,7 @@ def test_sigkill_of_a_pod_manager(tmp_path):
 
         # the survivor reconnected on its next call and told the new pod manager what it holds
         wait_for(lambda: mem_used(be.ports["a"], "a") >= 64 * MiB, 5, "the survivor's memory re-sent in HELLO")
-        code, out, err = finish(survivor)
+        code, out, err = finish(survivor, timeout=60)
         assert code == 0, err
         assert "lost the connection to the pod manager" in err
         summary = last_json(out)

@@ -377,10 +377,10 @@ def run_session(port: int, ops: list[Op]) -> Op | None:
 @given(ops=sessions())
 def test_fuzz_hook_frames_against_a_live_pod_manager(fresh_baseline, ops):
     live = fresh_baseline
-    warnings = live.log("good").count(" WARNING: ")
+    warnings = live.log("good").count(" warn: ")
     bad = run_session(live.be.ports["good"], ops)
     if bad is not None and bad.logged:         # the bad peer is dropped with a log line
-        assert settle(lambda: live.log("good").count(" WARNING: ") > warnings, 3), f"no log line for {bad}"
+        assert settle(lambda: live.log("good").count(" warn: ") > warnings, 3), f"no log line for {bad}"
     # whatever the connection held is given back once it is gone, and the good peer works
     assert settle(lambda: live.good.used() == GOOD_BYTES, timeout=3), live.good.used()
     live.good.check()
@@ -739,7 +739,7 @@ def test_hello_overflowing_the_groups_total_is_a_protocol_error(fresh_baseline):
                          ids=["request-before-hello", "hello-twice"])
 def test_every_dropped_hook_connection_is_logged(fresh_baseline, first, second):
     live = fresh_baseline
-    warnings = live.log("good").count(" WARNING: ")
+    warnings = live.log("good").count(" warn: ")
     conn = Frames(live.be.ports["good"])
     try:
         conn.send(first)
@@ -750,7 +750,7 @@ def test_every_dropped_hook_connection_is_logged(fresh_baseline, first, second):
         assert eof and isinstance(frames[-1][1], hp.Error)
     finally:
         conn.close()
-    assert settle(lambda: live.log("good").count(" WARNING: ") > warnings, 1), "dropped without a log line"
+    assert settle(lambda: live.log("good").count(" warn: ") > warnings, 1), "dropped without a log line"
 
 
 @pytest.mark.parametrize("frame", [b'{"type": "hello", "group": "fuzz", "pid": ' + b"1" * 5000 + b"}",

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gemini.launch import command
+from bench.harness import children_of, cmdline
 from pmgr_helpers import REPO_ROOT, BackgroundPmgr, BlockingHook, free_port
 from gemini.wire import hook as hp
 
@@ -109,6 +110,14 @@ def test_env_vars_give_name_and_port(pmgr, fake_hook, dump_script, tmp_path):
     res = launch(["--", sys.executable, str(dump_script), "x"], env)
     assert res.returncode == 0, res.stderr
     assert json.loads(out.read_text())["argv"] == ["x"]
+
+
+@pytest.mark.parametrize("var,value", [("POD_MANAGER_PORT", "abc"), ("GEMINI_POD_MANAGER_PORT", "70000"),
+                                       ("POD_MANAGER_PORT", "0")])
+def test_a_bad_port_variable_is_named_not_replaced(fake_hook, var, value):
+    res = launch(["--name", GROUP, "--", "true"], clean_env(GEMINI_HOOK_LIB=str(fake_hook), **{var: value}))
+    assert res.returncode == 2
+    assert f"{var}={value!r} is not usable" in res.stderr and "not a port number" in res.stderr, res.stderr
 
 
 def test_shell_mode_runs_through_sh(pmgr, fake_hook, dump_script, tmp_path):
@@ -259,6 +268,78 @@ def test_signals_are_forwarded(pmgr, fake_hook, tmp_path):
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 42
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _ignored_signals(pid: int) -> set[int]:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask & (1 << (n - 1))}
+    raise AssertionError(f"no SigIgn in /proc/{pid}/status")
+
+
+def _program_of(pid: int, deadline: float) -> int:
+    """The pid of launch-command's program (its only child), once it runs."""
+    while time.monotonic() < deadline:
+        kids = children_of(pid)
+        if kids and cmdline(kids[0])[:1] == ["sleep"]:
+            return kids[0]
+        time.sleep(0.02)
+    raise AssertionError("the program did not start")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_sigint_reaches_the_program_of_a_background_job(pmgr, fake_hook, tmp_path):
+    # `launch-command ... &` in a script: the shell starts it with SIGINT (and SIGQUIT) ignored. A SIGINT sent to
+    # launch-command must still end the program, which must not have inherited the ignore.
+    pidfile, rcfile = tmp_path / "pid", tmp_path / "rc"
+    script = f'"$@" & echo $! > {pidfile}; wait $!; echo $? > {rcfile}'
+    sh = subprocess.Popen(["sh", "-c", script, "sh", sys.executable, LAUNCH_COMMAND, "--name", GROUP, "--port",
+                           str(pmgr.port), "--", "sleep", "60"], env=clean_env(GEMINI_HOOK_LIB=str(fake_hook)),
+                          stderr=subprocess.PIPE, text=True)
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 20
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert sh.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        launcher = int(pidfile.read_text())
+        started.append(launcher)
+        program = _program_of(launcher, deadline)
+        started.append(program)
+        assert signal.SIGINT not in _ignored_signals(program)
+        os.kill(launcher, signal.SIGINT)
+        assert sh.wait(15) == 0
+        assert rcfile.read_text().strip() == "130"          # the program died of the SIGINT
+    finally:
+        for pid in reversed(started):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if sh.poll() is None:
+            sh.kill()
+            sh.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_nohup_stays_nohup(pmgr, fake_hook):
+    # SIGHUP ignored at start (nohup) is not forwarded, and the program keeps ignoring it.
+    proc = subprocess.Popen(["sh", "-c", 'trap "" HUP; exec "$@"', "sh", sys.executable, LAUNCH_COMMAND, "--name",
+                             GROUP, "--port", str(pmgr.port), "--", "sleep", "60"],
+                            env=clean_env(GEMINI_HOOK_LIB=str(fake_hook)), stderr=subprocess.PIPE, text=True)
+    try:
+        program = _program_of(proc.pid, time.monotonic() + 20)
+        assert signal.SIGHUP in _ignored_signals(program) and signal.SIGINT not in _ignored_signals(program)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.3)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 128 + signal.SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -476,6 +557,25 @@ def test_backend_follows_config_edits(backend):
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", b.port + 1), timeout=1).close()
     assert json.loads(b.ports_file.read_text()) == {"beta": b.port + 2, "gamma": b.port + 3}
+
+
+@needs_scheduler
+def test_a_removed_groups_processes_are_told_why_its_pod_manager_stops(backend):
+    b = backend
+    hook = BlockingHook(b.port + 1, timeout=20)
+    try:
+        assert isinstance(hook.call(hp.Hello(pid=1, pod_name="alpha")), hp.HelloAck)
+        b.config.write_text("[beta]\nMemoryLimit = 2MiB\n")
+        seen = []
+        with pytest.raises(ConnectionError):
+            while True:
+                seen.append(hook.recv())
+    finally:
+        hook.close()
+    # the last word before the connection closed (gem-schd's own refusal may come first: it is about the same)
+    seq, last = seen[-1]
+    assert seq == 0 and isinstance(last, hp.Error) and last.code == hp.ErrorCode.UNKNOWN_GROUP, seen
+    assert last.message == "group 'alpha' was removed from the config: its pod manager has stopped"
 
 
 @needs_scheduler

@@ -827,6 +827,16 @@ def test_cli_busy_port_is_a_clear_error():
     assert f"127.0.0.1:{port}" in res.stderr and "already in use" in res.stderr
 
 
+@pytest.mark.parametrize("var,value,flag", [("POD_MANAGER_PORT", "abc", "--port"),
+                                            ("GEMINI_POD_MANAGER_PORT", "65536", "--port"),
+                                            ("SCHEDULER_PORT", "0", "--scheduler-port")])
+def test_cli_a_bad_port_variable_is_named(var, value, flag):
+    res = subprocess.run(_pmgr_cmd("--name", GROUP), env=dict(_env(), **{var: value}), capture_output=True,
+                         text=True, timeout=20)
+    assert res.returncode == 2
+    assert f"'{flag}'" in res.stderr and f"{var}={value!r} is not usable" in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("how", ["env-sigterm", "flags-sigint-wildcard"])
 def test_cli_runs_until_signalled(how):
     port = free_port()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -9,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from gemini.config import load_config
+from gemini.ctl import main as ctl_main
 from gemini.wire.sched import ConfigUpdate, GroupRemoved, Hello, StatusReply, StatusRequest, Welcome
 from gemini.reload import ConfigReloader
 from tests.schd_inproc import DaemonThread, FakePodManager
@@ -128,6 +131,33 @@ def test_a_process_sharing_edit_alone_is_pushed(daemon_on_file):
         assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.3, 1 << 30, turns=True)
 
 
+def test_gem_ctl_status_says_the_last_edit_was_rejected_and_why(daemon_on_file):
+    d, path = daemon_on_file
+
+    def status(*args):
+        r = CliRunner().invoke(ctl_main, ["--port", str(d.port), "status", *args])
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    assert "REJECTED" not in status() and json.loads(status("--json"))["config_rejected"] == ""
+    save_rename_over(path, "[a]\nMaxUtil = 0.9\n[b]\nMaxUtil = banana\n")
+    assert wait_for(lambda: d.daemon.reloader.errors >= 1, timeout=30)
+    text = status()
+    assert "The last edit of the config was REJECTED" in text and f"{path}:4:" in text and "banana" in text
+    assert "0.30" in _row(text, "a")                     # the config in force is still the last good one
+    assert f"{path}:4:" in json.loads(status("--json"))["config_rejected"]
+    path.unlink()
+    assert wait_for(lambda: "was removed" in d.call(d.daemon.status_reply).config_rejected, timeout=30)
+    assert "was removed" in status()
+    path.write_text(cfg_text(0.6))                        # a good save clears it
+    assert wait_for(lambda: d.call(d.daemon.status_reply).config_rejected == "", timeout=30)
+    assert "REJECTED" not in status() and "0.60" in _row(status(), "a")
+
+
+def _row(table: str, group: str) -> str:
+    return next(line for line in table.splitlines() if line.startswith(group + " "))
+
+
 def test_deleted_file_keeps_config_until_recreated(daemon_on_file, caplog):
     d, path = daemon_on_file
     caplog.set_level(logging.WARNING, logger="gemini.reload")
@@ -174,6 +204,63 @@ def test_a_save_without_changes_pushes_nothing(daemon_on_file):
 
 # --- the reloader on its own ------------------------------------------------------------------------------------------
 
+class ManualTimers:
+    """Stands in for the loop a ConfigReloader is given: call_soon_threadsafe (how the watcher thread hands events
+    over) goes to the real loop, but the debounce timers (call_later) run only when the test advances a simulated
+    clock. So how the machine schedules the watcher thread and the loop cannot change what the debounce does."""
+
+    class Timer:
+        def __init__(self, when: float, callback, args):
+            self.when, self.callback, self.args, self.cancelled = when, callback, args, False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.now = 0.0
+        self.timers: list[ManualTimers.Timer] = []
+        self.armed = 0              # timers started so far: one per event the watcher handed over
+
+    def is_closed(self) -> bool:
+        return self.loop.is_closed()
+
+    def call_soon_threadsafe(self, callback, *args):
+        return self.loop.call_soon_threadsafe(callback, *args)
+
+    def create_task(self, coro, **kw):            # the read itself runs for real, off the loop
+        return self.loop.create_task(coro, **kw)
+
+    def run_in_executor(self, executor, fn, *args):
+        return self.loop.run_in_executor(executor, fn, *args)
+
+    def call_later(self, delay: float, callback, *args) -> "ManualTimers.Timer":
+        timer = ManualTimers.Timer(self.now + delay, callback, args)
+        self.timers.append(timer)
+        self.armed += 1
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        due = sorted((t for t in self.timers if not t.cancelled and t.when <= self.now), key=lambda t: t.when)
+        self.timers = [t for t in self.timers if not t.cancelled and t.when > self.now]
+        for timer in due:
+            timer.callback(*timer.args)
+
+
+async def read_done(r: ConfigReloader) -> None:
+    """Wait for the read a fired timer started (it runs on a thread) to be applied."""
+    await until(lambda: r._reading is None, what="the reload's read")
+
+
+async def until(pred, timeout: float = 60.0, what: str = "") -> None:
+    """Wait in real time for something only another thread can bring about (the bound only catches a hang)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        await asyncio.sleep(0.002)
+
+
 def test_reloader_debounces_and_calls_back_on_the_loop(tmp_path):
     path = tmp_path / "rc.txt"
     path.write_text(cfg_text(0.1))
@@ -181,19 +268,24 @@ def test_reloader_debounces_and_calls_back_on_the_loop(tmp_path):
 
     async def main():
         loop_thread = threading.get_ident()
+        timers = ManualTimers(asyncio.get_running_loop())
         # settle_s = debounce_s: even "writer done" events wait the full debounce, so the burst is coalesced
-        r = ConfigReloader(path, lambda c: calls.append((c, threading.get_ident() == loop_thread)),
+        r = ConfigReloader(path, lambda c: calls.append((c, threading.get_ident() == loop_thread)), loop=timers,
                            debounce_s=0.05, settle_s=0.05, current=load_config(path))
         r.start()
         try:
-            for i in range(10):                      # a burst of saves: one reload after the last
+            for i in range(10):                      # a burst of saves 5 ms apart: one reload, after the last
+                armed = timers.armed
                 save_in_place(path, cfg_text(0.2 + i / 100))
-                await asyncio.sleep(0.005)
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if calls:
-                    break
-            await asyncio.sleep(0.15)
+                await until(lambda armed=armed: timers.armed > armed, what=f"the watcher reports save {i}")
+                timers.advance(0.005)
+            assert calls == []                       # each save pushed the reload back
+            timers.advance(0.05)
+            await read_done(r)
+            assert len(calls) == 1
+            await asyncio.sleep(0.05)                # events still on their way re-arm the timer ...
+            timers.advance(1.0)                      # ... and read the same file again: nothing new to apply
+            await read_done(r)
         finally:
             r.stop()
 
@@ -222,10 +314,7 @@ def test_reloader_follows_a_symlinked_config(tmp_path):
             (v2 / "rc.txt").write_text(cfg_text(0.9))
             (tmp_path / "..data_tmp").symlink_to("..v2")
             os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                if seen:
-                    break
+            await until(lambda: seen, what="the reload after the ..data switch")
         finally:
             r.stop()
 
@@ -256,25 +345,21 @@ def test_finished_saves_apply_without_waiting_for_the_debounce(tmp_path):
     seen = []
 
     async def main():
-        r = ConfigReloader(path, lambda c: seen.append(time.monotonic()), debounce_s=2.0, settle_s=0.005,
-                           current=load_config(path))
+        timers = ManualTimers(asyncio.get_running_loop())
+        r = ConfigReloader(path, lambda c: seen.append(c.group("a").max_util), loop=timers, debounce_s=2.0,
+                           settle_s=0.005, current=load_config(path))
         r.start()
         try:
-            t0 = time.monotonic()
-            save_rename_over(path, cfg_text(0.2))
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if seen:
-                    break
-            assert seen and seen[0] - t0 < 1.0
-            t1 = time.monotonic()
-            save_in_place(path, cfg_text(0.3))
-            for _ in range(100):
-                await asyncio.sleep(0.01)
-                if len(seen) > 1:
-                    break
-            assert len(seen) == 2 and seen[1] - t1 < 1.0
+            for expected, save in ((0.2, save_rename_over), (0.3, save_in_place)):
+                save(path, cfg_text(expected))
+                # the event that ends the save (the rename, the close) arms the short timer
+                await until(lambda: any(not t.cancelled and t.when <= timers.now + 0.005 for t in timers.timers),
+                            timeout=10.0, what=f"{save.__name__}: a reload due within settle_s")
+                timers.advance(0.005)
+                await read_done(r)
+                assert seen[-1] == expected
         finally:
             r.stop()
 
     asyncio.run(main())
+    assert seen == [0.2, 0.3]

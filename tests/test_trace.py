@@ -15,9 +15,8 @@ from gemini.ctl import main as ctl_main
 from gemini.config import parse_config
 from gemini.scheduler.policy import DEFAULT_BUCKET_MS
 from gemini.wire.sched import Grant, Hello, StatusReply, StatusRequest, TokenRelease, TokenRequest, Welcome
-from gemini.plot import share_series
 from tests.schd_inproc import DaemonThread, FakePodManager
-from gemini.scheduler.trace import SchedulerTrace, SlotEvent, TraceFormatError, read_trace
+from gemini.scheduler.trace import SchedulerTrace, TraceFormatError, read_trace
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,7 +68,7 @@ def test_trace_is_json_with_viewer_fields(traced_run):
     events = json.loads(path.read_text())          # a clean stop closes the array: strict JSON
     assert isinstance(events, list) and events
     for e in events:
-        assert e["ph"] in ("M", "X", "i") and isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+        assert e["ph"] in ("M", "X", "i", "C") and isinstance(e["pid"], int) and isinstance(e["tid"], int), e
         assert isinstance(e["name"], str)
         if e["ph"] != "M":
             assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0
@@ -174,13 +173,6 @@ def test_read_trace_formats(tmp_path):
     broken.write_text("[\n" + json.dumps(ev) + "\n,{oops\n," + json.dumps(ev) + "\n")
     with pytest.raises(TraceFormatError, match=":3:"):
         read_trace(broken)
-
-
-def test_share_series():
-    slots = [SlotEvent("a", 0.0, 1.0, 1, 1000.0, "deadline"), SlotEvent("a", 2.0, 1.0, 2, 1000.0, "deadline")]
-    times = [0.5, 1.0, 2.0, 2.5, 3.0, 4.0, 6.0]
-    # Window 2 s (min(2, t) early on): usage in [max(0, t-2), t] / min(2, t).
-    assert share_series(slots, times, 2.0) == pytest.approx([1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.0])
 
 
 def test_cli_trace_unwritable_exits_2(tmp_path):

@@ -15,16 +15,43 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.harness import Backend, Trace, common_span, last_json, shares_over  # noqa: E402
+from bench.harness import Backend, Trace, common_span, shares_over  # noqa: E402
 from gemini.config import load_config  # noqa: E402
+from gemini.ctl import SchedulerUnreachable, StatusClient, format_table  # noqa: E402
+from gemini.wire.sched import StatusReply  # noqa: E402
 from gemini.scheduler.policy import fair_targets  # noqa: E402
 
 log = logging.getLogger("demo")
+
+WINDOW_MS = 5000    # gem-schd's window here: shorter than its default 10 s, so the shares settle within the run
+
+
+@dataclass
+class StatusReading:
+    """gem-schd's status as `gem-ctl status` asks for it, and when (CLOCK_MONOTONIC ns, as in the clients' traces)."""
+    reply: Optional[StatusReply]
+    at_ns: int
+    endpoint: str
+    error: str = ""
+
+
+def read_status(port: int) -> StatusReading:
+    client = StatusClient("127.0.0.1", port, timeout_s=10.0)
+    try:
+        before = time.monotonic_ns()
+        reply = client.status()
+        return StatusReading(reply, (before + time.monotonic_ns()) // 2, client.endpoint)
+    except SchedulerUnreachable as exc:
+        return StatusReading(None, 0, client.endpoint, str(exc))
+    finally:
+        client.close()
 
 
 def real_gpu() -> bool:
@@ -67,10 +94,10 @@ def main(argv=None) -> int:
         log.error("%s defines %d group(s); the demo needs two", args.config, len(groups))
         return 2
     trace_file = work / "grants.json"
-    # A shorter window than gem-schd's default 10 s, so the shares settle within the demo's run.
-    backend = Backend(work, config=Path(args.config), quota_ms=50, min_quota_ms=10, window_ms=5000, env=env,
+    backend = Backend(work, config=Path(args.config), quota_ms=50, min_quota_ms=10, window_ms=WINDOW_MS, env=env,
                       extra_args=[f"--schd-arg=--trace={trace_file}"])
-    log.info("Config %s (%s format); gem-schd window 5 s, quota 50 ms.", args.config, config.format)
+    log.info("Config %s (%s format); gem-schd window %g s, quota 50 ms.", args.config, config.format,
+             WINDOW_MS / 1000)
     backend.start()
     try:
         blocks = "132" if gpu else "1"
@@ -79,10 +106,10 @@ def main(argv=None) -> int:
             argv = [client_path("workload-procaddr"), "--seconds", seconds, "--kernel-us", 1000, "--sync-every", 1,
                     "--blocks", blocks, "--trace", work / f"{g.name}.trace", "--json"]
             procs[g.name] = backend.spawn(g.name, argv, env=env)
+        clients_started_ns = time.monotonic_ns()
         log.info("Running one always-busy client in each of %s for %.0f s ...", ", ".join(procs), seconds)
         time.sleep(max(0.0, seconds - 2.0))
-        status = subprocess.run([sys.executable, "-m", "gemini.ctl", "--port", str(backend.port), "status"],
-                                cwd=REPO, capture_output=True, text=True, timeout=20)
+        status = read_status(backend.port)
         outputs = {name: proc.communicate(timeout=seconds + 60) for name, proc in procs.items()}
     finally:
         backend.stop()
@@ -91,21 +118,35 @@ def main(argv=None) -> int:
         log.error("client(s) failed: %s", failed)
         return 1
     traces = {g.name: Trace.read(work / f"{g.name}.trace") for g in groups}
-    start, end = common_span(traces, trim_s=3.0 if seconds >= 10 else 1.0)
+    # One span for everything below: gem-schd's window as it stood when gem-ctl status asked (what its SHARE
+    # covers), cut to the time every client ran.
+    start, end = common_span(traces)
+    if status.reply is not None:
+        start, end = max(start, status.at_ns - WINDOW_MS * 1e6), min(end, status.at_ns)
     achieved = shares_over(traces, start, end)
     expected = fair_targets({g.name: g.max_util for g in groups})
+    scheduled = {row["name"]: row["share"] for row in status.reply.groups} if status.reply is not None else {}
+    where = "GPU" if gpu else "simulated driver"
     print()
-    print(f"{'GROUP':<12}{'MinUtil':>9}{'MaxUtil':>9}{'expected':>10}{'achieved':>10}   "
-          f"({'GPU' if gpu else 'simulated driver'}, on-chip time over {((end - start) / 1e9):.1f} s)")
+    print(f"Each group's share over {(end - start) / 1e9:.1f} s ({where})"
+          + (", the window of the gem-ctl status below:" if status.reply is not None else ":"))
+    print(f"{'GROUP':<12}{'MinUtil':>9}{'MaxUtil':>9}{'expected':>10}{'gem-schd':>10}{'achieved':>10}{'kernels':>10}")
     for g in groups:
-        print(f"{g.name:<12}{g.min_util:>9.2f}{g.max_util:>9.2f}{expected[g.name]:>10.3f}{achieved[g.name]:>10.3f}")
-    print(f"{'total':<12}{'':>9}{'':>9}{sum(expected.values()):>10.3f}{sum(achieved.values()):>10.3f}")
-    for name, (out, _) in outputs.items():
-        result = last_json(out)
-        log.info("%s: %d kernels, %.2f s on-chip", name, result["kernels_done"], result["onchip_ns"] / 1e9)
+        t = traces[g.name]
+        kernels = t.kernels_at(end) - t.kernels_at(start)
+        share = f"{scheduled[g.name]:>10.3f}" if g.name in scheduled else f"{'-':>10}"
+        print(f"{g.name:<12}{g.min_util:>9.2f}{g.max_util:>9.2f}{expected[g.name]:>10.3f}{share}"
+              f"{achieved[g.name]:>10.3f}{kernels:>10.0f}")
+    total = f"{sum(scheduled.values()):>10.3f}" if scheduled else f"{'-':>10}"
+    print(f"{'total':<12}{'':>9}{'':>9}{sum(expected.values()):>10.3f}{total}{sum(achieved.values()):>10.3f}")
+    print("gem-schd: the time the scheduler gave the group (SHARE in gem-ctl status); achieved: the on-chip time of "
+          "its kernels; kernels: how many ran in that time.")
     print()
-    print("gem-ctl status, 2 s before the end of the run:")
-    print(status.stdout.rstrip() or f"(gem-ctl status failed: {status.stderr.strip()[-300:]})")
+    if status.reply is not None:
+        print(f"gem-ctl status, {seconds - (status.at_ns - clients_started_ns) / 1e9:.1f} s before the end of the run:")
+        print(format_table(status.reply, status.endpoint))
+    else:
+        print(f"(gem-ctl status failed: {status.error})")
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from gemini.logs import setup_logging
+
 log = logging.getLogger("gemini.k8s")
 
 
@@ -49,8 +51,7 @@ def main(node_name: str, config_path: str | None, kubelet_dir: str, root: str, k
     from .nodeconfig import NodeConfigError, load_node_config
     from .service import DiscoveryError, GemNode, NodeOptions, discover_gpus
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s gem-node %(levelname)s %(name)s: %(message)s")
+    setup_logging("gem-node", logging.DEBUG if verbose else logging.INFO)
     try:
         cfg = load_node_config(config_path)
         gpus = cfg.gpus or discover_gpus()

@@ -19,7 +19,8 @@ import click
 
 from gemini import transport
 from gemini.podmgr.admission import Limits
-from gemini.podmgr.cli import raise_fd_limit, serve, setup_logging
+from gemini.logs import level_from_flags, setup_logging
+from gemini.podmgr.cli import raise_fd_limit, serve
 from gemini.podmgr.server import PodManagerServer
 
 from .cgroup import CgroupAuthorizer, read_proc_cgroup
@@ -48,7 +49,7 @@ class PodSocketAccess(transport.SocketAccess):
 @click.option("-v", "--verbose", count=True)
 def main(group: str, ipc_dir: str, device_uuid: str, pod_uid: str, pod_ref: str, proc_root: str, verbose: int) -> None:
     """Pod manager of one container's group on a Kubernetes node."""
-    setup_logging(verbose or 1, None, f"gem-pmgr[{pod_ref}]")
+    setup_logging(f"gem-pmgr[{pod_ref}]", level_from_flags(verbose or 1, None, logging.WARNING))
     authorizer = CgroupAuthorizer(pod_uid, pod_ref, read_cgroup=lambda pid: read_proc_cgroup(pid, proc_root))
     limits = Limits()
     raise_fd_limit(limits.total + 256)

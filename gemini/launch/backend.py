@@ -38,6 +38,7 @@ from typing import IO
 
 from gemini import transport
 from gemini.config import Config, ConfigError, GroupConfig, load_config
+from gemini.logs import setup_logging
 from gemini.reload import ConfigReloader
 
 log = logging.getLogger("gemini.launch")
@@ -64,7 +65,7 @@ def connect_host(ip: str) -> str:
 
 
 def port_free(ip: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    family = socket.AF_INET6 if transport.is_ipv6(ip) else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as the daemons bind: TIME_WAIT is no obstacle
         try:
@@ -182,10 +183,10 @@ class Child:
             self._log_file = None
 
 
-def stop_children(children: list[Child], grace: float = KILL_GRACE_S) -> None:
-    """SIGTERM all, wait up to `grace`, SIGKILL what is left, reap everything."""
+def stop_children(children: list[Child], grace: float = KILL_GRACE_S, sig: int = signal.SIGTERM) -> None:
+    """`sig` (SIGTERM) to all, wait up to `grace`, SIGKILL what is left, reap everything."""
     for c in children:
-        c.signal(signal.SIGTERM)
+        c.signal(sig)
     deadline = time.monotonic() + grace
     while any(c.alive() for c in children) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -469,7 +470,8 @@ class Backend:
         removed = [g for g in self.groups if g not in config.names]
         added = [g for g in config.names if g not in self.groups]
         events = []
-        stop_children([self.groups[g] for g in removed], self.opts.kill_grace)
+        # SIGUSR1: gem-pmgr tells its processes that their group was removed before it stops
+        stop_children([self.groups[g] for g in removed], self.opts.kill_grace, signal.SIGUSR1)
         for g in removed:
             child = self.groups.pop(g)
             if child.socket is not None:
@@ -583,7 +585,7 @@ async def _main(backend: Backend) -> int:
         backend.shutdown()
 
 
-DEFAULT_TCP_PORT = 50051
+DEFAULT_TCP_PORT = transport.DEFAULT_SCHEDULER_PORT
 
 
 def choose_transport(opts: argparse.Namespace) -> str | None:
@@ -592,7 +594,7 @@ def choose_transport(opts: argparse.Namespace) -> str | None:
     if tcp and opts.ipc_dir is not None:
         return "--ipc-dir and --ip/--port: choose one transport"
     if tcp:
-        opts.ip = opts.ip or "127.0.0.1"
+        opts.ip = opts.ip or transport.DEFAULT_IP
         opts.port = DEFAULT_TCP_PORT if opts.port is None else opts.port
         if not 1 <= opts.port <= 65534:
             return f"--port {opts.port} is not usable (gem-schd's port, pod managers above it)"
@@ -612,6 +614,6 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.DEBUG if opts.verbose >= 2 else logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {PROG} %(levelname)s: %(message)s")
+    # -v makes the daemons say more (it is passed on); -vv launch-backend too
+    setup_logging(PROG, logging.DEBUG if opts.verbose >= 2 else logging.INFO, library_debug=opts.verbose >= 2)
     return asyncio.run(_main(Backend(opts)))

@@ -8,7 +8,10 @@ there), or on TCP when --port (or $POD_MANAGER_PORT) is given, as in Gemini v1 (
 Before starting anything it greets the group's pod manager (a HELLO handshake, then closes), so a wrong
 port or socket, a group the scheduler does not know, a socket this user may not open, or no pod manager at
 all is reported at once instead of by a hook inside the program. The program keeps its argv exactly (no
-shell unless --shell) and runs in its own process group, which --timeout ends as a whole. The exit code is
+shell unless --shell) and runs in its own process group, which --timeout ends as a whole. SIGINT, SIGTERM,
+SIGHUP and SIGQUIT sent to launch-command are passed on to that group -- SIGINT and SIGTERM also when
+launch-command was started with them ignored, as a `launch-command ... &` of a script is (the program then
+starts with them at their defaults); an ignored SIGHUP or SIGQUIT (nohup) stays ignored. The exit code is
 the program's (128+N if signal N ended it; 124 on --timeout; 2 for launch-command's own errors; 126/127 when
 the program cannot be run).
 """
@@ -36,17 +39,29 @@ EXIT_TIMEOUT = 124
 HANDSHAKE_TIMEOUT_S = 10.0      # the pod manager may wait up to ~2 s for gem-schd before it answers
 KILL_GRACE_S = 3.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# Forwarded even when launch-command was started with them ignored. A `launch-command ... &` in a script starts
+# with SIGINT ignored (the shell's protection of background jobs from the terminal's Ctrl-C); the program runs in
+# a process group of its own, which the terminal never signals, so passing SIGINT on is launch-command's decision,
+# and the program must not inherit the ignore or it would never stop on one. SIGHUP and SIGQUIT ignored at start
+# (nohup) stay ignored, for launch-command and the program alike.
+ALWAYS_FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
 
 class LaunchError(Exception):
     """Something launch-command itself cannot do; the text is for the user."""
 
 
-def _env_first(names: tuple[str, ...]) -> str | None:
+def _env_setting(names: tuple[str, ...]) -> tuple[str, str] | None:
+    """(variable, value) of the first of `names` that is set and not empty."""
     for name in names:
         if os.environ.get(name):
-            return os.environ[name]
+            return name, os.environ[name]
     return None
+
+
+def _env_first(names: tuple[str, ...]) -> str | None:
+    found = _env_setting(names)
+    return found[1] if found else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,14 +123,15 @@ def _choose_transport(ns: argparse.Namespace) -> str | None:
         return "--ipc-dir and --ip/--port: choose one transport"
     if not tcp_flags and ns.ipc_dir is None:
         env_dir = os.environ.get(transport.ENV_IPC_DIR)
-        env_port = _env_first(ENV_POD_MANAGER_PORT)
+        env_port = _env_setting(ENV_POD_MANAGER_PORT)
         if env_dir:
             ns.ipc_dir = env_dir
         elif env_port:
             try:
-                ns.port = int(env_port)
-            except ValueError:
-                return f"POD_MANAGER_PORT={env_port!r} is not a port number"
+                ns.port = transport.parse_port(env_port[1])
+            except ValueError as exc:
+                return (f"{env_port[0]}={env_port[1]!r} is not usable: {exc}; set it to the group's pod manager "
+                        "port or pass --port")
         else:
             ns.ipc_dir = transport.DEFAULT_IPC_DIR
     if ns.ipc_dir is not None:
@@ -305,30 +321,46 @@ def _foreground(pgid: int):
         signal.signal(signal.SIGTTOU, old)
 
 
+def _forwarding(sig: int) -> bool:
+    return sig in ALWAYS_FORWARDED or signal.getsignal(sig) != signal.SIG_IGN
+
+
 def run_program(argv: list[str], env: dict, timeout: float | None = None, grace: float = KILL_GRACE_S) -> int:
     """Run argv in its own process group; forward signals; apply the timeout. Returns the exit code."""
+    child: list[subprocess.Popen] = []
+    early: list[int] = []       # signals that came before the program existed
+
+    def forward(signum, _frame):
+        if not child:
+            early.append(signum)
+            return
+        try:
+            os.killpg(child[0].pid, signum)
+        except ProcessLookupError:
+            pass
+
+    # Caught before the program starts: a caught signal is reset to its default by exec, so the program does
+    # not inherit an ignored SIGINT (see ALWAYS_FORWARDED).
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS if _forwarding(sig)}
     try:
         if sys.version_info >= (3, 11):
             proc = subprocess.Popen(argv, env=env, process_group=0)
         else:
             proc = subprocess.Popen(argv, env=env, preexec_fn=os.setpgrp)  # noqa: PLW1509
-    except FileNotFoundError:
-        print(f"{PROG}: {argv[0]}: command not found", file=sys.stderr)
-        return 127
-    except PermissionError:
-        print(f"{PROG}: {argv[0]}: permission denied", file=sys.stderr)
-        return 126
     except OSError as exc:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if isinstance(exc, FileNotFoundError):
+            print(f"{PROG}: {argv[0]}: command not found", file=sys.stderr)
+            return 127
+        if isinstance(exc, PermissionError):
+            print(f"{PROG}: {argv[0]}: permission denied", file=sys.stderr)
+            return 126
         print(f"{PROG}: {argv[0]}: cannot run: {exc.strerror or exc}", file=sys.stderr)
         return 126
-
-    def forward(signum, _frame):
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    child.append(proc)
+    for signum in early:
+        forward(signum, None)
     try:
         with _foreground(proc.pid):
             try:

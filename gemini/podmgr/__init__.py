@@ -3,9 +3,11 @@
 manager.py holds the logic (pure, simulated-time testable), server.py the sockets, cli.py the command.
 """
 
-DEFAULT_IP = "127.0.0.1"
-DEFAULT_PORT = 50052
-DEFAULT_SCHEDULER_PORT = 50051
+from gemini.transport import DEFAULT_IP, DEFAULT_SCHEDULER_PORT
+from gemini.transport import DEFAULT_POD_MANAGER_PORT as DEFAULT_PORT
+
+__all__ = ["DEFAULT_IP", "DEFAULT_PORT", "DEFAULT_SCHEDULER_PORT", "ENV_POD_NAME", "ENV_POD_MANAGER_IP",
+           "ENV_POD_MANAGER_PORT", "ENV_SCHEDULER_IP", "ENV_SCHEDULER_PORT"]
 
 # Environment variables naming the group and its pod manager, in the order the hook reads them (ours, then
 # Gemini's). gem-pmgr takes them as defaults for its flags; launch-command sets all of them for its program.

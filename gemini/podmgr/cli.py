@@ -6,6 +6,7 @@ import errno
 import importlib
 import ipaddress
 import logging
+import os
 import resource
 import signal
 import sys
@@ -13,6 +14,7 @@ import sys
 import click
 
 from gemini import transport
+from gemini.logs import LEVEL_NAMES, level_from_flags, setup_logging
 from gemini.wire import hook as hp
 
 from . import (DEFAULT_IP, DEFAULT_PORT, DEFAULT_SCHEDULER_PORT, ENV_POD_MANAGER_IP, ENV_POD_MANAGER_PORT,
@@ -23,7 +25,24 @@ from .server import PodManagerServer
 
 log = logging.getLogger("gemini.podmgr")
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+class PortParam(click.ParamType):
+    """A TCP port; a bad value from an environment variable is reported with the variable's name."""
+    name = "port"
+
+    def __init__(self, lowest: int):
+        self.lowest = lowest
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return transport.parse_port(str(value), self.lowest)
+        except ValueError as exc:
+            if ctx is not None and param is not None and param.name is not None and \
+                    ctx.get_parameter_source(param.name) is click.core.ParameterSource.ENVIRONMENT:
+                var = next((v for v in (param.envvar or ()) if os.environ.get(v)), "the environment")
+                self.fail(f"{var}={value!r} is not usable: {exc}", param, ctx)
+            self.fail(str(exc), param, ctx)
 
 
 def is_loopback(host: str) -> bool:
@@ -33,15 +52,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def setup_logging(verbose: int, log_level: str | None, tag: str) -> None:
-    if log_level:
-        level = getattr(logging, log_level.upper())
-    else:
-        level = logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format=f"%(asctime)s {tag} %(levelname)s: %(message)s")
 
 
 def raise_fd_limit(wanted: int) -> None:
@@ -86,18 +96,25 @@ def load_authorizer(spec: str) -> PeerAuthorizer:
 
 
 async def serve(server: PodManagerServer) -> None:
-    """Run until SIGINT/SIGTERM."""
+    """Run until SIGINT/SIGTERM, or SIGUSR1: launch-backend's "your group was removed from the config", which the
+    hooks are told before the connections close."""
     # Handlers first: a signal that arrives as soon as the port is listening must stop us cleanly.
     stop = asyncio.Event()
+    farewell: list[str] = []
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+
+    def removed() -> None:
+        farewell.append(f"group '{server.manager.group}' was removed from the config: its pod manager has stopped")
+        stop.set()
+    loop.add_signal_handler(signal.SIGUSR1, removed)
     await server.start()
     try:
         await stop.wait()
-        log.info("stopping")
+        log.info("stopping%s", f" ({farewell[0]})" if farewell else "")
     finally:
-        await server.stop()
+        await server.stop(farewell[0] if farewell else None)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -106,11 +123,11 @@ async def serve(server: PodManagerServer) -> None:
 @click.option("--ip", envvar=list(ENV_POD_MANAGER_IP), default=DEFAULT_IP, show_default=True,
               help="Address the hooks connect to. [env: POD_MANAGER_IP]")
 @click.option("--port", envvar=list(ENV_POD_MANAGER_PORT), default=DEFAULT_PORT, show_default=True,
-              type=click.IntRange(0, 65535), help="Port the hooks connect to. [env: POD_MANAGER_PORT]")
+              type=PortParam(0), help="Port the hooks connect to (0: any free port). [env: POD_MANAGER_PORT]")
 @click.option("--scheduler-ip", envvar=list(ENV_SCHEDULER_IP), default="127.0.0.1", show_default=True,
               help="Address of gem-schd. [env: SCHEDULER_IP]")
 @click.option("--scheduler-port", envvar=list(ENV_SCHEDULER_PORT), default=DEFAULT_SCHEDULER_PORT,
-              show_default=True, type=click.IntRange(1, 65535), help="Port of gem-schd. [env: SCHEDULER_PORT]")
+              show_default=True, type=PortParam(1), help="Port of gem-schd. [env: SCHEDULER_PORT]")
 @click.option("--device-uuid", default=None,
               help="Serve only hooks on this GPU (\"GPU-...\"); hooks reporting another device are refused. "
                    "With --ipc-dir it also names the GPU's subdirectory (default: 'default').")
@@ -127,7 +144,7 @@ async def serve(server: PodManagerServer) -> None:
 @click.option("--hello-timeout", type=click.FloatRange(0.05, 3600), default=Limits.hello_timeout_s,
               show_default=True, help="Seconds a new connection has to say HELLO before it is closed.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
-@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None,
+@click.option("--log-level", type=click.Choice(LEVEL_NAMES, case_sensitive=False), default=None,
               help="Log level (overrides -v).")
 def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, device_uuid: str | None,
          ipc_dir: str | None, socket_owner: str | None, socket_group: str | None, socket_mode: int | None,
@@ -143,7 +160,7 @@ def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, 
             raise click.UsageError(f"--ipc-dir and {', '.join(given)}: choose one transport")
     elif any(v is not None for v in (socket_owner, socket_group, socket_mode)):
         raise click.UsageError("--socket-owner/--socket-group/--socket-mode need --ipc-dir")
-    setup_logging(verbose, log_level, f"gem-pmgr[{name}]")
+    setup_logging(f"gem-pmgr[{name}]", level_from_flags(verbose, log_level, logging.WARNING))
     access = transport.SocketAccess(socket_owner, socket_group,
                                     transport.DEFAULT_GROUP_SOCKET_MODE if socket_mode is None else socket_mode)
     if ipc_dir is None:

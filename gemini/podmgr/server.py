@@ -68,8 +68,8 @@ class PodManagerServer:
     DIR/<gpu>/gem-schd.sock (see gemini/transport.py); no TCP port is opened.
     """
 
-    def __init__(self, group: str, ip: str = "127.0.0.1", port: int = 50052, *,
-                 scheduler_ip: str = "127.0.0.1", scheduler_port: int = 50051,
+    def __init__(self, group: str, ip: str = transport.DEFAULT_IP, port: int = transport.DEFAULT_POD_MANAGER_PORT, *,
+                 scheduler_ip: str = transport.DEFAULT_IP, scheduler_port: int = transport.DEFAULT_SCHEDULER_PORT,
                  device_uuid: str | None = None, clock: Callable[[], float] = time.monotonic,
                  ipc_dir: str | os.PathLike | None = None,
                  socket_access: transport.SocketAccess | None = None,
@@ -154,7 +154,14 @@ class PodManagerServer:
         self._scheduler_path = transport.ShortPath(transport.scheduler_socket(self.ipc_dir, self.device_uuid))
         return transport.ipc_endpoint(self._scheduler_path.address)
 
-    async def stop(self) -> None:
+    async def stop(self, farewell: str | None = None) -> None:
+        """Stop serving. `farewell`: why, told to every connected hook first (an ERROR push, UNKNOWN_GROUP), so
+        that its process can say so rather than only that the pod manager went away."""
+        if farewell:
+            for cid, client in self.manager.clients.items():
+                writer = self._writers.get(cid)
+                if client.greeted and writer is not None and not writer.is_closing():
+                    writer.write(hp.error_frame(hp.ErrorCode.UNKNOWN_GROUP, farewell, 0))
         if self._server is not None:
             self._server.close()
         if self.socket_path is not None:

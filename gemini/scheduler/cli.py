@@ -14,29 +14,17 @@ from pathlib import Path
 import click
 
 from gemini.config import ConfigError, load_config
+from gemini.logs import LEVEL_NAMES, level_from_flags, setup_logging
 from gemini.scheduler.daemon import DEFAULT_PORT, BindError, SchedulerDaemon
 from gemini.scheduler.policy import DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS
 
 EXIT_USAGE = 2
-
-_LEVELS = ["debug", "info", "warning", "error"]
 
 
 def _positive(ctx, param, value):
     if value is not None and not (math.isfinite(value) and value > 0):
         raise click.BadParameter(f"must be a positive number of milliseconds, got {value}")
     return value
-
-
-def setup_logging(verbose: int, level_name: str | None) -> None:
-    if level_name:
-        level = getattr(logging, level_name.upper())
-    else:
-        level = logging.DEBUG if verbose > 0 else logging.INFO
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s.%(msecs)03d gem-schd %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    if level > logging.DEBUG or verbose < 2:
-        logging.getLogger("watchdog").setLevel(logging.WARNING)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,7 +50,7 @@ def setup_logging(verbose: int, level_name: str | None) -> None:
 @click.option("-p", "--limit-file-dir", "--limit_file_dir", "limit_file_dir", default=".", show_default=True,
               help="Directory of the config file.")
 @click.option("-v", "--verbose", count=True, help="More logging (-v: one line per grant; -vv: also file events).")
-@click.option("--log-level", type=click.Choice(_LEVELS, case_sensitive=False), default=None,
+@click.option("--log-level", type=click.Choice(LEVEL_NAMES, case_sensitive=False), default=None,
               help="Log level (overrides -v).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on this port (on --ip) at /metrics. Needs prometheus_client.")
@@ -84,7 +72,7 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
             raise click.UsageError(f"--ipc-dir and {', '.join(given)}: choose one transport")
     elif device_uuid is not None:
         raise click.UsageError("--device-uuid needs --ipc-dir")
-    setup_logging(verbose, log_level)
+    setup_logging("gem-schd", level_from_flags(verbose, log_level, logging.INFO), library_debug=verbose >= 2)
     if metrics_port is not None:
         from gemini.scheduler.metrics import MetricsUnavailable, require_prometheus
         try:

@@ -45,6 +45,7 @@ from gemini.board import Board, BoardError
 from gemini.config import Config
 from gemini.scheduler.connections import HELLO_TIMEOUT_S, MAX_CONNECTIONS, ConnectionGuard
 from gemini.scheduler.observers import SchedulerObserver
+from gemini.scheduler.share import reported_share
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS,
                                      DEFAULT_WINDOW_MS, ClaimRightDecision, Decision, GrantDecision, Policy,
                                      RefuseDecision, SlotEndDecision, diff_configs)
@@ -55,7 +56,7 @@ from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_
 
 log = logging.getLogger("gemini.scheduler")
 
-DEFAULT_PORT = 50051
+DEFAULT_PORT = transport.DEFAULT_SCHEDULER_PORT
 HEARTBEAT_TIMEOUT_S = 5.0
 MAX_BYTES = 2**63 - 1
 MAX_CLIENTS = 1 << 20
@@ -167,7 +168,7 @@ class SchedulerDaemon:
     `ipc_dir`: the socket transport: listen on ipc_dir/<device_uuid or default>/gem-schd.sock, no TCP port.
     """
 
-    def __init__(self, config: Config, *, ip: str = "127.0.0.1", port: int = DEFAULT_PORT,
+    def __init__(self, config: Config, *, ip: str = transport.DEFAULT_IP, port: int = DEFAULT_PORT,
                  base_quota_ms: float = DEFAULT_BASE_QUOTA_MS, min_quota_ms: float = DEFAULT_MIN_QUOTA_MS,
                  window_ms: float = DEFAULT_WINDOW_MS, bucket_ms: float = DEFAULT_BUCKET_MS,
                  config_path: Optional[str] = None, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
@@ -726,9 +727,16 @@ class SchedulerDaemon:
 
     # --- status -----------------------------------------------------------------------------------------------------
 
+    def reported_shares(self, now: float) -> dict[str, float]:
+        """Each group's share as gem-schd reports it (gemini/scheduler/share.py): the policy's charges over the
+        whole window. gem-ctl status, the metrics and the trace's share samples all read it here."""
+        return {gc.name: reported_share(self.policy.usage(gc.name, now), self.policy.window_ms)
+                for gc in self.config.groups}
+
     def status_reply(self) -> StatusReply:
         now = self.now_ms()
         pstat = self.policy.status(now)
+        shares = self.reported_shares(now)
         groups = []
         for gc in self.config.groups:
             p = pstat.get(gc.name)
@@ -736,14 +744,15 @@ class SchedulerDaemon:
             if p is None:
                 continue
             groups.append(asdict(GroupStatus(
-                name=gc.name, min_util=gc.min_util, max_util=gc.max_util, share=p.share,
+                name=gc.name, min_util=gc.min_util, max_util=gc.max_util, share=shares[gc.name],
                 mem_used=info.mem_used, mem_limit=gc.mem_limit, clients=info.clients, holding=p.holding,
                 waiting=p.waiting, wait_ms=p.wait_ms, quota_ms=p.quota_ms, grants=p.grants,
                 connected=info.connected, sched_class=p.sched_class, target=p.target,
                 continuations=p.continuations, claims=p.claims, claim_ms=p.claim_ms,
                 claim_allowed=p.claim_allowed, members=info.members if info.connected else [])))
         holder = next((g["name"] for g in groups if g["holding"]), "")
-        return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups)
+        rejected = self.reloader.rejected if self.reloader is not None else None
+        return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups, rejected or "")
 
 
 def _call(observer, method: str, *args) -> None:

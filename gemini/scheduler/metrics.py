@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
 from gemini.config import Config
+from gemini.transport import host_port
 from gemini.scheduler.observers import ObserverBase
 from gemini.wire.sched import StatusReply
 
@@ -187,12 +188,11 @@ class MetricsServer(ObserverBase):
         sockets = self._server.sockets or ()
         self.port = sockets[0].getsockname()[1] if sockets else port
         self.ip = ip
-        log.info("Prometheus metrics on http://%s:%d/metrics", f"[{ip}]" if ":" in ip else ip, self.port)
+        log.info("Prometheus metrics on %s", self.url)
 
     @property
     def url(self) -> str:
-        host = f"[{self.ip}]" if ":" in self.ip else self.ip
-        return f"http://{host}:{self.port}/metrics"
+        return f"http://{host_port(self.ip, self.port)}/metrics"
 
     def close(self) -> None:
         if self._server is not None:

@@ -16,6 +16,9 @@ Format: the Trace Event "JSON array" format, one event per line, the separating 
   "continued": the holder kept the GPU in a new slot that starts where this one ends; "stop": the daemon
   stopped);
 * one "X" event (cat "claim") per claim a latency group reported, on its track;
+* a counter event "share" on the scheduler's track 50 times a window, args {group: share}: each group's share
+  as gem-ctl status reported it at that moment (gemini/scheduler/share.py); Perfetto draws it as a counter track,
+  gem-ctl plot as the share curves. While every share stays 0 (an idle scheduler) only the first 0 is written;
 * one track (tid) per group, named by "thread_name" metadata, in config order;
 * an instant event "config" at the start and at every applied reload (args: the groups' MinUtil, MaxUtil,
   MemoryLimit, and what the reload added, changed and removed), so that a plot can draw the limits in force.
@@ -26,6 +29,7 @@ A daemon that stops cleanly ends the file with a "stopped" event and "]". `read_
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -36,6 +40,7 @@ from typing import IO, Any, Optional
 
 from gemini.config import Config
 from gemini.scheduler.observers import ObserverBase
+from gemini.scheduler.share import sample_interval
 
 log = logging.getLogger("gemini.scheduler.trace")
 
@@ -53,6 +58,9 @@ class TraceWriter(ObserverBase):
 
     def __init__(self, path: str | os.PathLike, daemon: Any):
         self.path = Path(path)
+        self._daemon = daemon
+        self._sampler: Optional[asyncio.TimerHandle] = None
+        self._idle_written = False    # the last sample written was all zeros
         self._file: Optional[IO[str]] = open(self.path, "w", encoding="utf-8")
         self._pid = os.getpid()
         self._tids: dict[str, int] = {}
@@ -72,6 +80,12 @@ class TraceWriter(ObserverBase):
                               "window_ms": policy.window_ms, "base_quota_ms": policy.base_quota_ms,
                               "min_quota_ms": policy.min_quota_ms, "config_path": daemon.config.path,
                               "groups": _groups_arg(daemon.config)}})
+        try:
+            self._loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:      # built outside a loop (a test): no periodic samples
+            self._loop = None
+        self._interval_s = sample_interval(policy.window_ms) / 1000.0
+        self._sample()
 
     # --- observer interface (called by the daemon, on its loop) --------------------------------------------------
 
@@ -96,12 +110,40 @@ class TraceWriter(ObserverBase):
                               "removed": list(diff.removed), "groups": _groups_arg(config)}})
 
     def on_stop(self, now_ms: float) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            self._sampler = None
         if self._file is None:
             return
+        self._write_sample(now_ms, force=True)
         self._event({"ph": "i", "s": "g", "name": "gem-schd stopped", "cat": "config", "ts": _us(now_ms),
                      "tid": SCHEDULER_TID})
         self._write_raw("]\n")
         self.close()
+
+    # --- share samples ----------------------------------------------------------------------------------------------
+
+    def _sample(self) -> None:
+        """Record the reported shares now, and again in a 50th of a window (on the daemon's loop)."""
+        self._sampler = None
+        if self._file is None:
+            return
+        self._write_sample(self._daemon.now_ms())
+        if self._loop is not None and not self._loop.is_closed():
+            self._sampler = self._loop.call_later(self._interval_s, self._sample)
+
+    def _write_sample(self, now_ms: float, force: bool = False) -> None:
+        try:
+            shares = self._daemon.reported_shares(now_ms)
+        except Exception:     # the trace must never take the scheduler down
+            log.exception("trace: cannot read the shares")
+            return
+        idle = not any(shares.values())
+        if idle and self._idle_written and not force:
+            return
+        self._idle_written = idle
+        self._event({"ph": "C", "name": "share", "cat": "share", "ts": _us(now_ms), "tid": SCHEDULER_TID,
+                     "args": {g: round(v, 6) for g, v in shares.items()}})
 
     # --- internals ---------------------------------------------------------------------------------------------------
 
@@ -197,6 +239,13 @@ class SlotEvent:
 
 
 @dataclass(frozen=True)
+class ShareSample:
+    """Each group's share as gem-schd reported it at t_s."""
+    t_s: float
+    shares: dict[str, float]
+
+
+@dataclass(frozen=True)
 class ConfigEvent:
     t_s: float
     groups: dict[str, dict[str, Any]]
@@ -207,6 +256,7 @@ class SchedulerTrace:
     """A trace file's slots (sorted by start), config changes and window, in seconds since the daemon started."""
     slots: list[SlotEvent] = field(default_factory=list)
     configs: list[ConfigEvent] = field(default_factory=list)
+    samples: list[ShareSample] = field(default_factory=list)     # sorted by time
     window_s: float = 10.0
     end_s: float = 0.0
     groups: list[str] = field(default_factory=list)   # every group seen, in order of first appearance
@@ -236,9 +286,17 @@ class SchedulerTrace:
                 if "window_ms" in args:
                     trace.window_s = float(args["window_ms"]) / 1000.0
                 trace.end_s = max(trace.end_s, t)
+            elif ph == "C" and e.get("name") == "share":
+                try:
+                    sample = ShareSample(float(e["ts"]) / 1e6, {str(g): float(v) for g, v in args.items()})
+                except (KeyError, TypeError, ValueError):
+                    raise TraceFormatError(f"{path}: bad share sample {e!r}") from None
+                trace.samples.append(sample)
+                trace.end_s = max(trace.end_s, sample.t_s)
             elif ph == "i" and "ts" in e:
                 trace.end_s = max(trace.end_s, float(e["ts"]) / 1e6)
         trace.slots.sort(key=lambda s: s.start_s)
+        trace.samples.sort(key=lambda s: s.t_s)
         trace.configs.sort(key=lambda c: c.t_s)
         trace.groups = list(seen)
         return trace

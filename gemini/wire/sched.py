@@ -186,6 +186,7 @@ class StatusReply:
     window_ms: float
     holder: str
     groups: list = field(default_factory=list)   # list of GroupStatus as dicts
+    config_rejected: str = ""   # why the config file's current content is not in force (last edit rejected)
 
 
 Message = Union[Hello, TokenRequest, TokenRelease, ClaimReport, Heartbeat, StatusRequest, Welcome, Grant,
