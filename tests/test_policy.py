@@ -92,9 +92,10 @@ def test_busy_capped_groups_reach_their_caps_over_every_window(caps, w1, w10, me
     """Sliding 1 s and 10 s windows, stepped by 100 ms, from the 2nd second. 1 s windows stay within the bucket's
     depth of the cap (the 25 ms bucket's slots swing a 1 s window by up to 2.6 points in this model; the 12 ms one
     gave 1.2 but cost PyTorch trainers a tenth of their cap on an H100, docs/benchmarks.md). The 10 s and mean
-    bounds are what this model gives with the default bucket: with caps adding up to 1 the GPU's context switches (modelled at 0.14 ms each)
-    cost someone up to a point of share; with 0.3 / 0.6 the 0.3 group is credited the grant's travel at the start
-    of its slots (the hooks measure it) and runs up to 0.8 pp over. The GPU benchmarks are the real measure."""
+    bounds are what this model gives with the default bucket: with caps adding up to 1 the GPU's context
+    switches (modelled at 0.14 ms each) cost someone up to a point of share; with 0.3 / 0.6 the 0.3 group is
+    credited the grant's travel at the start of its slots (the hooks measure it) and runs up to 0.8 pp over.
+    The GPU benchmarks are the real measure."""
     groups = [(chr(97 + i), 0.0, c) for i, c in enumerate(caps)]
     m = busy_model(groups, until=25_000.0)
     for name, _, cap in groups:
