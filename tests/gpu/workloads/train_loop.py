@@ -50,7 +50,10 @@ elif mode == "graph":
         return loss.detach()
 
     def step():
-        loss = fwd_bwd()
+        # Each step is a new replay of the graphs: mark it, and keep the loss out of the graph's memory (the
+        # next replay overwrites its outputs; the loop reads a loss 10 steps later).
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = fwd_bwd().clone()
         opt.step()
         opt.zero_grad(set_to_none=False)
         return loss
