@@ -53,7 +53,8 @@ elif mode == "graph":
         loss = torch.nn.functional.cross_entropy(cmodel(x), y)
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=False)
+        # None, not zeros: the gradients are outputs of the last backward replay, which the next overwrites
+        opt.zero_grad(set_to_none=True)
         return loss.detach().clone()
 else:
     raise SystemExit(f"unknown mode {mode}")
