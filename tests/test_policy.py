@@ -105,6 +105,19 @@ def test_busy_capped_groups_reach_their_caps_over_every_window(caps, w1, w10, me
         assert max(m.window_shares(name, 1000.0, 100.0, 2000.0)) <= cap + DEFAULT_BUCKET_MS / 1000 + 0.002
 
 
+@pytest.mark.parametrize("cap", [0.3, 0.5])
+def test_a_capped_group_next_to_uncapped_ones_reaches_its_cap(cap):
+    """The uncapped groups' slots end by the time the capped group's bucket is full, so none of its refill is
+    lost (with 100 ms slots beside it, MaxUtil 0.3 got 0.263 of the GPU, and 0.5 got 0.332 next to one uncapped
+    group). The capped group's target is its cap, or an equal split if that is smaller."""
+    for others in (("b",), ("b", "c")):
+        m = busy_model([("a", 0.0, cap)] + [(o, 0.0, 1.0) for o in others], until=20_000.0)
+        target = min(cap, 1 / (1 + len(others)))
+        assert m.share("a", 2000, m.now) == pytest.approx(target, abs=0.01), others
+        for o in others:
+            assert m.share(o, 2000, m.now) == pytest.approx((1 - target) / len(others), abs=0.01), others
+
+
 def test_a_lone_capped_group_stays_at_its_cap():
     m = busy_model([("a", 0.0, 0.3)], until=20_000.0)
     assert worst(m.window_shares("a", 1000.0, 100.0, 1000.0), 0.3) <= 0.01
