@@ -936,6 +936,8 @@ class Policy:
             if other == name or g.bucket is None or g.cfg.max_util <= 0 or not self._is_active(other, g, start):
                 continue
             full = g.bucket.time_to_reach(g.bucket.depth, start)
+            if full <= start + EPS and g.waiting is None:
+                continue        # full already and not asking: it has nothing to lose by waiting (idle now)
             limit = min(limit, full - start)
         return max(min(quota, self.min_quota_ms), limit)
 
