@@ -90,24 +90,25 @@ def time_shares(out: Path, group_of: dict[str, str], start_ns: float, end_ns: fl
         host = Trace.read(tpath).host_ns
         shift = min(h - r[1] for h, r in zip(host, rows))
         spans[group] += [(s + shift, e + shift) for s, e, _ in rows]
-    result = {}
-    for group, iv in spans.items():
-        iv.sort()
-        total, cur_s, cur_e = 0.0, None, None
-        for s, e in iv:
-            s, e = max(s, start_ns), min(e, end_ns)
-            if e <= s:
-                continue
-            if cur_e is None or s > cur_e:
-                if cur_e is not None:
-                    total += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        if cur_e is not None:
-            total += cur_e - cur_s
-        result[group] = total / (end_ns - start_ns)
-    return result
+    return {group: covered_time(iv, start_ns, end_ns) / (end_ns - start_ns) for group, iv in spans.items()}
+
+
+def covered_time(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """How much of [lo, hi] the union of `spans` covers (overlapping spans count once)."""
+    total, cur_s, cur_e = 0.0, 0.0, None
+    for s, e in sorted(spans):
+        s, e = max(s, lo), min(e, hi)
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
 
 
 def device_clock_shares(kernels: dict[str, list[tuple[int, int, int]]], trim_s: float
@@ -120,22 +121,10 @@ def device_clock_shares(kernels: dict[str, list[tuple[int, int, int]]], trim_s: 
         raise ValueError("the tenants did not run at the same time (kernel logs)")
     onchip, timeshare = {}, {}
     for group, ks in kernels.items():
-        total = covered = 0.0
-        cur_s = cur_e = None
-        for s, e, oc in ks:
-            a, b = max(s, lo), min(e, hi)
-            if b <= a:
-                continue
-            total += oc * (b - a) / max(1, e - s)
-            if cur_e is None or a > cur_e:
-                if cur_e is not None:
-                    covered += cur_e - cur_s
-                cur_s, cur_e = a, b
-            else:
-                cur_e = max(cur_e, b)
-        if cur_e is not None:
-            covered += cur_e - cur_s
-        onchip[group], timeshare[group] = total / (hi - lo), covered / (hi - lo)
+        # a kernel cut by the span counts the part of its on-chip time that falls inside it
+        total = sum(oc * (min(e, hi) - max(s, lo)) / max(1, e - s) for s, e, oc in ks if min(e, hi) > max(s, lo))
+        onchip[group] = total / (hi - lo)
+        timeshare[group] = covered_time([(s, e) for s, e, _ in ks], lo, hi) / (hi - lo)
     return lo, hi, onchip, timeshare
 
 

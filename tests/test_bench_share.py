@@ -27,3 +27,9 @@ def test_groups_that_never_overlapped_are_an_error():
     kernels = {"a": [(0, MS, MS)], "b": [(5 * MS, 6 * MS, MS)]}
     with pytest.raises(ValueError, match="did not run at the same time"):
         device_clock_shares(kernels, trim_s=0.0)
+
+
+def test_covered_time_counts_overlaps_once_and_clips_to_the_span():
+    from bench.bench_share import covered_time
+    assert covered_time([(5, 15), (0, 10), (20, 30), (28, 40)], 2, 35) == (15 - 2) + (35 - 20)
+    assert covered_time([], 0, 10) == 0
