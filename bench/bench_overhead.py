@@ -3,6 +3,7 @@
     python bench/bench_overhead.py launch --rounds 5      # host cost per cuLaunchKernel (bench/launch_cost.c)
     python bench/bench_overhead.py train --rounds 3       # ResNet-18 training steps/s (tests/gpu/workloads)
     python bench/bench_overhead.py alloc --rounds 3       # cuMemAlloc/cuMemFree latency (bench/alloc_cost.c)
+    python bench/bench_overhead.py launch --latency-neighbour  # the same with the in-flight bound on
 
 The hooked runs use a backend with one group (MinUtil 0, MaxUtil 1). For the launch benchmark the quota
 is long (the token is held throughout, so the launch path is the fast path being measured); for
@@ -36,12 +37,18 @@ def run_json(argv: list, env: dict, timeout: float) -> dict:
     return last_json(proc.stdout)
 
 
-def interleaved(kind: str, rounds: int, quota_ms: float, program: list, key: str, timeout: float) -> dict:
+def interleaved(kind: str, rounds: int, quota_ms: float, program: list, key: str, timeout: float,
+                latency_neighbour: bool = False) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     env = dict(os.environ)
     stats_file = work / "stats"
     native, hooked, extra, runs = [], [], {}, {"native": [], "hooked": []}
-    with Backend(work / "backend", [Group("solo", 0.0, 1.0, "200GiB")], quota_ms=quota_ms, min_quota_ms=10,
+    groups = [Group("solo", 0.0, 1.0, "200GiB")]
+    if latency_neighbour:
+        # an idle latency group in the config: the solo group's grants then carry the in-flight bound
+        # (GEM_GRANT_BOUND | GEM_GRANT_TIGHT), so every launch also pays for the marker events
+        groups.append(Group("lat", 0.1, 1.0, "1GiB", sched_class="latency"))
+    with Backend(work / "backend", groups, quota_ms=quota_ms, min_quota_ms=10,
                  window_ms=max(10000, quota_ms * 2), env=env) as be:
         henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
         for _ in range(rounds):
@@ -63,12 +70,14 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=10, help="training seconds per round")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--quota", type=float, help="gem-schd base quota, ms")
+    p.add_argument("--latency-neighbour", action="store_true",
+                   help="configure an idle Class = latency group beside the measured one (in-flight bound on)")
     args = p.parse_args(argv)
     if args.what == "launch":
         if not LAUNCH_COST.exists():
             subprocess.run(["make", "-s", "-C", str(REPO_ROOT), "bench-native"], check=True)
         r = interleaved("launch", args.rounds, args.quota or 8000, [LAUNCH_COST, 3000, 128], "ns_per_launch_median",
-                        120)
+                        120, latency_neighbour=args.latency_neighbour)
         r["added_ns_per_launch"] = r["hooked_median"] - r["native_median"]
         r.pop("hook_stats")
     elif args.what == "alloc":
@@ -82,6 +91,7 @@ def main(argv=None) -> int:
         r["overhead_pct"] = (1 - r["hooked_median"] / r["native_median"]) * 100
         r["hook_stats"] = {str(k): v for k, v in r["hook_stats"].items()}
     r["what"] = args.what
+    r["latency_neighbour"] = args.latency_neighbour
     print(json.dumps(r, indent=1))
     return 0
 

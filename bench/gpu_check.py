@@ -8,14 +8,17 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   probe    the driver's cuGetProcAddress returns the pointers dlsym gives (the hook routes by pointer)
   tests    pytest -m gpu (tests/gpu): frameworks under the hook, gating, static cudart, -lcuda
   launch   host cost per launch, native vs hooked, interleaved
+  launch_bound  the same with an idle latency group configured (the grant carries the in-flight bound)
   alloc    cuMemAlloc/cuMemFree latency through the pod manager, native vs hooked
   share    always-busy spin tenants: native time-slicing, then gemini with MaxUtil 0.3 / 0.6
   reaction how fast a config edit shows on the GPU
   infer    inference latency alone, natively next to a trainer, and under gemini as a batch and as a
            latency group (bench_inference.py; eager trainer; `infer_graph`: a CUDA-graph trainer)
+  sharing  4 inference processes of one group next to a trainer: ProcessSharing turns against together
   floor    MinUtil 0.7 vs 0 with two busy PyTorch trainers (bench_trainers.py)
   trainers MaxUtil 0.3 / 0.6 with two busy PyTorch trainers (bench_trainers.py)
   soak     8 processes in 4 groups for 2 minutes, ProcessSharing = turns and together
+  policy_cost  CPU per scheduling decision at 2/16/64/256 groups on one pinned core (no GPU used)
   train    ResNet-18 single-tenant overhead, native vs hooked, interleaved
 
 Writes OUT/report.md (human), OUT/results.json (everything), OUT/gpu-tests.log.
@@ -38,8 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "transport", "reaction", "infer",
-             "infer_graph", "floor", "trainers", "soak", "train"]
+ALL_STEPS = ["env", "build", "probe", "tests", "launch", "launch_bound", "alloc", "share", "transport", "reaction",
+             "infer", "infer_graph", "sharing", "floor", "trainers", "soak", "policy_cost", "train"]
 
 
 def sh(cmd: list | str, timeout: float, cwd: Path = REPO, env: dict | None = None, log: Path | None = None) -> str:
@@ -114,6 +117,12 @@ def bench(ctx, argv: list, timeout: float) -> dict:
 
 def step_launch(ctx) -> dict:
     return bench(ctx, ["bench/bench_overhead.py", "launch", "--rounds", "3" if ctx.args.quick else "5"], 300)
+
+
+def step_launch_bound(ctx) -> dict:
+    # the launch path with a latency group configured: the grant carries the in-flight bound
+    return bench(ctx, ["bench/bench_overhead.py", "launch", "--latency-neighbour", "--rounds",
+                       "3" if ctx.args.quick else "5"], 300)
 
 
 def step_alloc(ctx) -> dict:
@@ -196,6 +205,17 @@ def step_infer_graph(ctx) -> dict:
     return step_infer(ctx, "graph")
 
 
+def step_sharing(ctx) -> dict:
+    # ProcessSharing turns against together: 4 inference processes of one group next to a trainer
+    return bench(ctx, ["bench/bench_sharing.py", "--procs", "4", "--seconds", "6" if ctx.args.quick else "10",
+                       "--repeats", str(ctx.args.infer_repeats), "--classes", ctx.args.sharing_classes], 590)
+
+
+def step_policy_cost(ctx) -> dict:
+    # no GPU needed: the node's idle cores give a quieter number than a shared development machine
+    return bench(ctx, ["bench/bench_policy_cost.py", "--groups", "2,16,64,256"], 300)
+
+
 def step_floor(ctx) -> dict:
     return bench(ctx, ["bench/bench_trainers.py", "--groups", "a:0.7:1,b:0:1", "--seconds",
                        "15" if ctx.args.quick else "25"], 400)
@@ -240,10 +260,12 @@ def step_train(ctx) -> dict:
 
 
 STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests": step_tests,
-              "launch": step_launch, "alloc": step_alloc, "share": step_share, "transport": step_transport,
+              "launch": step_launch, "launch_bound": step_launch_bound, "alloc": step_alloc, "share": step_share,
+              "transport": step_transport,
               "reaction": step_reaction,
-              "infer": step_infer, "infer_graph": step_infer_graph, "floor": step_floor, "trainers": step_trainers,
-              "soak": step_soak, "train": step_train}
+              "infer": step_infer, "infer_graph": step_infer_graph, "sharing": step_sharing,
+              "floor": step_floor, "trainers": step_trainers,
+              "soak": step_soak, "policy_cost": step_policy_cost, "train": step_train}
 
 
 def fmt(v, nd=1):
@@ -269,7 +291,7 @@ def write_report(ctx, results: dict) -> None:
             for row in res["rows"]:
                 lines.append(f"- {row['test']}: " + ", ".join(f"{k}={fmt(v, 3)}" for k, v in row.items()
                                                              if k != "test"))
-        elif name == "launch":
+        elif name in ("launch", "launch_bound"):
             lines.append(f"native {fmt(res['native_median'])} ns, hooked {fmt(res['hooked_median'])} ns, "
                          f"added {fmt(res['added_ns_per_launch'])} ns per launch (rounds: {res['native']} / "
                          f"{res['hooked']}); clock_gettime {fmt(res.get('clock_monotonic_ns'))} ns, coarse "

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""CPU cost of one scheduling decision in gem-schd's policy, against the number of groups.
+
+    python bench/bench_policy_cost.py [--groups 2,16,64,256] [--slots 4000] [--cpu 0]
+
+Issue 14 asks for the CPU time from a slot's deadline to the next grant at 64 groups (goal: <= 100 us at p50)
+and the ceiling in slots/s at 2, 16, 64 and 256 groups on one core. This drives the pure policy
+(gemini/scheduler/policy.py) on simulated time with every group always busy: a quarter of the groups capped
+(MaxUtil 0.05), a quarter with a floor, the rest plain. At each deadline the daemon calls `tick`; the holder's
+pod manager then asks again (its clients still have work) -- both are timed together as one decision, as gem-schd
+makes them on one event-loop turn. The process is pinned to one CPU (`--cpu`) when the OS allows it.
+
+The ceiling (slots/s) is 1 / mean decision time: what one core could sustain with nothing else to do, so it
+leaves out the messaging (pyzmq, JSON) that the scale benchmark (bench/bench_scale.py) includes.
+Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gemini.config import Config, GroupConfig  # noqa: E402
+from gemini.scheduler.policy import GrantDecision, Policy, SlotEndDecision  # noqa: E402
+
+
+def config(n: int) -> Config:
+    groups = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            groups.append(GroupConfig(f"g{i}", 0.0, 0.05))
+        elif kind == 1:
+            groups.append(GroupConfig(f"g{i}", min(0.5, 0.5 / max(1, n // 4)), 1.0))
+        else:
+            groups.append(GroupConfig(f"g{i}"))
+    return Config(tuple(groups))
+
+
+def measure(n: int, slots: int) -> dict:
+    pol = Policy(config(n))
+    now = 0.0
+    for g in pol.groups:                      # everyone asks at t=0
+        pol.request(g, now=now)
+    samples: list[int] = []
+    while len(samples) < slots:
+        wake = pol.next_wakeup(now)
+        if wake is None:
+            raise RuntimeError("nothing is due: the policy stalled")
+        now = max(now, wake)
+        t0 = time.perf_counter_ns()
+        decisions = pol.tick(now)
+        for d in list(decisions):
+            if isinstance(d, SlotEndDecision):     # always busy: its group asks again at once
+                decisions += pol.request(d.group, now=now)
+        t1 = time.perf_counter_ns()
+        if any(isinstance(d, GrantDecision) for d in decisions):
+            samples.append(t1 - t0)
+    samples.sort()
+    mean = statistics.fmean(samples)
+    return {"groups": n, "decisions": len(samples), "p50_us": samples[len(samples) // 2] / 1000,
+            "p99_us": samples[int(len(samples) * 0.99)] / 1000, "mean_us": mean / 1000,
+            "ceiling_slots_per_s": round(1e9 / mean)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--groups", default="2,16,64,256")
+    ap.add_argument("--slots", type=int, default=4000)
+    ap.add_argument("--cpu", type=int, default=0, help="pin to this CPU (-1: do not pin)")
+    args = ap.parse_args(argv)
+    pinned = None
+    if args.cpu >= 0 and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {args.cpu})
+            pinned = args.cpu
+        except OSError:
+            pass
+    points = [measure(int(n), args.slots) for n in args.groups.split(",")]
+    print(json.dumps({"pinned_cpu": pinned, "python": sys.version.split()[0], "points": points}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
