@@ -376,6 +376,8 @@ def main(argv=None) -> int:
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
     p.add_argument("--trainers-variants", default="",
                    help="';'-separated gem-schd flag sets the trainers step also runs, e.g. '--bucket 25'")
+    p.add_argument("--sharing-classes", default="batch,latency",
+                   help="the inference groups' Class in the sharing step, one backend each")
     p.add_argument("--soak-sharing", default="turns,together", help="ProcessSharing modes the soak step runs")
     p.add_argument("--soak-seconds", type=float, default=120)
     args = p.parse_args(argv)
