@@ -184,11 +184,15 @@ static void mark_slot_start(struct gem_gate *g, CUstream stream, int ptsz) {
 }
 
 /* Wait for the process's outstanding work in ctx; returns the time it was done. If the slot's start was
- * marked, *used_ns gets the GPU time from the slot's first kernel to now (0 if unknown). */
-static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns) {
+ * marked, *used_ns gets the GPU time from the slot's first kernel to now (0 if unknown), less the host's
+ * idle gaps in between: those after a synchronisation (slot_idle_ns) and, when the process has been idle
+ * since `idle_from` (0: it was in a burst), the tail from then to the end of the drain. */
+static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns, int64_t idle_from) {
     *used_ns = 0;
     int measured = g->slot_measured;
     g->slot_measured = 0;
+    int64_t mark = atomic_exchange(&g->slot_mark_ns, 0);
+    int64_t idle = atomic_exchange(&g->slot_idle_ns, 0);
     if (!gem_capture_drain_enter()) {
         /* A context-wide synchronise would break the capture; captured work is
          * not running anyway, and other streams' work is charged next time. */
@@ -207,7 +211,16 @@ static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns) {
         REAL(cuEventSynchronize)(g->ev_end) == CUDA_SUCCESS) {
         float ms = 0;
         if (REAL(cuEventElapsedTime)(&ms, g->ev_start, g->ev_end) == CUDA_SUCCESS && ms > 0) {
-            *used_ns = (int64_t)((double)ms * 1e6);
+            int64_t gpu = (int64_t)((double)ms * 1e6);
+            if (mark > 0 && idle_from >= mark)
+                idle += gem_now_ns() - idle_from;
+            /* never below a tenth of the span: the idle gaps are host times, the span GPU time, and a
+             * slot is never reported as unused (the scheduler bounds what it forgives anyway) */
+            if (idle > gpu - gpu / 10)
+                idle = gpu - gpu / 10;
+            if (idle > 0)
+                atomic_fetch_add(&gem_stats.idle_ns, (unsigned long long)idle);
+            *used_ns = gpu - (idle > 0 ? idle : 0);
             atomic_fetch_add(&gem_stats.slots_measured, 1);
             atomic_fetch_add(&gem_stats.used_ns, (unsigned long long)*used_ns);
         }
@@ -235,7 +248,7 @@ static void expire_locked(struct gem_gate *g) {
     int64_t last_sync = atomic_load(&g->last_sync_ns);
     pthread_mutex_unlock(&g->mu);
     int64_t used = 0;
-    int64_t done = drain(g, ctx, &used);
+    int64_t done = drain(g, ctx, &used, was_in_burst ? 0 : last_sync);
     pthread_mutex_lock(&g->mu);
     g->pending_used_ns = used;
     /* Not in a burst: everything had finished by the last synchronisation. */
@@ -465,8 +478,11 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
     int64_t t = gem_now_ns();
     if (!atomic_exchange(&g->in_burst, 1))
         atomic_store(&g->burst_start_ns, t);
-    if (g->slot_unmarked)
+    if (g->slot_unmarked) {
         mark_slot_start(g, stream, ptsz);
+        atomic_store(&g->slot_idle_ns, 0);
+        atomic_store(&g->slot_mark_ns, g->slot_measured ? t : 0);
+    }
     g->slot_unmarked = 0;
     pthread_mutex_unlock(&g->mu);
     if (waited) {
@@ -521,8 +537,14 @@ CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t 
         pthread_mutex_unlock(&g->mu);
     }
     int expected = 0;
-    if (atomic_compare_exchange_strong(&g->in_burst, &expected, 1))
+    if (atomic_compare_exchange_strong(&g->in_burst, &expected, 1)) {
         atomic_store(&g->burst_start_ns, now);
+        /* the GPU had nothing of ours since the synchronisation (inside the measured slot) */
+        int64_t mark = atomic_load_explicit(&g->slot_mark_ns, memory_order_relaxed);
+        int64_t since = atomic_load_explicit(&g->last_sync_ns, memory_order_relaxed);
+        if (mark > 0 && since >= mark && now > since)
+            atomic_fetch_add_explicit(&g->slot_idle_ns, now - since, memory_order_relaxed);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -621,7 +643,7 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
             CUcontext ctx = g->ctx;
             pthread_mutex_unlock(&g->mu);
             int64_t used = 0;
-            drain(g, ctx, &used);
+            drain(g, ctx, &used, idle_since);
             pthread_mutex_lock(&g->mu);
             int64_t t = gem_now_ns();
             if ((atomic_load(&g->in_burst) || g->waiters > 0) && t < g->slot_deadline_ns) {

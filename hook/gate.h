@@ -51,6 +51,12 @@ struct gem_gate {
     int slot_measured;          /* ev_start was recorded before the slot's first kernel */
     int slot_unmarked;          /* a fresh grant whose first kernel has not been marked yet */
     int64_t pending_used_ns;    /* measured at the last expiry, not yet reported */
+    /* The host's idle gaps inside the measured part of the slot: from a synchronisation's return to the
+     * next launch, the GPU had nothing of this process to run. Taken off the measured use, so that a
+     * group is charged the GPU time it used, not its own think time (issue 14: a tenant that synchronises
+     * after every 1 ms kernel sat 3% under its cap). */
+    atomic_llong slot_mark_ns;  /* when the slot's first kernel was marked (0: not measured) */
+    atomic_llong slot_idle_ns;
     /* From the pod manager's handshake and grants. */
     const struct gem_board *board;  /* the GPU's board page, NULL if none */
     int board_slot;             /* the group's line on it */

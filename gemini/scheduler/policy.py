@@ -312,7 +312,7 @@ class Policy:
 
     def __init__(self, config: Config, base_quota_ms: float = DEFAULT_BASE_QUOTA_MS,
                  min_quota_ms: float = DEFAULT_MIN_QUOTA_MS, window_ms: float = DEFAULT_WINDOW_MS,
-                 start_ms: float = 0.0, max_used_credit_ms: float = 2.0, *, bucket_ms: float = DEFAULT_BUCKET_MS,
+                 start_ms: float = 0.0, max_used_credit_ms: float = 4.0, *, bucket_ms: float = DEFAULT_BUCKET_MS,
                  claim_burst_ms: float = DEFAULT_CLAIM_BURST_MS, max_claim_ms: float = DEFAULT_MAX_CLAIM_MS,
                  continue_lead_ms: float = DEFAULT_CONTINUE_LEAD_MS, active_ms: Optional[float] = None,
                  cap_slot_fraction: float = 0.5, continuation: bool = True):
@@ -334,7 +334,8 @@ class Policy:
         self.continuation = bool(continuation)   # off only to show what it is for (tests)
         self.start_ms = float(start_ms)
         # At most this much of a slot is forgiven when its holder reports it used less GPU time: enough for the
-        # handoff at the slot's start, too little for a lying client to matter.
+        # handoff at the slot's start and a program's own host gaps after its synchronisations (3% of a slot
+        # for one that synchronises after every 1 ms kernel), too little for a lying client to matter.
         self.max_used_credit_ms = max(0.0, float(max_used_credit_ms))
         self.active_ms = float(active_ms) if active_ms is not None else max(4 * self.base_quota_ms, 500.0)
         self.config = config
@@ -809,8 +810,9 @@ class Policy:
 
     def _credit(self, span: float) -> float:
         """How much of a slot the hooks' measurement may forgive: the handoff at its start (the grant's travel,
-        the GPU switching contexts, the previous holder's last queued work), at most max_used_credit_ms and at
-        most 15% of the slot, so that a client that under-reports gains little."""
+        the GPU switching contexts, the previous holder's last queued work) and the holder's own idle gaps after
+        its synchronisations, at most max_used_credit_ms and at most 15% of the slot, so that a client that
+        under-reports gains little."""
         return min(self.max_used_credit_ms, MAX_CREDIT_FRACTION * span)
 
     def _prune(self, now: float) -> None:

@@ -272,8 +272,9 @@ static struct {
     uint64_t period_us;            /* requests: every period, sync_every kernels then a sync (0: run flat out) */
     uint64_t pause_us;             /* host work: sleep this long after every pause_every launches (0: none) */
     long pause_every;
+    uint64_t think_us;             /* host work after each synchronisation (the GPU idles meanwhile) */
 } opt = {1000, -1, 0, 0, ST_LEGACY, LA_KERNEL, SY_CTX, AL_DEVICE, 0, 0, 0, 0, 0, 0, 0, 1, 32, 0, 12000, NULL, NULL, 0, 0,
-         0, 1};
+         0, 1, 0};
 
 /* --period-us: each request's latency, from when it was due to when its sync returned */
 static uint64_t *latencies;
@@ -397,6 +398,7 @@ static void usage(FILE *f)
             "                       gets the latency percentiles (due -> sync returned)\n"
             "  --pause-us P         host work of a training loop: sleep P us after every --pause-every launches\n"
             "  --pause-every N      (default 1)\n"
+            "  --think-us T         host work after every synchronisation: sleep T us (the GPU has nothing)\n"
             "  --ptsz               per-thread default stream entry points\n"
             "  --ctx {primary,create}  context to use (default primary, as cudart does)\n"
             "  --device N, --cuda-version V (cuGetProcAddress version, default 12000)\n"
@@ -447,7 +449,7 @@ static void parse(int argc, char **argv)
     enum {
         O_KUS = 256, O_KERNELS, O_SECONDS, O_SYNCEVERY, O_SYNC, O_STREAM, O_LAUNCH, O_GSIZE, O_BLOCKS, O_THREADS,
         O_ALLOC, O_AKIND, O_MEMINFO, O_TRACE, O_KERNEL_LOG, O_WORK_ITERS, O_JSON, O_PTSZ, O_CTX, O_DEVICE, O_CUDAVER, O_KEEP, O_HELP,
-        O_PERIOD, O_PAUSE, O_PAUSE_EVERY
+        O_PERIOD, O_PAUSE, O_PAUSE_EVERY, O_THINK
     };
     static const struct option longopts[] = {
         {"kernel-us", required_argument, 0, O_KUS},   {"kernels", required_argument, 0, O_KERNELS},
@@ -464,6 +466,7 @@ static void parse(int argc, char **argv)
         {"cuda-version", required_argument, 0, O_CUDAVER}, {"keep-going", no_argument, 0, O_KEEP},
         {"period-us", required_argument, 0, O_PERIOD},
         {"pause-us", required_argument, 0, O_PAUSE},  {"pause-every", required_argument, 0, O_PAUSE_EVERY},
+        {"think-us", required_argument, 0, O_THINK},
         {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0},
     };
     static const char *const ctx_names[] = {"primary", "create", NULL};
@@ -485,6 +488,7 @@ static void parse(int argc, char **argv)
         case O_PERIOD: opt.period_us = (uint64_t)parse_long(optarg, "--period-us"); break;
         case O_PAUSE: opt.pause_us = (uint64_t)parse_long(optarg, "--pause-us"); break;
         case O_PAUSE_EVERY: opt.pause_every = parse_long(optarg, "--pause-every"); break;
+        case O_THINK: opt.think_us = (uint64_t)parse_long(optarg, "--think-us"); break;
         case O_SYNC: opt.sync = pick(optarg, sync_names, "--sync"); break;
         case O_STREAM: opt.stream = pick(optarg, stream_names, "--stream"); break;
         case O_LAUNCH: opt.launch = pick(optarg, launch_names, "--launch"); break;
@@ -860,6 +864,10 @@ int main(int argc, char **argv)
         if (opt.sync_every && since_sync >= opt.sync_every) {
             sync_and_read();
             since_sync = 0;
+            if (opt.think_us) {
+                struct timespec ts = {(time_t)(opt.think_us / 1000000ull), (long)(opt.think_us % 1000000ull) * 1000};
+                nanosleep(&ts, NULL);
+            }
             if (opt.period_us) {
                 if (nlat == caplat) {
                     caplat = caplat ? 2 * caplat : 4096;
