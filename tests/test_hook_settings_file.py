@@ -9,7 +9,6 @@ environment's settings then apply, as before).
 """
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,9 @@ LIMIT = "64MiB"
 ALLOC = 200 * MiB       # past the gated group's limit, within the foreign one's and the device's
 
 
-@pytest.fixture(scope="session")
-def test_hook(hook_lib) -> Path:
-    """The hook built with -DGEM_TEST_SETTINGS_FILE_ENV (make testhook)."""
-    proc = subprocess.run(["make", "--no-print-directory", "-s", "testhook"], cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    assert proc.returncode == 0, proc.stdout
-    return REPO / "build" / "testhook" / "libgemhook.so.1"
+@pytest.fixture
+def test_hook(test_hook_lib) -> Path:
+    return test_hook_lib
 
 
 @pytest.fixture
