@@ -93,6 +93,7 @@ def test_sample_pod_asks_for_both_resources():
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert set(limits) == set(dv.RESOURCES)
     assert all(k.startswith("gemini.io/") for k in pod["metadata"]["annotations"])
+    assert pod["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
 
 
 def test_grafana_dashboard_queries_gem_node_metrics():
