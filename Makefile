@@ -5,6 +5,8 @@
 #   make gpu-check  on a GPU node: build, run the tests marked gpu, run the benchmarks,
 #                   write a report under $$OUT (or ./out); uses the system python3, no network
 #   make hook       build gemini/lib/libgemhook.so.1 only
+#   make testhook   build $(BUILD)/testhook/libgemhook.so.1: the hook that also takes its settings file's path
+#                   from GEMINI_TEST_SETTINGS_FILE (tests only; never installed)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -28,7 +30,7 @@ HOOK_CFLAGS  := -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unus
                 $(if $(WERROR),-Werror)
 HOOK_LDFLAGS := -shared -pthread -Wl,-soname,libgemhook.so.1 -Wl,--no-undefined -Wl,-z,now
 
-.PHONY: all hook venv test lint demo gpu-check clean bench-native
+.PHONY: all hook testhook venv test lint demo gpu-check clean bench-native
 
 all: hook
 
@@ -37,6 +39,15 @@ hook: $(HOOK_LIB)
 $(HOOK_LIB): $(HOOK_SRC) $(HOOK_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(HOOK_CFLAGS) $(HOOK_LDFLAGS) -o $@ $(HOOK_SRC) -ldl -lm
+
+# The same hook, but the settings file's path (a constant, /etc/gemini/hook.conf) can be redirected with
+# GEMINI_TEST_SETTINGS_FILE, so that tests need not write under /etc (hook/settings.c).
+TEST_HOOK_LIB := $(BUILD)/testhook/libgemhook.so.1
+testhook: $(TEST_HOOK_LIB)
+
+$(TEST_HOOK_LIB): $(HOOK_SRC) $(HOOK_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(HOOK_CFLAGS) -DGEM_TEST_SETTINGS_FILE_ENV $(HOOK_LDFLAGS) -o $@ $(HOOK_SRC) -ldl -lm
 
 -include tests/simcuda/sim.mk
 
@@ -56,7 +67,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 venv: $(VENV)/.installed
 
 test: venv
-	$(MAKE) --no-print-directory hook sim clients WERROR=1
+	$(MAKE) --no-print-directory hook testhook sim clients WERROR=1
 	$(MAKE) --no-print-directory lint
 	$(VPY) -m pytest -q
 

@@ -138,10 +138,25 @@ static const struct gem_board *map_board(const char *path) {
     return b;
 }
 
+/* Where this process finds the board its pod manager named: the name as is, or with GEMINI_BOARD_DIR its file
+ * name in that directory (the pod manager names the page as the daemons see it; a container sees their
+ * directory mounted elsewhere). "" if the name has no file name. */
+static void board_path_here(const char *named, char *out, size_t len) {
+    if (!named[0] || !gem_cfg.board_dir[0]) {
+        snprintf(out, len, "%s", named);
+        return;
+    }
+    const char *base = strrchr(named, '/');
+    base = base ? base + 1 : named;
+    if (!base[0] || strcmp(base, ".") == 0 || strcmp(base, "..") == 0 ||
+        (size_t)snprintf(out, len, "%s/%s", gem_cfg.board_dir, base) >= len)
+        out[0] = '\0';
+}
+
 const struct gem_board *gem_device_board(struct gem_device *d) {
     pthread_mutex_lock(&d->conn.mu);
     char path[GEM_BOARD_PATH_LEN];
-    snprintf(path, sizeof path, "%s", d->conn.board_path);
+    board_path_here(d->conn.board_path, path, sizeof path);
     pthread_mutex_unlock(&d->conn.mu);
     pthread_mutex_lock(&board_mu);
     if (strcmp(path, d->board_path) != 0) {

@@ -1,6 +1,7 @@
 /*
- * settings.h -- the hook's settings (from the environment, read once in the
- * constructor) and its logging. Every layer reads them; they call nothing
+ * settings.h -- the hook's settings (read once in the constructor: from the
+ * read-only settings file /etc/gemini/hook.conf when it exists, else from the
+ * environment) and its logging. Every layer reads them; they call nothing
  * of the hook's but util.
  */
 #ifndef GEMINI_SETTINGS_H
@@ -23,6 +24,9 @@ struct gem_settings {
     char settings_error[160];   /* a setting that leaves no pod manager to ask; CUDA calls that need one fail */
     char pmgr_map[1024];        /* GEMINI_POD_MANAGERS: "GPU-uuid=ip:port,..." for several GPUs */
     char ipc_dir[256];          /* GEMINI_IPC_DIR: the socket transport; empty: TCP */
+    char board_dir[256];        /* GEMINI_BOARD_DIR: where this process sees the board pages its pod manager
+                                 * names (a container sees the daemons' directory elsewhere); empty: as named */
+    char settings_file[256];    /* the settings file the settings came from; empty: the environment */
     int64_t idle_release_ns;    /* GEMINI_IDLE_RELEASE_MS; 0 disables early release */
     int64_t connect_timeout_ns; /* GEMINI_CONNECT_TIMEOUT_MS */
     int64_t token_timeout_ns;   /* GEMINI_TOKEN_TIMEOUT_MS; 0 waits forever */
@@ -34,7 +38,8 @@ struct gem_settings {
 };
 extern struct gem_settings gem_cfg;
 
-/* Read the GEMINI_* variables into gem_cfg (the constructor; no CUDA call, no connection). */
+/* Read the settings file, or else the GEMINI_* variables, into gem_cfg (the constructor; no CUDA call, no
+ * connection). */
 void gem_settings_load(void);
 
 /* One line on stderr in the format of every gemini program (gemini/logs.py):

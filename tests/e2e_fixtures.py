@@ -7,6 +7,7 @@ fixtures for every test module (pytest_plugins).
 
     hook_lib            session: `make hook` and the simulator/clients built once; the hook's path
                         ($GEMINI_HOOK_LIB wins, so a deliberately broken build can be tested)
+    test_hook_lib       session: `make testhook`, the hook whose settings file can be redirected (tests only)
     client_script       session: the path of E2E_CLIENT (ctypes scenarios workload.c cannot do)
     sim                 a fresh simulated device (its own shared file) and where its processes report
     backends            start Backend(groups) for this test; all are stopped at teardown
@@ -34,8 +35,8 @@ from tests import native
 
 __all__ = [
     "KiB", "MiB", "GiB", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_SYSTEM_NOT_READY", "CUDA_ERROR_NOT_INITIALIZED",
-    "Sim", "Run", "Holder", "hook_lib", "client_script", "sim", "backends", "spawn", "start", "finish", "run",
-    "client_argv", "wait_for", "read_line", "clean_env", "E2E_CLIENT",
+    "Sim", "Run", "Holder", "hook_lib", "test_hook_lib", "client_script", "sim", "backends", "spawn", "start",
+    "finish", "run", "client_argv", "wait_for", "read_line", "clean_env", "E2E_CLIENT",
 ]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -77,6 +78,17 @@ def hook_lib() -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"make hook failed:\n{proc.stdout}")
     return REPO_ROOT / "gemini" / "lib" / "libgemhook.so.1"
+
+
+@pytest.fixture(scope="session")
+def test_hook_lib(hook_lib) -> Path:
+    """The hook built with -DGEM_TEST_SETTINGS_FILE_ENV (make testhook): the same code, but the settings file's
+    path (/etc/gemini/hook.conf) can be redirected with GEMINI_TEST_SETTINGS_FILE."""
+    proc = subprocess.run(["make", "--no-print-directory", "-s", "testhook", f"BUILD={native.build_dir()}"],
+                          cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"make testhook failed:\n{proc.stdout}")
+    return native.build_dir() / "testhook" / "libgemhook.so.1"
 
 
 @pytest.fixture(scope="session")

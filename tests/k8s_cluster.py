@@ -56,7 +56,8 @@ class Cluster:
         self.log_dir = self.tmp / "logs"
         self.node.launcher = ProcessLauncher(self.node.layout.ipc_root, log_dir=self.log_dir,
                                              schd_args=schd_args or ["-q", "20", "-m", "5", "-w", "1000"],
-                                             pmgr_args=["--proc-root", self.cgroups.proc_root])
+                                             pmgr_args=["--proc-root", self.cgroups.proc_root],
+                                             board_root=self.node.layout.board_root)
 
     def __enter__(self) -> "Cluster":
         self.api.start()

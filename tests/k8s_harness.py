@@ -84,7 +84,8 @@ class NodeHarness:
         self.launcher = launcher if launcher is not None else FakeLauncher()
         self.layout = dv.HostLayout(hook=str(self.root / "gemini/lib/libgemhook.so.1"),
                                     preload=str(self.root / "gemini/lib/ld.so.preload"),
-                                    ipc_root=str(self.short / "ipc"))
+                                    ipc_root=str(self.short / "ipc"), board_root=str(self.short / "board"),
+                                    settings_root=str(self.root / "gemini/conf"))
         self.options = NodeOptions(node_name=node_name, state_dir=self.root / "gemini/state", layout=self.layout,
                                    plugin_dir=self.kubelet.plugin_dir,
                                    pod_resources_socket=str(self.kubelet.podres_socket),

@@ -12,10 +12,12 @@ cgroups shaped as the kubelet makes them (tests/k8s_cgroups.py: real cgroups whe
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,9 @@ pytest.importorskip("grpc")
 pytest.importorskip("kubernetes")
 from gemini import transport  # noqa: E402
 from gemini.k8s import devices as dv  # noqa: E402
-from tests.e2e_fixtures import client_argv, finish, start  # noqa: E402
+from bench.harness import Group  # noqa: E402
+from tests import k8s_container  # noqa: E402
+from tests.e2e_fixtures import Sim, client_argv, finish, start  # noqa: E402
 from tests.k8s_cluster import Cluster  # noqa: E402
 from tests.k8s_harness import GiB, gpus  # noqa: E402
 
@@ -240,6 +244,115 @@ def test_hooked_workloads_get_their_shares_and_limits(sim, hook_lib, tmp_path):
                                                           "--meminfo", "--json")),
                               c.container_env(n, sim.env())), timeout=60)
             assert rn.rc == 0 and rn.json["alloc"]["result"] == 0 and rn.json["mem_total"] == 512 * MiB, rn
+        except BaseException:
+            c.dump_logs()
+            raise
+
+
+# --- in a container's view of the files: the board, and settings the container cannot change -------------------
+
+needs_mount_namespace = pytest.mark.skipif(not k8s_container.available(),
+                                           reason="no mount namespace can be made here (root or user namespaces)")
+
+
+def trainer(seconds: float) -> list[str]:
+    """Always busy: 1 ms kernels, a synchronisation every 64."""
+    return client_argv("workload-linked", "--kernel-us", 1000, "--json", "--seconds", seconds, "--sync-every", 64)
+
+
+def requests(seconds: float) -> list[str]:
+    """A request every 20 ms: two 0.5 ms kernels, then a synchronisation."""
+    return client_argv("workload-linked", "--kernel-us", 500, "--json", "--seconds", seconds, "--period-us", 20000,
+                       "--sync-every", 2)
+
+
+def in_container(c: Cluster, sim, pod_uid: str, opts, argv: list, **env_changes):
+    env = k8s_container.container_view_env(opts, sim.env())
+    env.update({k: str(v) for k, v in env_changes.items()})
+    return start(c.in_pod(pod_uid, k8s_container.container_argv(opts, argv)), env)
+
+
+WRITE_PROBE = r"""
+import glob, json, os, sys
+def err(f):
+    try:
+        f()
+        return 0
+    except OSError as exc:
+        return exc.errno
+boards = sorted(glob.glob("/run/gemini/board/*/board-*"))
+print(json.dumps({"boards": boards, "host_path_seen": os.path.exists(sys.argv[1]),
+                  "board_rdwr": err(lambda: os.close(os.open(boards[0], os.O_RDWR))),
+                  "settings_append": err(lambda: open(os.environ["GEMINI_TEST_SETTINGS_FILE"], "a").close())}))
+"""
+
+
+@needs_mount_namespace
+def test_in_a_container_the_board_gives_continuations_and_latency_claims(test_hook_lib, tmp_path):
+    """The hook in a container (its own /dev/shm; the daemons' directories only through its mounts) finds
+    gem-schd's board page through the board directory gem-node mounts: a lone pod's slots are continued at their
+    deadlines instead of drained, and a latency pod's claims pause a batch pod's launches."""
+    sim = Sim(tmp_path / "sim", test_hook_lib)
+    uuid = device_uuid(sim.env())
+    with Cluster(tmp_path, (dv.Gpu(0, uuid, sim.mem_bytes),), hook_source=test_hook_lib) as c:
+        try:
+            uid_t, t = c.admit_pod("team-a", "train", {PCT: 10, MEM: 2})
+            # the container sees the board only where it is mounted, and can write neither it nor its settings
+            # (even as root): it cannot write claims or continuations for other pods
+            board_dir = c.node.layout.board_dir(uuid)
+            probe = finish(in_container(c, sim, uid_t, t, [sys.executable, "-c", WRITE_PROBE, board_dir]), 30)
+            seen = json.loads(probe.out)
+            assert seen["boards"] == [f"{dv.CONTAINER_BOARD_ROOT}/{uuid}/{n}" for n in os.listdir(board_dir)], seen
+            assert len(seen["boards"]) == 1 and not seen["host_path_seen"], seen
+            assert seen["board_rdwr"] == seen["settings_append"] == errno.EROFS, seen
+
+            alone = finish(in_container(c, sim, uid_t, t, trainer(1.5)), timeout=60)
+            assert alone.rc == 0, alone
+            st = sim.stats_of(alone.json["pid"])
+            # 1.5 s of 20 ms slots: continued at nearly every deadline (a late timer may miss one)
+            assert st["continuations"] >= 50 and st["drains"] <= 8, st
+
+            uid_l, lat = c.admit_pod("team-b", "serve", {PCT: 50, MEM: 1}, {"gemini.io/class": "latency"})
+            train = in_container(c, sim, uid_t, t, trainer(3.0))
+            time.sleep(0.5)
+            serve = finish(in_container(c, sim, uid_l, lat, requests(2.0)), timeout=60)
+            trained = finish(train, timeout=60)
+            assert serve.rc == 0 and trained.rc == 0, (serve, trained)
+            assert serve.json["requests"] >= 50, serve
+            st = sim.stats_of(trained.json["pid"])
+            # ~100 requests, each a claim that the trainer's hook sees on the board and pauses for
+            assert st["claim_pauses"] >= 20, st
+        except BaseException:
+            c.dump_logs()
+            raise
+
+
+@needs_mount_namespace
+def test_in_a_container_the_environment_cannot_switch_the_hook_off(test_hook_lib, tmp_path, backends):
+    """The hook in a container takes its settings from the read-only file gem-node mounts: GEMINI_DISABLE=1, or
+    GEMINI_IPC_DIR and GEMINI_GROUP_NAME naming a pod manager the container started itself, leave the process
+    held to its pod's memory limit. The control: the same process with no settings file is ungated."""
+    sim = Sim(tmp_path / "sim", test_hook_lib)
+    uuid = device_uuid(sim.env())
+    with Cluster(tmp_path, (dv.Gpu(0, uuid, sim.mem_bytes),), hook_source=test_hook_lib) as c:
+        try:
+            uid, opts = c.admit_pod("team-a", "train", {PCT: 10, MEM: 2})          # 512 MiB
+            group = opts.envs["GEMINI_GROUP_NAME"]
+            # a pod manager of the container's own, for a group of the same name with all the memory
+            own = backends([Group(group, mem_limit="1GiB")], transport="ipc")
+            argv = client_argv("pyclient.py", "--kernels", 2, "--alloc", "600MiB", "--meminfo", "--json")
+            attempts = {"GEMINI_DISABLE": {"GEMINI_DISABLE": 1},
+                        "GEMINI_FAIL_OPEN": {"GEMINI_FAIL_OPEN": 1, "GEMINI_IPC_DIR": tmp_path / "nothing"},
+                        "own pod manager": {"GEMINI_IPC_DIR": own.ipc_dir, "GEMINI_GROUP_NAME": group}}
+            for what, env in attempts.items():
+                r = finish(in_container(c, sim, uid, opts, argv, **env), timeout=60)
+                assert r.rc == 0, (what, r)
+                assert r.json["mem_total"] == 512 * MiB, (what, r)                  # its pod's limit
+                assert r.json["alloc"]["name"] == "CUDA_ERROR_OUT_OF_MEMORY", (what, r)
+            # the control: without the settings file the environment wins and the process is ungated
+            r = finish(in_container(c, sim, uid, opts, argv, GEMINI_DISABLE=1,
+                                    GEMINI_TEST_SETTINGS_FILE=tmp_path / "absent.conf"), timeout=60)
+            assert r.rc == 0 and r.json["alloc"]["result"] == 0, r
         except BaseException:
             c.dump_logs()
             raise

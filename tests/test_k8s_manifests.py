@@ -74,6 +74,8 @@ def test_daemonset_has_what_gem_node_needs():
     # kubelet are host paths
     assert host["gemini"] == mounts["gemini"] == "/var/lib/gemini"
     assert c["args"][c["args"].index("--root") + 1] == "/var/lib/gemini"
+    # the board pages, the same way: a host path on the host's /run (a tmpfs)
+    assert host["board"] == mounts["board"] == c["args"][c["args"].index("--board-root") + 1] == "/run/gemini/board"
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     annotations = ds["spec"]["template"]["metadata"]["annotations"]
@@ -91,6 +93,7 @@ def test_sample_pod_asks_for_both_resources():
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert set(limits) == set(dv.RESOURCES)
     assert all(k.startswith("gemini.io/") for k in pod["metadata"]["annotations"])
+    assert pod["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
 
 
 def test_grafana_dashboard_queries_gem_node_metrics():

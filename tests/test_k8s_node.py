@@ -5,6 +5,7 @@ pods. The daemons are fakes here (test_k8s_e2e.py runs real ones)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -52,6 +53,10 @@ def test_allocate_gives_the_hook_the_gpu_socket_dir_and_the_group(tmp_path):
             "/etc/ld.so.preload": (node.layout.preload, True),       # gated even with LD_PRELOAD cleared
             # read-only: the container can connect to the sockets but replace none
             f"{dv.CONTAINER_IPC_ROOT}/{gpu.uuid}": (node.layout.ipc_dir(gpu.uuid), True),
+            # the GPU's board page (claims, continuations): read-only, so a container cannot write claims
+            f"{dv.CONTAINER_BOARD_ROOT}/{gpu.uuid}": (node.layout.board_dir(gpu.uuid), True),
+            # the hook's settings, at the path compiled into the hook: the container's env cannot override them
+            "/etc/gemini/hook.conf": (node.layout.settings_file(opts.envs["GEMINI_GROUP_NAME"]), True),
         }
         # the same env whichever resource the kubelet allocates first
         other = node.kubelet.admit("team-a", "infer", "main", {PCT: 20, MEM: 8}, order=[MEM, PCT])
@@ -118,6 +123,20 @@ def test_prestart_waits_for_the_pod_and_starts_its_group(tmp_path):
         g = config.group(group)
         assert (g.min_util, g.max_util, g.mem_limit, g.turns) == (0.3, 0.5, 16 * 256 * MiB, True)
         assert "pod team-a/train container main" in schd.config_path.read_text()
+        # the files the container's mounts name exist before it starts: its hook settings (container paths)
+        # and the GPU's board directory
+        gpu = node.inventory.gpus[0].uuid
+        settings = node.layout.settings_file(group)
+        lines = [x for x in open(settings).read().splitlines() if x and not x.startswith("#")]
+        assert lines == [f"GEMINI_GROUP_NAME={group}", f"GEMINI_IPC_DIR={dv.CONTAINER_IPC_ROOT}",
+                         f"GEMINI_BOARD_DIR={dv.CONTAINER_BOARD_ROOT}/{gpu}"]
+        assert oct(os.stat(settings).st_mode & 0o777) == oct(0o644)
+        assert os.path.isdir(node.layout.board_dir(gpu))
+        # the pod goes: its group's settings file goes with its pod manager
+        node.kubelet.remove_pod("team-a", "train")
+        node.set_pods([])
+        node.reconcile()
+        assert served(node, group) == [] and not os.path.exists(settings)
         assert json.loads((schd.config_path.parent / "pods.json").read_text()) == {group: "team-a/train/main"}
 
 

@@ -1,7 +1,7 @@
 """gem-node: gemini's Kubernetes node agent (one per GPU node, as a DaemonSet; see docs/kubernetes.md).
 
     gem-node --node-name "$NODE_NAME" [--config /etc/gemini/node.yaml] [--kubelet-dir /var/lib/kubelet]
-             [--root /var/lib/gemini] [--kubeconfig FILE] [--metrics-port N] [-v]
+             [--root /var/lib/gemini] [--board-root /run/gemini/board] [--kubeconfig FILE] [--metrics-port N] [-v]
 """
 from __future__ import annotations
 
@@ -35,13 +35,17 @@ def _core_api(kubeconfig: str | None):
 @click.option("--kubelet-dir", default="/var/lib/kubelet", show_default=True,
               help="The kubelet's directory (device-plugins/ and pod-resources/ below it).")
 @click.option("--root", default="/var/lib/gemini", show_default=True,
-              help="gem-node's host directory: lib/ (the hook, mounted into containers), ipc/ (sockets), state/.")
+              help="gem-node's host directory: lib/ (the hook, mounted into containers), ipc/ (sockets), conf/ "
+                   "(the hook settings of each group, mounted into its containers), state/.")
+@click.option("--board-root", default="/run/gemini/board", show_default=True,
+              help="Host directory of gem-schd's board pages (a directory per GPU, mounted into containers); "
+                   "on a tmpfs, as the host's /run is.")
 @click.option("--kubeconfig", default=None, help="Reach the API server with this file instead of in-cluster config.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Prometheus metrics port (default: the config's metricsPort, 9400; 0 = none).")
 @click.option("-v", "--verbose", count=True, help="More logging (-v debug).")
-def main(node_name: str, config_path: str | None, kubelet_dir: str, root: str, kubeconfig: str | None,
-         metrics_port: int | None, verbose: int) -> None:
+def main(node_name: str, config_path: str | None, kubelet_dir: str, root: str, board_root: str,
+         kubeconfig: str | None, metrics_port: int | None, verbose: int) -> None:
     """Run gemini on this Kubernetes node: device plugins for gemini.io/gpu-percent and gemini.io/gpu-memory,
     gem-schd per GPU, a pod manager per container, settings from the pods' annotations."""
     from gemini.hookpath import HookNotFound, hook_path
@@ -64,14 +68,15 @@ def main(node_name: str, config_path: str | None, kubelet_dir: str, root: str, k
         sys.exit(2)
     base = Path(root)
     layout = dv.HostLayout(hook=str(base / "lib" / "libgemhook.so.1"), preload=str(base / "lib" / "ld.so.preload"),
-                           ipc_root=str(base / "ipc"))
+                           ipc_root=str(base / "ipc"), settings_root=str(base / "conf"), board_root=board_root)
     options = NodeOptions(node_name=node_name, state_dir=base / "state", layout=layout,
                           plugin_dir=Path(kubelet_dir) / "device-plugins",
                           pod_resources_socket=str(Path(kubelet_dir) / "pod-resources" / "kubelet.sock"),
                           defaults=cfg.defaults, hook_source=hook,
                           metrics_port=cfg.metrics_port if metrics_port is None else metrics_port)
     inventory = dv.Inventory(tuple(gpus), cfg.reserved_memory)
-    launcher = ProcessLauncher(layout.ipc_root, log_dir=base / "log", schd_args=list(cfg.scheduler_args))
+    launcher = ProcessLauncher(layout.ipc_root, log_dir=base / "log", schd_args=list(cfg.scheduler_args),
+                               board_root=layout.board_root)
     for g in gpus:
         log.info("GPU %d %s: %d MiB, %d memory units of 256 MiB", g.index, g.uuid, g.memory_bytes >> 20,
                  inventory.memory_units(g))

@@ -34,6 +34,10 @@ GROUP_PREFIX = "k8s-"
 CONTAINER_HOOK = "/opt/gemini/lib/libgemhook.so.1"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_IPC_ROOT = "/run/gemini/ipc"
+CONTAINER_BOARD_ROOT = "/run/gemini/board"
+# The hook's settings file: a constant compiled into the hook (hook/settings.c), so a container cannot point the
+# hook at another file; while it exists the hook ignores the GEMINI_* settings of the environment.
+CONTAINER_SETTINGS = "/etc/gemini/hook.conf"
 
 
 class AllocationError(ValueError):
@@ -185,9 +189,19 @@ class HostLayout:
     hook: str = "/var/lib/gemini/lib/libgemhook.so.1"       # copied out of the node image at start
     preload: str = "/var/lib/gemini/lib/ld.so.preload"     # one line: CONTAINER_HOOK
     ipc_root: str = "/var/lib/gemini/ipc"                   # one directory per GPU, named by its UUID
+    # gem-schd's board page per GPU (claims, continuations): a directory per GPU, on a tmpfs (the host's /run),
+    # since the daemons write the page and a file system would write it back to disk
+    board_root: str = "/run/gemini/board"
+    settings_root: str = "/var/lib/gemini/conf"            # one hook settings file per group
 
     def ipc_dir(self, gpu_uuid: str) -> str:
         return f"{self.ipc_root.rstrip('/')}/{gpu_uuid}"
+
+    def board_dir(self, gpu_uuid: str) -> str:
+        return f"{self.board_root.rstrip('/')}/{gpu_uuid}"
+
+    def settings_file(self, group: str) -> str:
+        return f"{self.settings_root.rstrip('/')}/{group}.conf"
 
 
 @dataclass(frozen=True)
@@ -198,14 +212,26 @@ class ContainerGrant:
     mounts: tuple[Mount, ...] = ()
 
 
+def hook_settings(group: str, gpu_uuid: str) -> str:
+    """The hook's settings file of a group's containers (mounted read-only at CONTAINER_SETTINGS), in container
+    paths. A function of the group and its GPU only, so it can be written again at any time."""
+    return (f"# gemini hook settings of group {group}, written by gem-node; while this file exists the hook\n"
+            f"# ignores the GEMINI_* settings of the environment\n"
+            f"GEMINI_GROUP_NAME={group}\n"
+            f"GEMINI_IPC_DIR={CONTAINER_IPC_ROOT}\n"
+            f"GEMINI_BOARD_DIR={CONTAINER_BOARD_ROOT}/{gpu_uuid}\n")
+
+
 def container_grant(inventory: Inventory, layout: HostLayout, resource: str, device_ids: list[str]) -> ContainerGrant:
     """What a container needs to be gated on the GPU of `device_ids`, and nothing more.
 
     Both resources give the same GPU-wide settings (the kubelet merges the answers of a container's resources,
-    keeping the first of two different values, so they must agree); only the memory units name the group.
-    The hook is loaded through /etc/ld.so.preload as well as LD_PRELOAD, so a program that clears its
-    environment is still gated. Every mount is read-only: the container can reach the sockets in its GPU's
-    directory but cannot replace them.
+    keeping the first of two different values, so they must agree); only the memory units name the group, and
+    only their answer mounts the group's hook settings file. The hook is loaded through /etc/ld.so.preload as
+    well as LD_PRELOAD, so a program that clears its environment is still gated, and takes its settings from
+    the mounted file, so a program that sets GEMINI_DISABLE or GEMINI_IPC_DIR is still gated by its group. Every
+    mount is read-only: the container can reach the sockets in its GPU's directory but cannot replace them,
+    and can read the GPU's board page but not write it.
     """
     gpu = inventory.gpu_of(device_ids, resource)
     envs = {
@@ -215,9 +241,12 @@ def container_grant(inventory: Inventory, layout: HostLayout, resource: str, dev
     }
     if resource == RESOURCE_MEMORY:
         envs["GEMINI_GROUP_NAME"] = group_name(device_ids)
-    mounts = (
+    mounts: tuple[Mount, ...] = (
         Mount(CONTAINER_HOOK, layout.hook),
         Mount(CONTAINER_PRELOAD, layout.preload),
         Mount(f"{CONTAINER_IPC_ROOT}/{gpu.uuid}", layout.ipc_dir(gpu.uuid)),
+        Mount(f"{CONTAINER_BOARD_ROOT}/{gpu.uuid}", layout.board_dir(gpu.uuid)),
     )
+    if resource == RESOURCE_MEMORY:
+        mounts += (Mount(CONTAINER_SETTINGS, layout.settings_file(envs["GEMINI_GROUP_NAME"])),)
     return ContainerGrant(gpu, envs, mounts)

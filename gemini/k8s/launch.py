@@ -1,6 +1,7 @@
 """gem-node's daemons as processes: gem-schd per GPU and a pod manager per group, on the socket transport.
 
     gem-schd   --ipc-dir IPC --device-uuid GPU-... -f <state>/<GPU>/resource-config.txt
+               --board <board root>/<GPU>/board-<random>   (a new name each start: see start_scheduler)
     gem-pmgr   python -m gemini.k8s.pmgr --group G --ipc-dir IPC --device-uuid GPU-... --pod-uid UID --pod ns/name/c
 
 Each child gets SIGTERM when gem-node dies (PR_SET_PDEATHSIG), so a killed gem-node leaves no daemon behind;
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ log = logging.getLogger("gemini.k8s.launch")
 
 STOP_GRACE_S = 3.0
 STATUS_TIMEOUT_S = 1.0
+BOARD_PREFIX = "board-"
 
 
 def group_socket(ipc_root: str | Path, gpu_uuid: str, group: str) -> Path:
@@ -108,8 +111,9 @@ class ProcessLauncher:
 
     def __init__(self, ipc_root: str | Path, log_dir: str | Path | None = None, python: str = sys.executable,
                  schd_args: list[str] | None = None, pmgr_args: list[str] | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, board_root: str | Path | None = None):
         self.ipc_root = Path(ipc_root)
+        self.board_root = Path(board_root) if board_root is not None else None  # None: gem-schd's default
         self.log_dir = Path(log_dir) if log_dir else None
         self.python = python
         self.schd_args = list(schd_args or [])
@@ -130,9 +134,29 @@ class ProcessLauncher:
             if out is not None:
                 out.close()
 
+    def board_path(self, gpu: dv.Gpu) -> Path | None:
+        """A new board page for the GPU's next gem-schd, in the directory mounted into containers (old pages
+        there removed: their gem-schd is gone, and whoever still maps one keeps it until it lets go).
+
+        A new name each start, because the pod managers and hooks map the page their handshake names and map
+        again only when the name changes: a new gem-schd's page under the old name would go unseen."""
+        if self.board_root is None:
+            return None
+        d = self.board_root / gpu.uuid
+        d.mkdir(mode=0o755, parents=True, exist_ok=True)
+        for old in d.glob(BOARD_PREFIX + "*"):
+            try:
+                old.unlink()
+            except OSError as exc:
+                log.warning("cannot remove the old board page %s: %s", old, exc)
+        return d / f"{BOARD_PREFIX}{secrets.token_hex(4)}"
+
     def start_scheduler(self, gpu: dv.Gpu, config_path: Path) -> ProcessDaemon:
         argv = [self.python, "-m", "gemini.scheduler.cli", "--ipc-dir", str(self.ipc_root), "--device-uuid", gpu.uuid,
                 "-f", str(config_path), "-p", str(config_path.parent)] + self.schd_args
+        board = self.board_path(gpu)
+        if board is not None:
+            argv += ["--board", str(board)]
         proc = self._spawn(argv, f"gem-schd-{gpu.uuid}")
         log.info("GPU %d (%s): gem-schd started (pid %d)", gpu.index, gpu.uuid, proc.pid)
         return ProcessDaemon(proc, scheduler_socket(self.ipc_root, gpu.uuid), f"gem-schd of {gpu.uuid}")

@@ -5,6 +5,7 @@ config file, its gem-schd and one pod manager per group.
         resource-config.txt (rewritten when it changes; gem-schd follows it live)
         gem-schd              while the GPU has at least one group (an empty config is not a config)
         a pod manager a group (its socket in the GPU's directory; it admits only its pod's processes)
+        a hook settings file a group (mounted read-only into its containers; the hook ignores its env then)
 
 How daemons are started is behind `Launcher` (processes in production, fakes in tests). The agent is the
 device plugins' `PluginBackend`: PreStartContainer waits here until the container's group is served, or
@@ -186,6 +187,11 @@ class NodeAgent:
             if served is not None and served[1].daemon.ready() and state.scheduler is not None \
                     and state.scheduler.daemon.ready():
                 if await self.launcher.registered(state.gpu, placement.group):
+                    try:
+                        self.ensure_settings(placement.group, placement.gpu)
+                    except OSError as exc:
+                        raise dv.AllocationError(f"gem-node cannot write the hook settings of group "
+                                                 f"{placement.group}: {exc}") from None
                     return
             # the daemons are starting (the agent's loop looks after them), gem-schd is reloading the config, or
             # the pod manager is retrying its hello: no need to ask the kubelet again
@@ -256,6 +262,8 @@ class NodeAgent:
                 log.info("GPU %s: stopping the pod manager of %s (%s)", state.gpu.index, group, placement.ref)
                 del state.groups[group]
                 await sup.daemon.stop()
+                if group not in wanted:
+                    self._remove_settings(group)
         # 2. the config, then gem-schd (started when the first group comes, stopped when the last one goes)
         text = render_config(placements) if placements else ""
         if placements and text != state.config_text:
@@ -269,6 +277,9 @@ class NodeAgent:
                 sched, state.scheduler = state.scheduler, None
                 await sched.daemon.stop()
             return
+        # the board's directory must be there before a container that mounts it starts
+        Path(self.layout.board_dir(state.gpu.uuid)).mkdir(mode=0o755, parents=True, exist_ok=True)
+
         def start_scheduler() -> Daemon:
             return self.launcher.start_scheduler(state.gpu, state.config_path)
         state.scheduler = self._supervise(state.scheduler, start_scheduler, f"gem-schd of GPU {state.gpu.index}")
@@ -276,6 +287,10 @@ class NodeAgent:
             return      # it could not start: the pod managers would only wait for it; next reconcile tries again
         # 3. pod managers of new groups; new settings of a served group reach it through gem-schd's config
         for group, placement in wanted.items():
+            try:
+                self.ensure_settings(group, state.gpu.uuid)
+            except OSError as exc:      # PreStartContainer tries again, and refuses the container if it fails
+                log.error("cannot write the hook settings of group %s: %s", group, exc)
             current = state.groups.get(group)
             def start_pod_manager(p: Placement = placement) -> Daemon:
                 return self.launcher.start_pod_manager(state.gpu, p)
@@ -307,11 +322,35 @@ class NodeAgent:
         return _Supervised(daemon, now, sup.restarts + 1, failures=sup.failures)
 
     @staticmethod
-    def _write_file(path: Path, text: str) -> None:
+    def _write_file(path: Path, text: str, mode: int | None = None) -> None:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)        # gem-schd sees a whole file or the old one, never half of one
+
+    # --- the hook settings files ------------------------------------------------------------------------------------
+
+    def ensure_settings(self, group: str, gpu_uuid: str) -> None:
+        """The group's hook settings file (Allocate mounts it read-only at /etc/gemini/hook.conf), written if it
+        is missing or says something else. Containers running keep the file they mounted."""
+        path = Path(self.layout.settings_file(group))
+        text = dv.hook_settings(group, gpu_uuid)
+        try:
+            if path.read_text() == text:
+                return
+        except OSError:
+            pass
+        self._write_file(path, text, 0o644)
+
+    def _remove_settings(self, group: str) -> None:
+        try:
+            Path(self.layout.settings_file(group)).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove the hook settings of group %s: %s", group, exc)
 
     async def shutdown(self) -> None:
         for state in self.gpus.values():

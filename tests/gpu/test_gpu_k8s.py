@@ -102,3 +102,53 @@ def test_pods_on_a_real_gpu_get_their_shares_and_limits(tmp_path):
                            "within": 3 * GiB}, torch_a
         assert torch_n["total"] == 8 * GiB and torch_n["within"] == 7 * GiB, torch_n
         assert abs(share_a - 0.3) < 0.05 and abs(share_b - 0.6) < 0.06, (share_a, share_b)
+
+
+def test_a_latency_pod_on_a_real_gpu_claims_it_in_a_containers_view(tmp_path):
+    """The latency class in pods: processes run with a container's view of the files (their own /dev/shm and
+    /run; the daemons' directories only through the Allocate mounts; the hook's settings from the mounted file,
+    through the test build of the hook), on the real GPU. A lone batch pod's slots are continued through the
+    board; a latency pod's requests claim the GPU and the batch pod's hook pauses for them."""
+    from bench.harness import read_stats
+    from tests import k8s_container
+    from tests.native import build_native, client_path
+
+    if not k8s_container.available():
+        pytest.skip("no mount namespace can be made here (root or user namespaces): the container view needs one")
+    build_native()
+    made = subprocess.run(["make", "-s", "testhook"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stdout + made.stderr
+    test_hook = REPO / "build" / "testhook" / "libgemhook.so.1"
+    stats_file = tmp_path / "stats.txt"
+    gpu = discover_gpus()[0]
+    with Cluster(tmp_path, (gpu,), hook_source=test_hook, schd_args=["-q", "50", "-m", "20", "-w", "10000"]) as c:
+        def launch(uid: str, opts, argv: list) -> subprocess.Popen:
+            env = k8s_container.container_view_env(opts, base_env())
+            env["CUDA_VISIBLE_DEVICES"] = opts.envs["NVIDIA_VISIBLE_DEVICES"]
+            env["GEMINI_STATS_FILE"] = str(stats_file)
+            return subprocess.Popen(c.in_pod(uid, k8s_container.container_argv(opts, [str(a) for a in argv])),
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def result(p: subprocess.Popen) -> dict:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, f"rc {p.returncode}\n{out[-2000:]}\n{err[-4000:]}\n{c.logs()}"
+            return json.loads(out.strip().splitlines()[-1])
+
+        trainer = [client_path("workload-linked"), "--kernel-us", 1000, "--sync-every", 64, "--json", "--seconds"]
+        requests = [client_path("workload-linked"), "--kernel-us", 500, "--sync-every", 2, "--period-us", 20000,
+                    "--json", "--seconds", 5]
+        uid_t, t = c.admit_pod("team-a", "train", {PCT: 10, MEM: 16})
+        uid_l, lat = c.admit_pod("team-b", "serve", {PCT: 30, MEM: 8}, {"gemini.io/class": "latency"})
+        alone = result(launch(uid_t, t, trainer + [3]))
+        train = launch(uid_t, t, trainer + [8])
+        served = result(launch(uid_l, lat, requests))
+        trained = result(train)
+        stats = read_stats(stats_file)
+        alone_st, trained_st = stats.get(alone["pid"], {}), stats.get(trained["pid"], {})
+        record("k8s-latency", identity=c.cgroups.mode, continuations_alone=alone_st.get("continuations"),
+               drains_alone=alone_st.get("drains"), claim_pauses=trained_st.get("claim_pauses"),
+               requests=served.get("requests"), latency_us=served.get("latency_us"), gpu=gpu.uuid)
+        # 3 s of 50 ms slots alone: continued at nearly every deadline (through the board in the mounted dir)
+        assert alone_st.get("continuations", 0) >= 30, alone_st
+        # ~250 requests, each a claim the trainer's hook reads on the board and pauses for
+        assert served["requests"] >= 150 and trained_st.get("claim_pauses", 0) >= 50, (served, trained_st)
