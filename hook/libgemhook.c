@@ -22,7 +22,9 @@
  *   4  capture     open stream captures
  *      inflight    marker events that keep the queued work short
  *      gate        the token: bursts, drain, expiry, the watcher
- *      memory      allocation accounting and limits
+ *      memory      allocation accounting and limits; who owns each allocation
+ *      vmm         physical allocations: counted until unmapped and released
+ *      context     context teardown gives the context's memory back
  *      nvml        NVML's memory numbers inside a group
  *   5  wrappers    the generated launch, sync and capture wrappers
  *   6  symbols     dlsym and cuGetProcAddress hand out the wrappers
@@ -37,6 +39,7 @@
 #include "inflight.h"
 #include "memory.h"
 #include "nvml.h"
+#include "vmm.h"
 #include "real.h"
 #include "settings.h"
 #include "stats.h"
@@ -55,6 +58,7 @@ static void (*const after_fork_child[])(void) = {
     gem_inflight_after_fork,    /* no marker events of the parent's */
     gem_gate_after_fork,        /* no token, no watcher */
     gem_memory_after_fork,      /* no allocations */
+    gem_vmm_after_fork,         /* no physical allocations or mappings */
     gem_nvml_after_fork,        /* no NVML connection of the parent's */
 };
 
