@@ -23,6 +23,7 @@
 #include "hook_exports.h"
 #include "memory.h"
 #include "real.h"
+#include "rejoin.h"
 #include "settings.h"
 #include "stats.h"
 
@@ -142,6 +143,7 @@ static CUresult reserve(struct gem_device *d, uint64_t bytes, int kind) {
         if (reply.u.mem_reply.verdict == GEM_MEM_OK) {
             __atomic_fetch_add(&d->mem_in_use, bytes, __ATOMIC_RELAXED);
             atomic_fetch_add(&gem_stats.mem_allocs, 1);
+            gem_rejoin_start(); /* from now on a lost pod manager is told what this process holds */
             return CUDA_SUCCESS;
         }
         atomic_fetch_add(&gem_stats.mem_denied, 1);
@@ -170,9 +172,10 @@ static void unreserve(struct gem_device *d, uint64_t bytes, int kind) {
     gemhook_msg_init(&req, GEM_MSG_MEM_FREE, 0);
     req.u.mem_request.bytes = bytes;
     req.u.mem_request.kind = (uint32_t)kind;
-    /* If this fails the connection is gone, and the pod manager already dropped the process's
-     * count; a reconnect's HELLO carries mem_in_use, which no longer includes these bytes. */
-    gem_conn_call(&d->conn, &req, &reply, 10 * GEM_NS_PER_S);
+    /* Only on the connection open now. If there is none, or it fails, the pod manager already dropped the
+     * process's count, and the next connection's HELLO carries mem_in_use, which no longer includes these
+     * bytes: sending the free on that new connection too would take them off twice. */
+    gem_conn_call_connected(&d->conn, &req, &reply, 10 * GEM_NS_PER_S);
 }
 
 /* The group's (used, limit); 0 if unknown. */

@@ -5,6 +5,7 @@
   cuMemRetainAllocationHandle's reference keeps it too.
 * Context teardown: cuCtxDestroy, cuDevicePrimaryCtxReset (cudaDeviceReset) and the last
   cuDevicePrimaryCtxRelease free the context's allocations in the driver; the group gets them back (item 2).
+* A restarted pod manager counts what the processes of the group hold before it grants anything new (item 3).
 
 Each check looks at both sides: the group's count at its pod manager, and the device memory the (simulated)
 driver really holds, read by a process without the hook.
@@ -12,14 +13,16 @@ driver really holds, read by a process without the hook.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from bench.harness import Group
+from bench.harness import TRANSPORTS, Group
 from gemini.wire import hook as hp
-from tests.e2e_fixtures import CLIENTS_DIR, CUDA_ERROR_OUT_OF_MEMORY, MiB, Holder, Sim
+from tests.e2e_fixtures import CLIENTS_DIR, CUDA_ERROR_OUT_OF_MEMORY, MiB, Holder, Sim, wait_for
+from tests.test_faults import daemon_pid, pmgr_ready
 from tests.pmgr_helpers import BlockingHook
 
 LIMIT = 256 * MiB
@@ -171,3 +174,44 @@ def test_a_primary_context_release_that_is_not_the_last_changes_nothing(sim, gro
         assert h.do(f"alloc {192 * MiB}") == [CUDA_ERROR_OUT_OF_MEMORY]
     finally:
         h.close()
+
+
+def answers(be, group: str) -> bool:
+    """The group's pod manager is up and knows its limit (False while it is not listening yet)."""
+    try:
+        return pmgr_ready(be.ports[group], group)
+    except OSError:
+        return False
+
+
+# --- a restarted pod manager counts an idle holder again before it grants anything new (item 3) ---------------
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_restarted_pod_manager_counts_an_idle_holder_before_granting(sim, backends, transport):
+    """A process holds 96 MiB of a 128 MiB group and makes no call. The group's pod manager is SIGKILLed and
+    launch-backend restarts it. The new one learns from its predecessor's ledger that the process held memory,
+    and holds the group's allocations until it re-announced (its hook reconnects at once, without a CUDA call):
+    a newcomer's 64 MiB is refused, and the count is 96 MiB again. Before the fix the new pod manager started
+    from zero and granted the 64 MiB (the group held 160 MiB of its 128)."""
+    be = backends([Group("g", 0.0, 1.0, f"{128 * MiB}")], transport=transport)
+    idle = MemHolder(sim, be, "g")
+    try:
+        idle.ok(f"alloc {96 * MiB}")
+        assert group_used(be, "g") == 96 * MiB
+        old = daemon_pid(be, "g")
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: daemon_pid(be, "g") != old, 10, what="gem-pmgr g restarted")
+        wait_for(lambda: answers(be, "g"), 10, step=0.02, what="the new gem-pmgr g registered")
+        newcomer = MemHolder(sim, be, "g")
+        try:
+            assert newcomer.do(f"alloc {64 * MiB}") == [CUDA_ERROR_OUT_OF_MEMORY]
+            assert group_used(be, "g") == 96 * MiB
+            newcomer.ok(f"alloc {32 * MiB}")
+        finally:
+            newcomer.close()
+        # the idle process never made a call: its hook re-announced on its own
+        assert idle.proc.poll() is None
+    finally:
+        done = idle.close()
+    assert done.rc == 0, done
+    assert sim.stats_of(idle.pid)["reconnects"] == 1
