@@ -15,7 +15,8 @@
  * it: connects retry with backoff for GEMINI_CONNECT_TIMEOUT_MS with a clear
  * message, then the call fails and the CUDA call returns an error. The next
  * call reconnects (the HELLO carries the memory the process already holds, so
- * a restarted pod manager rebuilds its accounting).
+ * a restarted pod manager rebuilds its accounting; rejoin.c reconnects a
+ * process that holds memory at once, without waiting for its next call).
  *
  * Each connection is a session with a generation number and a count of the
  * calls using it. Threads use its descriptor outside the lock (a writer in
@@ -36,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -280,6 +282,8 @@ static int open_session(struct gem_conn *c, char *why, size_t why_len) {
     hello.u.hello.device_ordinal = c->device_ordinal;
     hello.u.hello.mem_in_use = c->mem_in_use ? *c->mem_in_use : 0;
     hello.u.hello.flags = gem_cfg.fail_open ? GEM_HELLO_FLAG_FAIL_OPEN : 0;
+    struct stat ns;
+    hello.u.hello.pid_ns = stat("/proc/self/ns/pid", &ns) == 0 ? (uint32_t)ns.st_ino : 0;
     snprintf(hello.u.hello.pod_name, sizeof hello.u.hello.pod_name, "%s", gem_cfg.pod_name);
     snprintf(hello.u.hello.device_uuid, sizeof hello.u.hello.device_uuid, "%s", c->device_uuid);
     if (write_all(fd, &hello, sizeof hello) != 0) {
@@ -451,9 +455,37 @@ static void dispatch(struct gem_conn *c, struct gem_session *s, const struct gem
     /* a reply nobody waits for any more (its caller timed out): drop it */
 }
 
-int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns) {
+int gem_conn_alive(struct gem_conn *c) {
     pthread_mutex_lock(&c->mu);
-    int rc = ensure_connected(c);
+    struct gem_session *s = c->current;
+    int alive = 0;
+    if (s && !s->broken) {
+        /* current and not broken: its descriptor is open. A zero-timeout poll reads nothing. */
+        struct pollfd pfd = {.fd = s->fd, .events = POLLRDHUP};
+        if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+            mark_broken(c, s, "the pod manager closed the connection");
+        else
+            alive = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return alive;
+}
+
+static int conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
+                     int may_connect);
+
+int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns) {
+    return conn_call(c, req, reply, timeout_ns, 1);
+}
+
+int gem_conn_call_connected(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns) {
+    return conn_call(c, req, reply, timeout_ns, 0);
+}
+
+static int conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
+                     int may_connect) {
+    pthread_mutex_lock(&c->mu);
+    int rc = may_connect ? ensure_connected(c) : c->current ? GEM_CALL_OK : GEM_CALL_UNREACHABLE;
     if (rc != GEM_CALL_OK) {
         pthread_mutex_unlock(&c->mu);
         return rc;

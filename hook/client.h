@@ -61,5 +61,11 @@ void gem_conn_init(struct gem_conn *c, const struct gem_endpoint *ep, int ordina
 void gem_conn_reset_after_fork(struct gem_conn *c);
 /* Send `req` and wait for its reply (any type). timeout_ns 0 = wait forever (token waits). */
 int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns);
+/* The same on the session open now, never opening one (GEM_CALL_UNREACHABLE if none): for a message whose
+ * effect the next HELLO carries anyway (a MEM_FREE: HELLO's mem_in_use no longer holds those bytes). */
+int gem_conn_call_connected(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns);
+/* 1 if a session stands; 0 if none does. A session the pod manager closed (it exited) is marked broken here,
+ * without reading from it. Never blocks. */
+int gem_conn_alive(struct gem_conn *c);
 
 #endif /* GEMINI_CLIENT_H */

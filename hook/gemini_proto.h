@@ -82,7 +82,8 @@ struct gem_hello {
     int32_t device_ordinal;     /* CUdevice ordinal in the process, for logs */
     uint64_t mem_in_use;        /* bytes this process already holds (reconnects) */
     uint32_t flags;             /* GEM_HELLO_FLAG_* */
-    uint32_t reserved;
+    uint32_t pid_ns;            /* inode of the process's pid namespace (/proc/self/ns/pid), 0 if unknown: when
+                                 * it is the pod manager's own, `pid` names a process the pod manager can see */
     char pod_name[GEM_NAME_LEN];     /* the group the hook was told to join; may be empty */
     char device_uuid[GEM_UUID_LEN];  /* "GPU-xxxxxxxx-..." of the device, or empty */
 };

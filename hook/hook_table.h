@@ -35,7 +35,8 @@
  *   CAPTURE_END
  *   ALLOC_ASYNC      stream-ordered allocation from the device's current
  *   ALLOC_FROM_POOL  pool / from the pool in `extra` (generated in memory.c)
- *   CUSTOM           wrapper written by hand (memory.c, nvml.c, symbols.c)
+ *   CUSTOM           wrapper written by hand (memory.c, vmm.c, context.c, nvml.c,
+ *                    symbols.c)
  *   REAL             not intercepted: resolved only for the hook's own calls
  *
  * A variant missing from the installed driver resolves to NULL; it is then
@@ -157,7 +158,7 @@
       (hStream, phGraph), hStream)                                                                                  \
     X(CAPTURE_END, CUDA, CUresult, cuStreamEndCapture_ptsz, 10000, 1, (CUstream hStream, CUgraph *phGraph),         \
       (hStream, phGraph), hStream)                                                                                  \
-    /* ---- memory (memory.c) --------------------------------------------------------------------------- */        \
+    /* ---- memory (memory.c; VMM, cuMemCreate to cuMemUnmap: vmm.c) ------------------------------------ */        \
     X(CUSTOM, CUDA, CUresult, cuMemAlloc_v2, 3020, 0, (CUdeviceptr *dptr, size_t bytesize), _, _)                   \
     X(CUSTOM, CUDA, CUresult, cuMemAllocPitch_v2, 3020, 0, (CUdeviceptr *dptr, size_t *pPitch,                      \
       size_t widthInBytes, size_t height, unsigned int elementSizeBytes), _, _)                                     \
@@ -175,6 +176,11 @@
     X(CUSTOM, CUDA, CUresult, cuMemCreate, 10020, 0, (CUmemGenericAllocationHandle *handle, size_t size,            \
       const CUmemAllocationProp *prop, unsigned long long flags), _, _)                                             \
     X(CUSTOM, CUDA, CUresult, cuMemRelease, 10020, 0, (CUmemGenericAllocationHandle handle), _, _)                  \
+    X(CUSTOM, CUDA, CUresult, cuMemRetainAllocationHandle, 11000, 0,                                                \
+      (CUmemGenericAllocationHandle *handle, void *addr), _, _)                                                     \
+    X(CUSTOM, CUDA, CUresult, cuMemMap, 10020, 0, (CUdeviceptr ptr, size_t size, size_t offset,                     \
+      CUmemGenericAllocationHandle handle, unsigned long long flags), _, _)                                         \
+    X(CUSTOM, CUDA, CUresult, cuMemUnmap, 10020, 0, (CUdeviceptr ptr, size_t size), _, _)                           \
     X(CUSTOM, CUDA, CUresult, cuArrayCreate_v2, 3020, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc),     \
       _, _)                                                                                                         \
     X(CUSTOM, CUDA, CUresult, cuArray3DCreate_v2, 3020, 0,                                                          \
@@ -187,6 +193,13 @@
     X(CUSTOM, CUDA, CUresult, cuMemPoolDestroy, 11020, 0, (CUmemoryPool pool), _, _)                                \
     X(CUSTOM, CUDA, CUresult, cuMemGetInfo_v2, 3020, 0, (size_t *free, size_t *total), _, _)                        \
     X(CUSTOM, CUDA, CUresult, cuDeviceTotalMem_v2, 3020, 0, (size_t *bytes, CUdevice dev), _, _)                    \
+    /* ---- context teardown frees the context's allocations (context.c) ------------------------------- */        \
+    X(CUSTOM, CUDA, CUresult, cuCtxDestroy, 2000, 0, (CUcontext ctx), _, _)                                         \
+    X(CUSTOM, CUDA, CUresult, cuCtxDestroy_v2, 4000, 0, (CUcontext ctx), _, _)                                      \
+    X(CUSTOM, CUDA, CUresult, cuDevicePrimaryCtxReset, 7000, 0, (CUdevice dev), _, _)                               \
+    X(CUSTOM, CUDA, CUresult, cuDevicePrimaryCtxReset_v2, 11000, 0, (CUdevice dev), _, _)                           \
+    X(CUSTOM, CUDA, CUresult, cuDevicePrimaryCtxRelease, 7000, 0, (CUdevice dev), _, _)                             \
+    X(CUSTOM, CUDA, CUresult, cuDevicePrimaryCtxRelease_v2, 11000, 0, (CUdevice dev), _, _)                         \
     /* ---- entry points (symbols.c) -------------------------------------------------------------------- */        \
     X(CUSTOM, CUDA, CUresult, cuGetProcAddress, 11030, 0,                                                           \
       (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags), _, _)                                    \
@@ -198,6 +211,9 @@
     X(REAL, CUDA, CUresult, cuDeviceGet, 2000, 0, (CUdevice *device, int ordinal), _, _)                            \
     X(REAL, CUDA, CUresult, cuDeviceGetUuid, 9020, 0, (CUuuid *uuid, CUdevice dev), _, _)                           \
     X(REAL, CUDA, CUresult, cuCtxGetCurrent, 4000, 0, (CUcontext *pctx), _, _)                                      \
+    X(REAL, CUDA, CUresult, cuDevicePrimaryCtxGetState, 7000, 0, (CUdevice dev, unsigned int *flags, int *active),  \
+      _, _)                                                                                                         \
+    X(REAL, CUDA, CUresult, cuDevicePrimaryCtxRetain, 7000, 0, (CUcontext *pctx, CUdevice dev), _, _)               \
     X(REAL, CUDA, CUresult, cuCtxGetDevice, 2000, 0, (CUdevice *device), _, _)                                      \
     X(REAL, CUDA, CUresult, cuCtxPushCurrent_v2, 4000, 0, (CUcontext ctx), _, _)                                    \
     X(REAL, CUDA, CUresult, cuCtxPopCurrent_v2, 4000, 0, (CUcontext *pctx), _, _)                                   \

@@ -22,7 +22,10 @@
  *   4  capture     open stream captures
  *      inflight    marker events that keep the queued work short
  *      gate        the token: bursts, drain, expiry, the watcher
- *      memory      allocation accounting and limits
+ *      memory      allocation accounting and limits; who owns each allocation
+ *      vmm         physical allocations: counted until unmapped and released
+ *      context     context teardown gives the context's memory back
+ *      rejoin      held memory re-announced to a restarted pod manager at once
  *      nvml        NVML's memory numbers inside a group
  *   5  wrappers    the generated launch, sync and capture wrappers
  *   6  symbols     dlsym and cuGetProcAddress hand out the wrappers
@@ -38,8 +41,10 @@
 #include "memory.h"
 #include "nvml.h"
 #include "real.h"
+#include "rejoin.h"
 #include "settings.h"
 #include "stats.h"
+#include "vmm.h"
 
 /* ---- fork ----------------------------------------------------------------------------------------
  * A fork child inherits the parent's memory but not its threads: a lock another thread held stays
@@ -55,6 +60,8 @@ static void (*const after_fork_child[])(void) = {
     gem_inflight_after_fork,    /* no marker events of the parent's */
     gem_gate_after_fork,        /* no token, no watcher */
     gem_memory_after_fork,      /* no allocations */
+    gem_vmm_after_fork,         /* no physical allocations or mappings */
+    gem_rejoin_after_fork,      /* no rejoin thread (the first allocation starts one) */
     gem_nvml_after_fork,        /* no NVML connection of the parent's */
 };
 
@@ -73,6 +80,7 @@ __attribute__((constructor)) static void gemhook_constructor(void) {
 
 __attribute__((destructor)) static void gemhook_destructor(void) {
     gem_gate_shutdown();
+    gem_rejoin_shutdown();
     /* Only a CUDA program reports; a shell or a Python that never used CUDA stays silent. */
     if (atomic_load(&gem_real_ready) || gem_total_launches() > 0)
         gem_stats_report();

@@ -23,6 +23,7 @@
 #include "hook_exports.h"
 #include "memory.h"
 #include "real.h"
+#include "rejoin.h"
 #include "settings.h"
 #include "stats.h"
 
@@ -39,6 +40,7 @@ struct alloc_entry {
     int16_t space; /* 0 = empty, -1 = deleted */
     int16_t ordinal;
     int32_t kind;
+    CUcontext ctx; /* current when it was allocated: destroying or resetting that context frees it */
 };
 
 static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -70,22 +72,31 @@ static int table_grow(void) {
     return 0;
 }
 
-static void track(int space, uint64_t key, uint64_t bytes, int ordinal, int kind) {
+static void track_entry(const struct alloc_entry *e) {
     pthread_mutex_lock(&table_mu);
     if ((table_used + table_deleted + 1) * 2 > table_cap && table_grow() != 0) {
         pthread_mutex_unlock(&table_mu);
         GEM_LOG(GEM_LOG_ERROR, "out of host memory for the allocation table; %llu bytes stay counted",
-                (unsigned long long)bytes);
+                (unsigned long long)e->bytes);
         return;
     }
-    size_t i = slot_of(key, space, table_cap);
+    size_t i = slot_of(e->key, e->space, table_cap);
     while (table[i].space > 0)
         i = (i + 1) & (table_cap - 1);
     if (table[i].space < 0)
         table_deleted--;
-    table[i] = (struct alloc_entry){key, bytes, (int16_t)space, (int16_t)ordinal, kind};
+    table[i] = *e;
     table_used++;
     pthread_mutex_unlock(&table_mu);
+}
+
+/* A new allocation, owned by the calling thread's current context. */
+static void track(int space, uint64_t key, uint64_t bytes, int ordinal, int kind) {
+    CUcontext ctx = NULL;
+    if (HAVE_REAL(cuCtxGetCurrent))
+        REAL(cuCtxGetCurrent)(&ctx);
+    struct alloc_entry e = {key, bytes, (int16_t)space, (int16_t)ordinal, kind, ctx};
+    track_entry(&e);
 }
 
 /* Remove and return an entry; 0 if the hook never saw this allocation. */
@@ -132,6 +143,7 @@ static CUresult reserve(struct gem_device *d, uint64_t bytes, int kind) {
         if (reply.u.mem_reply.verdict == GEM_MEM_OK) {
             __atomic_fetch_add(&d->mem_in_use, bytes, __ATOMIC_RELAXED);
             atomic_fetch_add(&gem_stats.mem_allocs, 1);
+            gem_rejoin_start(); /* from now on a lost pod manager is told what this process holds */
             return CUDA_SUCCESS;
         }
         atomic_fetch_add(&gem_stats.mem_denied, 1);
@@ -160,9 +172,10 @@ static void unreserve(struct gem_device *d, uint64_t bytes, int kind) {
     gemhook_msg_init(&req, GEM_MSG_MEM_FREE, 0);
     req.u.mem_request.bytes = bytes;
     req.u.mem_request.kind = (uint32_t)kind;
-    /* If this fails the connection is gone, and the pod manager already dropped the process's
-     * count; a reconnect's HELLO carries mem_in_use, which no longer includes these bytes. */
-    gem_conn_call(&d->conn, &req, &reply, 10 * GEM_NS_PER_S);
+    /* Only on the connection open now. If there is none, or it fails, the pod manager already dropped the
+     * process's count, and the next connection's HELLO carries mem_in_use, which no longer includes these
+     * bytes: sending the free on that new connection too would take them off twice. */
+    gem_conn_call_connected(&d->conn, &req, &reply, 10 * GEM_NS_PER_S);
 }
 
 /* The group's (used, limit); 0 if unknown. */
@@ -435,7 +448,7 @@ static CUresult free_tracked(int space, uint64_t key, CUresult rc_of_real, int h
         if (d)
             unreserve(d, e->bytes, e->kind);
     } else {
-        track(space, key, e->bytes, e->ordinal, e->kind); /* still allocated */
+        track_entry(e); /* still allocated */
     }
     return rc_of_real;
 }
@@ -490,35 +503,6 @@ GEM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
         pthread_mutex_unlock(&pool_mu);
     }
     return rc;
-}
-
-/* ---- virtual memory management (PyTorch expandable segments, NCCL) ------------------------------ */
-
-GEM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                                unsigned long long flags) {
-    NEED_REAL(cuMemCreate);
-    if (!handle || !prop || size == 0 || !accounting())
-        return REAL(cuMemCreate)(handle, size, prop, flags);
-    struct gem_device *d = NULL;
-    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        d = gem_device_by_ordinal(prop->location.id);
-    if (!d) /* host or other locations are not GPU memory of a managed device */
-        return REAL(cuMemCreate)(handle, size, prop, flags);
-    RESERVE_OR_RETURN(d, size, GEM_MEM_VMM);
-    CUresult rc = REAL(cuMemCreate)(handle, size, prop, flags);
-    if (rc != CUDA_SUCCESS) {
-        unreserve(d, size, GEM_MEM_VMM);
-        return rc;
-    }
-    track(SPACE_VMM, *handle, size, d->ordinal, GEM_MEM_VMM);
-    return rc;
-}
-
-GEM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    NEED_REAL(cuMemRelease);
-    struct alloc_entry e;
-    int have = untrack(SPACE_VMM, handle, &e);
-    return free_tracked(SPACE_VMM, handle, REAL(cuMemRelease)(handle), have, &e);
 }
 
 /* ---- arrays ----------------------------------------------------------------------------------- */
@@ -683,6 +667,52 @@ GEM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
             clamp_to_group(d, NULL, bytes);
     }
     return rc;
+}
+
+/* ---- for the other allocation modules (vmm.c) and context teardown (context.c) ------------------ */
+
+int gem_memory_accounting(void) { return accounting(); }
+
+CUresult gem_memory_reserve(struct gem_device *d, uint64_t bytes, int kind) { return reserve(d, bytes, kind); }
+
+void gem_memory_unreserve(struct gem_device *d, uint64_t bytes, int kind) { unreserve(d, bytes, kind); }
+
+/* The driver freed everything `ctx` held (cuCtxDestroy, a primary context reset or its last release): its
+ * allocations leave the table and go back to the group. Stream-ordered blocks are the pools' business: a
+ * pool's reservation is read again (what the context's teardown gave back is returned), as at a sync. */
+void gem_memory_context_gone(CUcontext ctx) {
+    if (!ctx)
+        return;
+    uint64_t freed[GEM_MAX_DEVICES][4];
+    memset(freed, 0, sizeof freed);
+    size_t count = 0;
+    pthread_mutex_lock(&table_mu);
+    for (size_t i = 0; i < table_cap; i++) {
+        struct alloc_entry *e = &table[i];
+        if (e->space <= 0 || e->ctx != ctx || e->kind == GEM_MEM_ASYNC)
+            continue;
+        if (e->ordinal >= 0 && e->ordinal < GEM_MAX_DEVICES && e->kind >= 0 && e->kind < 4)
+            freed[e->ordinal][e->kind] += e->bytes;
+        e->space = -1;
+        table_used--;
+        table_deleted++;
+        count++;
+    }
+    pthread_mutex_unlock(&table_mu);
+    for (int dev = 0; dev < GEM_MAX_DEVICES; dev++)
+        for (int kind = 0; kind < 4; kind++) {
+            struct gem_device *d = freed[dev][kind] ? gem_device_by_ordinal(dev) : NULL;
+            if (d)
+                unreserve(d, freed[dev][kind], kind);
+        }
+    if (count)
+        GEM_LOG(GEM_LOG_DEBUG, "context %p is gone: %zu allocations of it given back", (void *)ctx, count);
+    if (atomic_load(&pools_in_use)) {
+        pthread_mutex_lock(&pool_mu);
+        for (int i = 0; i < npools; i++)
+            pool_reconcile(&pools[i]);
+        pthread_mutex_unlock(&pool_mu);
+    }
 }
 
 /* ---- fork -------------------------------------------------------------------------------------- */

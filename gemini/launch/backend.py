@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,6 +250,7 @@ class Backend:
         self.env = _child_env()
         self.scheduler: Child | None = None
         self.groups: dict[str, Child] = {}      # in config order
+        self.ledger_dir: Path | None = None     # TCP: the pod managers' ledgers (_ledger_path)
         self.stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._new_config: Config | None = None  # handed over by the reloader, applied by run()
@@ -293,7 +295,7 @@ class Backend:
             argv += ["--device-uuid", self.device_uuid]
         if self.ipc_dir is None:
             argv += ["--ip", self.ip, "--port", str(port), "--scheduler-ip", connect_host(self.ip),
-                     "--scheduler-port", str(self.port)]
+                     "--scheduler-port", str(self.port), "--ledger", str(self._ledger_path(group))]
         else:
             assert access is not None
             argv += ["--ipc-dir", str(self.ipc_dir), "--socket-mode", f"{access.mode:04o}"]
@@ -302,6 +304,14 @@ class Backend:
             if access.group is not None:
                 argv += ["--socket-group", access.group]
         return argv + self._verbosity() + list(getattr(self.opts, "pmgr_arg", None) or [])
+
+    def _ledger_path(self, group: str) -> Path:
+        """TCP: where a group's pod manager keeps its ledger (gemini/podmgr/ledger.py), so that the one this backend
+        restarts after a crash knows who held memory. A private directory for this backend's life; on the socket
+        transport the ledger lives beside the group's socket instead."""
+        if self.ledger_dir is None:
+            self.ledger_dir = Path(tempfile.mkdtemp(prefix="gemini-ledgers-"))
+        return self.ledger_dir / ("group-" + hashlib.sha1(group.encode()).hexdigest()[:16] + ".ledger")
 
     def _pmgr_child(self, group: str, port: int, config: GroupConfig | None = None) -> Child:
         access = socket_access(config) if config is not None and self.ipc_dir is not None else None
@@ -385,6 +395,8 @@ class Backend:
         for child in self.children():
             if child.socket is not None:
                 self._remove_socket(child)      # one that had to be killed left its socket
+        if self.ledger_dir is not None:
+            shutil.rmtree(self.ledger_dir, ignore_errors=True)
 
     # -- output --
 

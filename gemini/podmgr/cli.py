@@ -21,6 +21,7 @@ from . import (DEFAULT_IP, DEFAULT_PORT, DEFAULT_SCHEDULER_PORT, ENV_POD_MANAGER
                ENV_POD_NAME, ENV_SCHEDULER_IP, ENV_SCHEDULER_PORT)
 from .admission import Limits
 from .auth import PeerAuthorizer
+from .manager import REJOIN_GRACE_S
 from .server import PodManagerServer
 
 log = logging.getLogger("gemini.podmgr")
@@ -143,12 +144,20 @@ async def serve(server: PodManagerServer) -> None:
                    "MODULE:NAME is imported and called without arguments.")
 @click.option("--hello-timeout", type=click.FloatRange(0.05, 3600), default=Limits.hello_timeout_s,
               show_default=True, help="Seconds a new connection has to say HELLO before it is closed.")
+@click.option("--ledger", default=None, metavar="FILE",
+              help="Where to keep the record of which processes hold the group's memory, so that a restarted pod "
+                   "manager counts it again before granting anything new (default with --ipc-dir: beside the "
+                   "group's socket; on TCP none unless given; launch-backend gives one).")
+@click.option("--rejoin-grace", type=click.FloatRange(0, 9), default=REJOIN_GRACE_S, show_default=True,
+              help="After a restart: at most how many seconds the group's allocations wait for the processes on "
+                   "record to re-announce what they hold (below the hooks' 10 s wait for a memory reply).")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 @click.option("--log-level", type=click.Choice(LEVEL_NAMES, case_sensitive=False), default=None,
               help="Log level (overrides -v).")
 def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, device_uuid: str | None,
          ipc_dir: str | None, socket_owner: str | None, socket_group: str | None, socket_mode: int | None,
-         authorizer: str | None, hello_timeout: float, verbose: int, log_level: str | None) -> None:
+         authorizer: str | None, hello_timeout: float, ledger: str | None, rejoin_grace: float, verbose: int,
+         log_level: str | None) -> None:
     """Pod manager of one group: shares the group's GPU token between its processes and accounts its memory."""
     if not name or len(name.encode()) >= hp.NAME_LEN:
         raise click.BadParameter(f"must be 1 to {hp.NAME_LEN - 1} bytes", param_hint="--name")
@@ -178,7 +187,7 @@ def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, 
     raise_fd_limit(limits.total + 256)
     server = PodManagerServer(name, ip, port, scheduler_ip=scheduler_ip, scheduler_port=scheduler_port,
                               device_uuid=device_uuid, ipc_dir=ipc_dir, socket_access=access, limits=limits,
-                              authorizer=judge)
+                              authorizer=judge, ledger_path=ledger, rejoin_grace_s=rejoin_grace)
     try:
         asyncio.run(serve(server))
     except transport.TransportError as exc:

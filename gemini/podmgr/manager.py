@@ -10,7 +10,10 @@ The pod manager is made of four parts:
   outstanding upstream TokenRequest, and the reports (worst overuse, largest burst, measured use) the group's
   hooks made since the last one;
 * the **memory ledger** (`_Ledger`): the group's memory for all its processes. A hook asks before it allocates
-  and the ledger answers from the group's limit, which comes from gem-schd (Welcome, then ConfigUpdate);
+  and the ledger answers from the group's limit, which comes from gem-schd (Welcome, then ConfigUpdate). A
+  restarted pod manager starts from what its predecessor recorded (`begin_recovery`, from the ledger file
+  server.py keeps): those processes' bytes stay counted, and the group's allocations wait, until each of them
+  has re-announced what it holds (its hook reconnects at once: hook/rejoin.c) or `rejoin_grace_s` passed;
 * the group's **token** (`sharing.GroupToken`) and how its processes share it, a strategy per
   ProcessSharing mode (`sharing.Together`, Gemini's behaviour; `sharing.Turns`, one process at a time);
 * for a latency-class group, the **claims** (`claims.ClaimBroker`): while gem-schd lets the group claim, a
@@ -37,9 +40,11 @@ from .sharing import TOKEN_MIN_LEFT_S, GroupToken, SharingStrategy, release_if_u
 log = logging.getLogger("gemini.podmgr")
 
 __all__ = ["PodManager", "ToHook", "CloseHook", "ToScheduler", "Action", "Client", "TOKEN_MIN_LEFT_S",
-           "WELCOME_WAIT_S", "HEARTBEAT_S", "HELLO_RETRY_S", "LINK_SILENT_S", "MAX_BYTES"]
+           "Holder", "WELCOME_WAIT_S", "REJOIN_GRACE_S", "HEARTBEAT_S", "HELLO_RETRY_S", "LINK_SILENT_S", "MAX_BYTES"]
 
 WELCOME_WAIT_S = 2.0        # how long HELLO and memory requests wait for the first Welcome
+REJOIN_GRACE_S = 5.0        # after a restart: how long allocations wait for the known holders to re-announce
+                            # (below the hook's 10 s wait for a memory reply)
 HEARTBEAT_S = 1.0
 HELLO_RETRY_S = 1.0
 LINK_SILENT_S = 3.0         # no word from gem-schd for this long: log that it is unreachable (once)
@@ -78,6 +83,7 @@ class Client:
     pid: int = 0                # the kernel's (socket transport), else the one HELLO claims
     mem: int = 0                # bytes this connection holds
     creds: PeerCredentials | None = None    # from SO_PEERCRED; None on TCP
+    pid_visible: bool = False   # `pid` names a process of the pod manager's own pid namespace (it can tell if it lives)
 
     @property
     def uid(self) -> int:
@@ -108,12 +114,27 @@ def _ms(ns: int) -> float:
     return max(0, ns) / NS_PER_MS
 
 
+@dataclass(frozen=True)
+class Holder:
+    """A process that holds memory of the group, as recorded for a successor (ledger.py)."""
+    bytes: int
+    visible: bool = False       # its pid is one the pod manager can look up: a successor drops it once it is gone
+
+
 class _Ledger:
-    """The group's memory: its limit (None until the first Welcome) and what its clients hold."""
+    """The group's memory: its limit (None until the first Welcome) and what its clients hold.
+
+    After a restart, `carried` holds what the previous pod manager counted for processes (by pid) that have not
+    re-announced yet; it is part of `used` until they do (their HELLO's mem_in_use replaces it) or the recovery
+    ends. While `recovering_until` is set, allocations wait in `held`.
+    """
 
     def __init__(self) -> None:
         self.limit: int | None = None
         self.used = 0
+        self.carried: dict[int, Holder] = {}
+        self.recovering_until: float | None = None
+        self.held: list[_Deferred] = []
 
     def fits(self, extra: int) -> bool:
         assert self.limit is not None
@@ -155,12 +176,17 @@ class PodManager:
 
     def __init__(self, group: str, clock: Callable[[], float], *, device_uuid: str | None = None,
                  pid: int | None = None, scheduler_addr: str = "gem-schd", turns: bool = False,
-                 board_open: Optional[Callable[[str], Any]] = None):
+                 board_open: Optional[Callable[[str], Any]] = None, pid_ns: int = 0,
+                 process_exists: Optional[Callable[[int], bool]] = None):
         self.group = group
         self.clock = clock
         self.device_uuid = device_uuid or None
         self.pid = os.getpid() if pid is None else pid
         self.scheduler_addr = scheduler_addr
+        # This pod manager's pid namespace (0: unknown) and a look-up of a pid in it: a recorded holder that is
+        # gone need not be waited for after a restart.
+        self.pid_ns = pid_ns
+        self._process_exists = process_exists
         self.clients: dict[int, Client] = {}
         self._next_client_id = 1
         self.min_util = 0.0
@@ -374,6 +400,7 @@ class PodManager:
             log.info("client %d (pid %d) gone: %d bytes released, group uses %d", client.id, client.pid,
                      client.mem, self.ledger.used)
         self._deferred = [d for d in self._deferred if d.client_id != client_id]
+        self.ledger.held = [d for d in self.ledger.held if d.client_id != client_id]
         self.token.waiting = [w for w in self.token.waiting if w[0] != client_id]
         actions = self._claim_reports(self.claims.gone(client_id, now))
         if client_id in self.token.holders:
@@ -408,7 +435,7 @@ class PodManager:
                     return [_error(client_id, seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text())]
                 self._deferred.append(_Deferred(now + WELCOME_WAIT_S, client_id, seq, msg))
                 return []
-            return [self._on_memory(client, seq, msg)]
+            return self._memory(client, seq, msg, now)
         return [_error(client_id, seq, hp.ErrorCode.PROTOCOL, f"unexpected {msg.TYPE.name}"), CloseHook(client_id)]
 
     def _on_hello(self, client: Client, seq: int, msg: hp.Hello, now: float) -> list[Action]:
@@ -426,10 +453,14 @@ class PodManager:
                     CloseHook(client.id)]
         if self.link.unknown_reason:
             return [_error(client.id, seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text()), CloseHook(client.id)]
+        rejoined = self._rejoin(client.pid if client.creds is not None and client.creds.pid > 0 else msg.pid,
+                                msg.mem_in_use)
         refusal = self._claim_refusal(client, msg)
         if refusal is not None:
             return [_error(client.id, seq, hp.ErrorCode.PROTOCOL, refusal), CloseHook(client.id)]
         client.greeted = True
+        client.pid_visible = (client.creds is not None and client.creds.pid > 0) or \
+            (msg.pid > 0 and self.pid_ns != 0 and msg.pid_ns == self.pid_ns)
         if client.creds is None or client.creds.pid <= 0:
             client.pid = msg.pid    # TCP (or a pid namespace we cannot see): only the claim is known
         elif msg.pid != client.pid:
@@ -439,10 +470,11 @@ class PodManager:
         log.info("client %d: pid %d%s from %s%s", client.id, client.pid,
                  f" uid {client.uid}" if client.creds is not None else "", client.peer,
                  f", already holding {msg.mem_in_use} bytes" if msg.mem_in_use else "")
+        actions = self._end_recovery(now) if rejoined and not self.ledger.carried else []
         if self.ledger.limit is None:
             self._deferred.append(_Deferred(now + WELCOME_WAIT_S, client.id, seq, msg))
-            return []
-        return [self._hello_ack(client, seq)]
+            return actions
+        return [self._hello_ack(client, seq)] + actions
 
     def _claim_refusal(self, client: Client, msg: hp.Hello) -> str | None:
         """Why the memory a HELLO says its process already holds cannot be counted (None if it can): it must fit
@@ -529,6 +561,89 @@ class PodManager:
 
     # --- memory ------------------------------------------------------------------------------
 
+    def begin_recovery(self, carried: dict[int, Holder] | None, grace_s: float = REJOIN_GRACE_S) -> list[Action]:
+        """This pod manager replaces one that stopped while its processes held memory: `carried` is what that one
+        recorded (pid -> Holder), or None if its record could not be read (then the whole grace period is waited
+        out). Those bytes are counted at once; allocations wait until every recorded process has re-announced
+        (HELLO), is known to be gone, or `grace_s` passed."""
+        ledger = self.ledger
+        ledger.carried = {pid: h for pid, h in (carried or {}).items() if h.bytes > 0}
+        ledger.used += sum(h.bytes for h in ledger.carried.values())
+        if carried is not None and not ledger.carried:
+            return []
+        ledger.recovering_until = self.clock() + grace_s
+        log.warning("restarted: the group's allocations wait up to %.1f s for %s to re-announce their memory "
+                    "(%d bytes recorded)", grace_s,
+                    f"processes {sorted(ledger.carried)}" if carried is not None else "the processes of an "
+                    "unreadable record", ledger.used)
+        return self._drop_gone_holders(self.clock())
+
+    @property
+    def recovering(self) -> bool:
+        return self.ledger.recovering_until is not None
+
+    def ledger_record(self) -> dict[int, Holder]:
+        """pid -> Holder for every process counted now (re-announced or still carried): what a successor must wait
+        for (server.py writes it to the ledger file)."""
+        record = dict(self.ledger.carried)
+        for c in self._greeted():
+            if c.mem > 0:
+                prev = record.get(c.pid)
+                record[c.pid] = Holder(c.mem + (prev.bytes if prev else 0), c.pid_visible)
+        return record
+
+    def _drop_gone_holders(self, now: float) -> list[Action]:
+        """Recorded processes this pod manager can look up and that have exited: nothing to wait for."""
+        ledger = self.ledger
+        if self._process_exists is None or not ledger.carried:
+            return []
+        gone = [pid for pid, h in ledger.carried.items() if h.visible and not self._process_exists(pid)]
+        for pid in gone:
+            log.info("pid %d held %d bytes before the restart and has exited", pid, ledger.carried[pid].bytes)
+            ledger.used -= ledger.carried.pop(pid).bytes
+        if gone and not ledger.carried and ledger.recovering_until is not None:
+            return self._end_recovery(now)
+        return []
+
+    def _rejoin(self, pid: int, mem_in_use: int) -> bool:
+        """A HELLO during recovery: the process's own figure replaces what the previous pod manager recorded."""
+        ledger = self.ledger
+        if pid not in ledger.carried:
+            return False
+        recorded = ledger.carried.pop(pid).bytes
+        ledger.used -= recorded
+        log.info("pid %d re-announced %d bytes (the previous pod manager counted %d); %d process(es) to go",
+                 pid, mem_in_use, recorded, len(ledger.carried))
+        return True
+
+    def _end_recovery(self, now: float) -> list[Action]:
+        """Every recorded process re-announced, or the grace period is over: answer the allocations that waited."""
+        ledger = self.ledger
+        if ledger.recovering_until is None:
+            return []
+        for pid, h in sorted(ledger.carried.items()):
+            log.warning("pid %d held %d bytes before the restart and has not re-announced within the grace "
+                        "period: presumed gone, no longer counted", pid, h.bytes)
+            ledger.used -= h.bytes
+        ledger.carried = {}
+        ledger.recovering_until = None
+        held, ledger.held = ledger.held, []
+        log.info("the group's memory count is rebuilt (%d bytes in use); %d allocation(s) waited", ledger.used,
+                 len(held))
+        actions: list[Action] = []
+        for d in held:
+            client = self.clients.get(d.client_id)
+            if client is not None:
+                actions += self._memory(client, d.seq, d.msg, now)
+        return actions
+
+    def _memory(self, client: Client, seq: int, msg: hp.Message, now: float) -> list[Action]:
+        """A memory request once the limit is known: an allocation waits while the count is being rebuilt."""
+        if isinstance(msg, hp.MemAlloc) and self.ledger.recovering_until is not None:
+            self.ledger.held.append(_Deferred(self.ledger.recovering_until, client.id, seq, msg))
+            return []
+        return [self._on_memory(client, seq, msg)]
+
     def _on_memory(self, client: Client, seq: int, msg: hp.Message) -> ToHook:
         ledger = self.ledger
         assert ledger.limit is not None
@@ -584,7 +699,7 @@ class PodManager:
                 else:       # the limit may still be unknown (0): the hook learns it from MEM_REPLY later
                     actions.append(self._hello_ack(client, d.seq))
             elif self.ledger.limit is not None:
-                actions.append(self._on_memory(client, d.seq, d.msg))
+                actions += self._memory(client, d.seq, d.msg, self.clock())
             elif self.link.unknown_reason:
                 actions.append(_error(client.id, d.seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text()))
             else:
@@ -699,6 +814,9 @@ class PodManager:
         now = self.clock()
         link = self.link
         actions: list[Action] = []
+        if self.ledger.recovering_until is not None:
+            actions += self._end_recovery(now) if now >= self.ledger.recovering_until else \
+                self._drop_gone_holders(now)
         expired = [d for d in self._deferred if d.until <= now]
         if expired:
             self._deferred = [d for d in self._deferred if d.until > now]

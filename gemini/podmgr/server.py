@@ -32,7 +32,9 @@ from gemini.board import Board
 
 from .admission import Admission, Limits
 from .auth import AllowAll, PeerAuthorizer
-from .manager import Action, CloseHook, PodManager, ToHook, ToScheduler
+from .ledger import LedgerFile
+from .ledger import load as load_ledger
+from .manager import REJOIN_GRACE_S, Action, CloseHook, PodManager, ToHook, ToScheduler
 
 log = logging.getLogger("gemini.podmgr")
 
@@ -49,6 +51,25 @@ def bounded(msg: hp.Message) -> hp.Message:
         if any(changes[f] != getattr(msg, f) for f in changes):
             return dataclasses.replace(msg, **changes)
     return msg
+
+
+def own_pid_namespace() -> int:
+    """The inode of this process's pid namespace (what hooks send in HELLO's pid_ns), 0 if unknown."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino & 0xFFFFFFFF
+    except OSError:
+        return 0
+
+
+def process_exists(pid: int) -> bool:
+    """Is there a process `pid` in this pid namespace? (Not allowed to signal it still means it exists.)"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _peer_name(writer: asyncio.StreamWriter, creds: PeerCredentials | None) -> str:
@@ -73,7 +94,8 @@ class PodManagerServer:
                  device_uuid: str | None = None, clock: Callable[[], float] = time.monotonic,
                  ipc_dir: str | os.PathLike | None = None,
                  socket_access: transport.SocketAccess | None = None,
-                 authorizer: PeerAuthorizer | None = None, limits: Limits | None = None):
+                 authorizer: PeerAuthorizer | None = None, limits: Limits | None = None,
+                 ledger_path: str | os.PathLike | None = None, rejoin_grace_s: float = REJOIN_GRACE_S):
         self.ip = ip
         self.requested_port = port
         self.ipc_dir = Path(os.path.abspath(ipc_dir)) if ipc_dir is not None else None
@@ -93,7 +115,17 @@ class PodManagerServer:
             self.scheduler_endpoint = transport.tcp_endpoint(scheduler_ip, scheduler_port)
             self._scheduler_ipv6 = transport.is_ipv6(scheduler_ip)
         self.manager = PodManager(group, clock, device_uuid=device_uuid, scheduler_addr=self.scheduler_endpoint,
-                                  board_open=Board.open)
+                                  board_open=Board.open, pid_ns=own_pid_namespace(), process_exists=process_exists)
+        # The ledger file (ledger.py): beside the group's socket, or where --ledger says; none on TCP without it.
+        if ledger_path is None and self.socket_path is not None:
+            ledger_path = self.socket_path.with_name(self.socket_path.name.removesuffix(".sock") + ".ledger")
+        self._ledger: LedgerFile | None = None
+        if ledger_path is not None:
+            path = Path(os.path.abspath(ledger_path))
+            found = load_ledger(path, group)
+            if found.found:
+                self.manager.begin_recovery(found.holders, rejoin_grace_s)
+            self._ledger = LedgerFile(path, group)
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._pidfds: dict[int, int] = {}
         self._server: asyncio.base_events.Server | None = None
@@ -157,6 +189,9 @@ class PodManagerServer:
     async def stop(self, farewell: str | None = None) -> None:
         """Stop serving. `farewell`: why, told to every connected hook first (an ERROR push, UNKNOWN_GROUP), so
         that its process can say so rather than only that the pod manager went away."""
+        if self._ledger is not None:    # before the connections close: what a successor must wait for
+            self._ledger.close({} if farewell else self.manager.ledger_record())
+            self._ledger = None
         if farewell:
             for cid, client in self.manager.clients.items():
                 writer = self._writers.get(cid)
@@ -187,6 +222,7 @@ class PodManagerServer:
     # --- actions -----------------------------------------------------------------------------
 
     def _dispatch(self, actions: Iterable[Action]) -> None:
+        self._record()
         for action in actions:
             if isinstance(action, ToHook):
                 self._write_hook(action)
@@ -196,6 +232,11 @@ class PodManagerServer:
                     writer.close()      # the reader task sees the close and tells the manager
             elif isinstance(action, ToScheduler):
                 self._send_scheduler(action.msg)
+
+    def _record(self) -> None:
+        """Keep the ledger file up to date (before any reply goes out: a holder is on record before it is told)."""
+        if self._ledger is not None:
+            self._ledger.update(self.manager.ledger_record(), time.monotonic())
 
     def _write_hook(self, action: ToHook) -> None:
         writer = self._writers.get(action.client_id)

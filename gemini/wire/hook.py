@@ -130,6 +130,7 @@ class Hello:
     device_ordinal: int = 0
     mem_in_use: int = 0
     flags: int = 0
+    pid_ns: int = 0             # the process's pid namespace (inode); the pod manager's own: it can see `pid`
     pod_name: str = ""
     device_uuid: str = ""
 

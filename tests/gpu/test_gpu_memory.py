@@ -100,3 +100,61 @@ def test_two_processes_of_one_group_share_its_limit(backend, tmp_path):
     third, _ = run(backend, "pair", [sys.executable, WORKLOADS / "torch_mem.py", LIMIT, 3 * GiB], tmp_path)
     record("pair", second=second, third=third, after_s=time.monotonic() - t0)
     assert third["held"] == 3 * GiB, "memory must come back when the holder exits"
+
+
+# --- issue 17: VMM memory and cudaDeviceReset --------------------------------------------------------------
+
+MiB = 1 << 20
+
+
+def group_used(backend, group: str) -> int:
+    """The group's memory as its pod manager counts it (asked as a fresh client of the group)."""
+    from gemini.wire import hook as hp
+    from tests.pmgr_helpers import BlockingHook
+    probe = BlockingHook(backend.ports[group], timeout=5)
+    try:
+        assert isinstance(probe.call(hp.Hello(pid=os.getpid(), pod_name=group)), hp.HelloAck)
+        return probe.call(hp.MemInfo()).used
+    finally:
+        probe.close()
+
+
+def test_mapped_vmm_memory_is_counted_until_unmapped(backend):
+    """cuMemCreate 3 GiB, map it, cuMemRelease the handle (PyTorch's and NCCL's pattern): the driver keeps the
+    memory, and the group's count keeps it until the unmap; meanwhile 2 GiB more do not fit in the 4 GiB group.
+    (Before the fix the release gave it back and the group could hold 5 GiB.)"""
+    from tests.native import CLIENTS_SRC
+    holder = backend.spawn("pair", [sys.executable, str(CLIENTS_SRC / "memholder.py")], stdin=subprocess.PIPE)
+
+    def ask(cmd: str) -> list[int]:
+        holder.stdin.write(cmd + "\n")
+        holder.stdin.flush()
+        return [int(x) for x in holder.stdout.readline().split()]
+    try:
+        assert holder.stdout.readline().strip() == "ready", holder.stderr.read()[-2000:]
+        base = group_used(backend, "pair")
+        steps = {"vmm": ask(f"vmm {3 * GiB}"), "used_mapped": group_used(backend, "pair") - base,
+                 "alloc_2g": ask(f"alloc {2 * GiB}"), "retain": ask("retain 0"), "unmap": ask("unmap 0"),
+                 "used_retained": group_used(backend, "pair") - base, "release": ask("release 0"),
+                 "used_after": group_used(backend, "pair") - base, "alloc_2g_after": ask(f"alloc {2 * GiB}")}
+        record("vmm-mapped", **steps)
+        assert steps["vmm"] == [0] * 5, steps
+        assert steps["used_mapped"] == 3 * GiB, steps
+        assert steps["alloc_2g"] == [2], steps          # CUDA_ERROR_OUT_OF_MEMORY: 3 + 2 > 4 GiB
+        assert steps["used_retained"] == 3 * GiB, steps  # the retained handle keeps it after the unmap
+        assert steps["used_after"] == 0 and steps["alloc_2g_after"] == [0], steps
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+
+
+def test_cuda_device_reset_gives_the_memory_back(backend, tmp_path):
+    """cudaDeviceReset (CuPy's runtime bindings: cuDevicePrimaryCtxReset_v2 from cuGetProcAddress) frees the 3 GiB
+    the process held: the group's count drops, and 3 GiB fit in the 4 GiB group again (before the fix the count
+    kept them: a false out-of-memory)."""
+    result, _ = run(backend, "mem", [sys.executable, WORKLOADS / "device_reset.py", 3 * GiB], tmp_path)
+    record("cuda-device-reset", **result)
+    assert result["total"] == LIMIT
+    assert result["used_holding"] >= 3 * GiB
+    assert result["used_after_reset"] < 256 * MiB, result
+    assert result["second"] == "ok", result

@@ -113,6 +113,7 @@ SIM_DECL(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, vo
 SIM_DECL(cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                        unsigned long long flags))
 SIM_DECL(cuMemRelease, (CUmemGenericAllocationHandle handle))
+SIM_DECL(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr))
 SIM_DECL(cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                unsigned long long flags))
 SIM_DECL(cuMemAddressFree, (CUdeviceptr ptr, size_t size))

@@ -65,6 +65,7 @@ static void ctx_deactivate(struct sim_ctx *c)
     __atomic_store_n(&c->active, 0, __ATOMIC_RELEASE);
     sim_ctx_stop(c);
     sim_mem_ctx_gone(c);
+    sim_vmm_ctx_gone(c);
 }
 
 struct sim_ctx *sim_ctx_current(void) { return depth ? stack[depth - 1] : NULL; }

@@ -212,6 +212,7 @@ void sim_mem_free_now(CUdeviceptr ptr);
 int sim_mem_valid(const void *p, size_t n);
 /* Free everything a context allocated (context destroy / primary reset). */
 void sim_mem_ctx_gone(struct sim_ctx *ctx);
+void sim_vmm_ctx_gone(struct sim_ctx *c);     /* frees the context's arrays */
 
 /* ---------------------------------------------------------------- sim_vmm.c */
 

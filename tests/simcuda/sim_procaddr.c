@@ -96,6 +96,7 @@ static const struct pa_row rows[] = {
     R("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute)
     R("cuMemCreate", 10020, cuMemCreate)
     R("cuMemRelease", 10020, cuMemRelease)
+    R("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle)
     R("cuMemAddressReserve", 10020, cuMemAddressReserve)
     R("cuMemAddressFree", 10020, cuMemAddressFree)
     R("cuMemMap", 10020, cuMemMap)

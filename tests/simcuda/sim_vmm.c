@@ -3,11 +3,18 @@
  * Map / SetAccess ...) and CUDA arrays.
  *
  * A physical allocation is a memfd of its size (sparse: free until touched)
- * charged to the device when created and uncharged when released and no
- * longer mapped. A reservation is a PROT_NONE anonymous mapping; cuMemMap
+ * charged to the device when created and uncharged when the last reference
+ * to it goes, as the real driver frees it: the handle holds one reference
+ * from cuMemCreate plus one per cuMemRetainAllocationHandle (which returns
+ * the same handle value for a mapped address), each cuMemRelease drops one,
+ * and every mapping holds one until cuMemUnmap. A handle with no reference
+ * left is invalid (release, map and retain through its value fail), even
+ * while mappings keep its memory. Export/import of shareable handles is not
+ * simulated. A reservation is a PROT_NONE anonymous mapping; cuMemMap
  * maps the memfd over part of it (still PROT_NONE) and cuMemSetAccess makes
  * it readable/writable, so an access before SetAccess faults as on a GPU.
- * Arrays have no addressable memory in the simulator; they are only charged,
+ * Arrays have no addressable memory in the simulator; they are only charged
+ * (to their context: destroying or resetting it frees them),
  * as the real 13.0 driver does: in 2 MiB units, nothing for arrays made with
  * CUDA_ARRAY3D_DEFERRED_MAPPING (whose memory is mapped separately), and
  * cuArrayGetMemoryRequirements answers for deferred-mapping arrays only.
@@ -25,7 +32,7 @@ struct sim_phys {
     int fd;
     size_t size;
     int dev;
-    int released;
+    int refs; /* handle references: cuMemCreate 1, +1 per retain, -1 per release */
     int maps;
 };
 
@@ -49,6 +56,7 @@ static struct sim_mapping *mappings;
 
 static void phys_free(struct sim_phys *ph)
 {
+    sim_handle_del(ph);
     close(ph->fd);
     sim_mem_uncharge(ph->dev, ph->size);
     free(ph);
@@ -76,6 +84,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     ph->fd = fd;
     ph->size = size;
     ph->dev = prop->location.id;
+    ph->refs = 1;
     sim_handle_add(ph, H_MEMHANDLE);
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)ph;
     return CUDA_SUCCESS;
@@ -85,11 +94,12 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     SIM_CHECK_INIT();
     struct sim_phys *ph = (struct sim_phys *)(uintptr_t)handle;
-    if (!sim_handle_is(ph, H_MEMHANDLE)) return CUDA_ERROR_INVALID_VALUE;
-    sim_handle_del(ph);
     pthread_mutex_lock(&vmm_lock);
-    ph->released = 1;
-    int free_now = ph->maps == 0;
+    if (!sim_handle_is(ph, H_MEMHANDLE) || ph->refs == 0) {
+        pthread_mutex_unlock(&vmm_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    int free_now = --ph->refs == 0 && ph->maps == 0;
     pthread_mutex_unlock(&vmm_lock);
     if (free_now) phys_free(ph);
     return CUDA_SUCCESS;
@@ -182,7 +192,9 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&vmm_lock);
     CUresult rc = CUDA_SUCCESS;
-    if (!in_reserve(ptr, size) || overlaps_mapping(ptr, size)) {
+    if (ph->refs == 0) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (!in_reserve(ptr, size) || overlaps_mapping(ptr, size)) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, ph->fd, (off_t)offset) ==
                MAP_FAILED) {
@@ -227,7 +239,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         struct sim_mapping *m = *pp;
         if (m->base >= ptr && m->base + m->size <= ptr + size) {
             mmap((void *)m->base, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-            if (--m->phys->maps == 0 && m->phys->released && nfree < 64) to_free[nfree++] = m->phys;
+            if (--m->phys->maps == 0 && m->phys->refs == 0 && nfree < 64) to_free[nfree++] = m->phys;
             *pp = m->next;
             free(m);
         } else {
@@ -277,6 +289,20 @@ static struct sim_mapping *mapping_at(uintptr_t p)
     return NULL;
 }
 
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    SIM_CHECK_INIT();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_lock);
+    struct sim_mapping *m = mapping_at((uintptr_t)addr);
+    if (m) {
+        m->phys->refs++; /* the same handle value again, even if every earlier reference was released */
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)m->phys;
+    }
+    pthread_mutex_unlock(&vmm_lock);
+    return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 int sim_vmm_valid(const void *p, size_t n)
 {
     uintptr_t a = (uintptr_t)p;
@@ -316,9 +342,14 @@ CUresult sim_vmm_pointer_attribute(void *data, int attribute, CUdeviceptr ptr)
 /* ------------------------------------------------------------------ arrays */
 
 #define ARRAY_ALIGN (64u << 10)
+
+struct sim_array;
+static struct sim_array *arrays; /* live arrays and mipmapped arrays, under vmm_lock */
 #define ARRAY3D_DEFERRED_MAPPING 0x80
 
 struct sim_array {
+    struct sim_ctx *ctx; /* destroying or resetting it frees the array, as the driver does */
+    struct sim_array *next;
     int dev;
     int deferred;
     size_t bytes;   /* the memory requirement */
@@ -370,13 +401,49 @@ static CUresult array_new(void **out, size_t bytes, unsigned flags, int type)
         if (charge) sim_mem_uncharge(c->dev, charge);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    a->ctx = c;
     a->dev = c->dev;
     a->deferred = deferred;
     a->bytes = bytes;
     a->charged = charge;
     sim_handle_add(a, type);
+    pthread_mutex_lock(&vmm_lock);
+    a->next = arrays;
+    arrays = a;
+    pthread_mutex_unlock(&vmm_lock);
     *out = a;
     return CUDA_SUCCESS;
+}
+
+/* vmm_lock held: take a out of the list of live arrays; 0 if it is not there (freed meanwhile). */
+static int array_unlink(struct sim_array *a)
+{
+    for (struct sim_array **pp = &arrays; *pp; pp = &(*pp)->next)
+        if (*pp == a) {
+            *pp = a->next;
+            return 1;
+        }
+    return 0;
+}
+
+static void array_free(struct sim_array *a)
+{
+    sim_handle_del(a);
+    if (a->charged) sim_mem_uncharge(a->dev, a->charged);
+    free(a);
+}
+
+void sim_vmm_ctx_gone(struct sim_ctx *c)
+{
+    for (;;) {
+        pthread_mutex_lock(&vmm_lock);
+        struct sim_array *a = arrays;
+        while (a && a->ctx != c) a = a->next;
+        if (a) array_unlink(a);
+        pthread_mutex_unlock(&vmm_lock);
+        if (!a) break;
+        array_free(a);
+    }
 }
 
 static CUresult array_destroy(void *h, int type)
@@ -384,9 +451,11 @@ static CUresult array_destroy(void *h, int type)
     SIM_CHECK_INIT();
     if (!sim_handle_is(h, type)) return CUDA_ERROR_INVALID_HANDLE;
     struct sim_array *a = h;
-    sim_handle_del(a);
-    if (a->charged) sim_mem_uncharge(a->dev, a->charged);
-    free(a);
+    pthread_mutex_lock(&vmm_lock);
+    int mine = array_unlink(a);
+    pthread_mutex_unlock(&vmm_lock);
+    if (!mine) return CUDA_ERROR_INVALID_HANDLE;
+    array_free(a);
     return CUDA_SUCCESS;
 }
 
