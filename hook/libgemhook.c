@@ -23,6 +23,7 @@
  *      inflight    marker events that keep the queued work short
  *      gate        the token: bursts, drain, expiry, the watcher
  *      memory      allocation accounting and limits
+ *      residency   unified groups: managed allocations moved to the GPU / the host
  *      nvml        NVML's memory numbers inside a group
  *   5  wrappers    the generated launch, sync and capture wrappers
  *   6  symbols     dlsym and cuGetProcAddress hand out the wrappers
@@ -38,6 +39,7 @@
 #include "memory.h"
 #include "nvml.h"
 #include "real.h"
+#include "residency.h"
 #include "settings.h"
 #include "stats.h"
 
@@ -55,6 +57,7 @@ static void (*const after_fork_child[])(void) = {
     gem_inflight_after_fork,    /* no marker events of the parent's */
     gem_gate_after_fork,        /* no token, no watcher */
     gem_memory_after_fork,      /* no allocations */
+    gem_residency_after_fork,   /* no managed allocations recorded */
     gem_nvml_after_fork,        /* no NVML connection of the parent's */
 };
 
