@@ -382,7 +382,13 @@ class PodManager:
         self._deferred = [d for d in self._deferred if d.client_id != client_id]
         self.token.waiting = [w for w in self.token.waiting if w[0] != client_id]
         actions = self._claim_reports(self.claims.gone(client_id, now))
+        had_managed = self.residency.managed.get(client_id, 0)
         actions += self._swapped(self.residency.gone(client_id))
+        if had_managed and self.link.registered:
+            # gem-schd counts the group's managed memory on the GPU: tell it at once that this much is gone
+            actions.append(ToScheduler(sm.Heartbeat(group=self.group, mem_used=self.ledger.used,
+                                                    clients=len(self._greeted()), members=self.members(),
+                                                    managed=self.residency.managed_bytes)))
         if client_id in self.token.holders:
             self.token.holders.discard(client_id)
             actions += self.sharing.gone(self, client_id, now)

@@ -136,6 +136,7 @@ struct sim_op {
             CUdeviceptr ptr;
             size_t n;
             int dev;           /* destination device, or -1: the host */
+            int v2;            /* issued through cuMemPrefetchAsync_v2 (the trace says which ABI) */
         } pf;
     } u;
 };
@@ -222,7 +223,7 @@ void sim_mem_free_now(CUdeviceptr ptr);
 int sim_mem_valid(const void *p, size_t n);
 /* Move [ptr, ptr+n) of a managed allocation to device `dev` (-1: the host), at the simulated bandwidth;
  * the worker runs this for cuMemPrefetchAsync. */
-void sim_mem_prefetch_now(CUdeviceptr ptr, size_t n, int dev);
+void sim_mem_prefetch_now(CUdeviceptr ptr, size_t n, int dev, int v2);
 /* Free everything a context allocated (context destroy / primary reset). */
 void sim_mem_ctx_gone(struct sim_ctx *ctx);
 

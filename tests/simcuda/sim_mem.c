@@ -277,7 +277,7 @@ static uint64_t chunk_bytes(const struct sim_alloc *a, size_t i)
     return a->size - start < SIM_CHUNK ? a->size - start : SIM_CHUNK;
 }
 
-void sim_mem_prefetch_now(CUdeviceptr ptr, size_t n, int dev)
+void sim_mem_prefetch_now(CUdeviceptr ptr, size_t n, int dev, int v2)
 {
     uint64_t t0 = sim_now_ns(), moved = 0;
     int charge_dev = -1;
@@ -309,7 +309,8 @@ void sim_mem_prefetch_now(CUdeviceptr ptr, size_t n, int dev)
     /* The copy engine moves the pages: it takes time but not the execution lock. */
     if (sim_cfg.migrate_bytes_per_ns > 0 && moved) sim_sleep_until(t0 + (uint64_t)((double)moved / sim_cfg.migrate_bytes_per_ns));
     char name[SIM_NAME_LEN];
-    snprintf(name, sizeof name, "prefetch:%s:%llu", dev >= 0 ? "device" : "host", (unsigned long long)moved);
+    snprintf(name, sizeof name, "%s:%s:%llu", v2 ? "prefetch_v2" : "prefetch", dev >= 0 ? "device" : "host",
+             (unsigned long long)moved);
     sim_trace_kernel(charge_dev, t0, sim_now_ns(), name);
 }
 
@@ -323,7 +324,7 @@ uint64_t simcuda_resident_bytes(CUdeviceptr ptr)
 }
 
 /* dev: a device ordinal, or -1 for the host. */
-static CUresult prefetch(CUdeviceptr ptr, size_t n, int dev, CUstream h, int ptsz)
+static CUresult prefetch(CUdeviceptr ptr, size_t n, int dev, CUstream h, int ptsz, int v2)
 {
     SIM_CHECK_INIT();
     if (dev != -1) {
@@ -343,18 +344,19 @@ static CUresult prefetch(CUdeviceptr ptr, size_t n, int dev, CUstream h, int pts
     op.u.pf.ptr = ptr;
     op.u.pf.n = n;
     op.u.pf.dev = dev;
+    op.u.pf.v2 = v2;
     return sim_submit(s, &op, NULL);
 }
 
 /* The old ABI (CUDA 8.0 .. 12.x): a device ordinal, or CU_DEVICE_CPU (-1) for the host. */
 CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
 {
-    return prefetch(devPtr, count, dstDevice, hStream, 0);
+    return prefetch(devPtr, count, dstDevice, hStream, 0, 0);
 }
 
 CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
 {
-    return prefetch(devPtr, count, dstDevice, hStream, 1);
+    return prefetch(devPtr, count, dstDevice, hStream, 1, 0);
 }
 
 /* The _v2 ABI (CUDA 12.2; what "cuMemPrefetchAsync" means from CUDA 13): a location, and flags that must be 0. */
@@ -362,9 +364,9 @@ static CUresult prefetch_v2(CUdeviceptr ptr, size_t n, CUmemLocation loc, unsign
 {
     SIM_CHECK_INIT();
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    if (loc.type == CU_MEM_LOCATION_TYPE_HOST) return prefetch(ptr, n, -1, h, ptsz);
+    if (loc.type == CU_MEM_LOCATION_TYPE_HOST) return prefetch(ptr, n, -1, h, ptsz, 1);
     if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0) return CUDA_ERROR_INVALID_VALUE;
-    return prefetch(ptr, n, loc.id, h, ptsz);
+    return prefetch(ptr, n, loc.id, h, ptsz, 1);
 }
 
 CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
