@@ -98,7 +98,7 @@ def test_the_least_recently_run_group_is_evicted(traced_sim, backends):
     moves = prefetches(trace)
     evictions = [m for m in moves if m[4] == "host" and m[5] > 0]
     assert len(evictions) >= 2, moves     # each job needs several slots: groups come back after being evicted
-    for pid, t0, _t1, _abi, where, nbytes in evictions:
+    for pid, t0, _t1, _abi, _where, _nbytes in evictions:
         # among the processes that were resident then, the evicted one ran its last kernel earliest
         last_run = {}
         for p in pids:
