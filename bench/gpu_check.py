@@ -20,6 +20,8 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   soak     8 processes in 4 groups for 2 minutes, ProcessSharing = turns and together
   policy_cost  CPU per scheduling decision at 2/16/64/256 groups on one pinned core (no GPU used)
   train    ResNet-18 single-tenant overhead, native vs hooked, interleaved
+  um       unified groups: 3 PyTorch jobs of ~10 GiB against gemini's 24 GiB capacity, sequential vs swapped
+           by gem-schd (bench_um.py; aborts unless their managed memory stays below 80% of the free memory)
 
 Writes OUT/report.md (human), OUT/results.json (everything), OUT/gpu-tests.log.
 No network is needed; Python packages missing on the node are installed from wheels beforehand
@@ -42,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 ALL_STEPS = ["env", "build", "probe", "tests", "launch", "launch_bound", "alloc", "share", "transport", "reaction",
-             "infer", "infer_graph", "sharing", "floor", "trainers", "soak", "policy_cost", "train"]
+             "infer", "infer_graph", "sharing", "floor", "trainers", "soak", "policy_cost", "train", "um"]
 
 
 def sh(cmd: list | str, timeout: float, cwd: Path = REPO, env: dict | None = None, log: Path | None = None) -> str:
@@ -259,13 +261,20 @@ def step_train(ctx) -> dict:
     return bench(ctx, ["bench/bench_overhead.py", "train", "--rounds", rounds, "--seconds", secs], 500)
 
 
+def step_um(ctx) -> dict:
+    argv = ["bench/bench_um.py", "--jobs", "3", "--job-gib", "10", "--capacity-gib", "24"]
+    if ctx.args.quick:
+        argv += ["--steps", "80", "--skip", "no_cache"]
+    return bench(ctx, argv, 560)
+
+
 STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests": step_tests,
               "launch": step_launch, "launch_bound": step_launch_bound, "alloc": step_alloc, "share": step_share,
               "transport": step_transport,
               "reaction": step_reaction,
               "infer": step_infer, "infer_graph": step_infer_graph, "sharing": step_sharing,
               "floor": step_floor, "trainers": step_trainers,
-              "soak": step_soak, "policy_cost": step_policy_cost, "train": step_train}
+              "soak": step_soak, "policy_cost": step_policy_cost, "train": step_train, "um": step_um}
 
 
 def fmt(v, nd=1):
@@ -346,6 +355,26 @@ def write_report(ctx, results: dict) -> None:
                              f"{fmt(max(one.get('window_error_10s_pp', {'-': None}).values()), 2)}); shares of GPU "
                              f"time { {k: round(v, 3) for k, v in one.get('time_shares', {}).items()} }; errors "
                              f"{one['errors']}")
+        elif name == "um":
+            if res.get("aborted"):
+                lines.append(f"ABORTED: {res['aborted']}")
+            else:
+                g = res["gemini"]
+                lines.append(f"{res['jobs']} jobs of {res['job_gib']} GiB, capacity {res['capacity_gib']} GiB: "
+                             f"sequential {fmt(res['sequential']['span_s'], 1)} s, gemini {fmt(g['span_s'], 1)} s: "
+                             f"throughput x{fmt(res['throughput_vs_sequential'], 2)} of sequential; shares "
+                             f"{ {k: round(v['share'], 3) for k, v in g['shares_vs_maxutil'].items()} } (MaxUtil 1)")
+                lines.append(f"- swaps: {g['evictions']} evictions, {fmt(g['bytes_per_switch'] / 2**30, 2)} GiB and "
+                             f"{fmt(g['ms_per_switch'], 1)} ms per switch, {fmt(g['swap_gbps'], 1)} GB/s, swapping "
+                             f"{fmt(100 * (g['swap_fraction'] or 0), 1)}% of the span")
+                if "no_cache" in res:
+                    n = res["no_cache"]
+                    lines.append(f"- PYTORCH_NO_CUDA_MEMORY_CACHING=1: x{fmt(n['throughput_vs_sequential'], 2)}, "
+                                 f"{fmt(n['bytes_per_switch'] / 2**30, 2)} GiB per switch")
+                if "alone_steps_per_s" in res:
+                    lines.append(f"- alone: device {fmt(res['alone_steps_per_s']['device'], 2)} steps/s, unified "
+                                 f"{fmt(res['alone_steps_per_s']['unified'], 2)}: loss "
+                                 f"{fmt(res['unified_alone_loss_pct'], 2)}%")
         elif name == "train":
             lines.append(f"ResNet-18 steps/s native {fmt(res['native_median'], 2)}, "
                          f"hooked {fmt(res['hooked_median'], 2)}"

@@ -37,11 +37,13 @@ class Group:
     mem_limit: str = "8GiB"
     turns: bool = False     # ProcessSharing = turns
     sched_class: str = "batch"   # Class = latency: claims the GPU within a budget of its MinUtil
+    memory_mode: str = "device"  # MemoryMode = unified: managed memory, swapped by gem-schd
 
     def ini(self) -> str:
         return (f"[{self.name}]\nMinUtil = {self.min_util}\nMaxUtil = {self.max_util}\nMemoryLimit = {self.mem_limit}\n"
                 + ("ProcessSharing = turns\n" if self.turns else "")
-                + (f"Class = {self.sched_class}\n" if self.sched_class != "batch" else ""))
+                + (f"Class = {self.sched_class}\n" if self.sched_class != "batch" else "")
+                + (f"MemoryMode = {self.memory_mode}\n" if self.memory_mode != "device" else ""))
 
 
 def write_config(path: Path, groups: list[Group]) -> Path:

@@ -149,6 +149,13 @@ class Board:
     def waiters(self, slot: int) -> int:
         return int(self._lib.gemhook_board_waiters(self._b, slot))
 
+    def request_evict(self, slot: int, evict_seq: int) -> None:
+        """A unified group's pod manager asks its hooks to move their managed memory to the host."""
+        self._lib.gemhook_board_request_evict(self._b, slot, evict_seq)
+
+    def evict_seq(self, slot: int) -> int:
+        return int(self._lib.gemhook_board_evict_seq(self._b, slot))
+
     @property
     def max_groups(self) -> int:
         return int(self._lib.GEM_BOARD_GROUPS)

@@ -106,3 +106,12 @@ GEM_EXPORT void gemhook_board_set_waiters(struct gem_board *b, uint32_t slot, ui
 GEM_EXPORT uint32_t gemhook_board_waiters(const struct gem_board *b, uint32_t slot) {
     return slot < GEM_BOARD_GROUPS ? __atomic_load_n(&b->group[slot].turn_waiters, __ATOMIC_ACQUIRE) : 0;
 }
+
+GEM_EXPORT void gemhook_board_request_evict(struct gem_board *b, uint32_t slot, uint64_t evict_seq) {
+    if (slot < GEM_BOARD_GROUPS)
+        __atomic_store_n(&b->group[slot].evict_seq, evict_seq, __ATOMIC_RELEASE);
+}
+
+GEM_EXPORT uint64_t gemhook_board_evict_seq(const struct gem_board *b, uint32_t slot) {
+    return slot < GEM_BOARD_GROUPS ? __atomic_load_n(&b->group[slot].evict_seq, __ATOMIC_ACQUIRE) : 0;
+}

@@ -148,7 +148,11 @@ typedef struct CUDA_ARRAY_MEMORY_REQUIREMENTS_st {
 
 /* Virtual memory management (cuMemCreate). */
 typedef enum { CU_MEM_ALLOCATION_TYPE_INVALID = 0, CU_MEM_ALLOCATION_TYPE_PINNED = 1 } CUmemAllocationType;
-typedef enum { CU_MEM_LOCATION_TYPE_INVALID = 0, CU_MEM_LOCATION_TYPE_DEVICE = 1 } CUmemLocationType;
+typedef enum {
+    CU_MEM_LOCATION_TYPE_INVALID = 0,
+    CU_MEM_LOCATION_TYPE_DEVICE = 1,
+    CU_MEM_LOCATION_TYPE_HOST = 2       /* cuMemPrefetchAsync_v2 to host memory (id ignored) */
+} CUmemLocationType;
 typedef struct CUmemLocation_st { CUmemLocationType type; int id; } CUmemLocation;
 typedef struct CUmemAllocationProp_st {
     CUmemAllocationType type;
@@ -177,6 +181,11 @@ typedef enum {
     CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8
 } CUmemPool_attribute;
 typedef struct CUmemPoolProps_st CUmemPoolProps; /* opaque to gemini */
+
+/* Managed memory (unified groups: residency.c). */
+#define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_DEVICE_CPU ((CUdevice)-1)                     /* the old cuMemPrefetchAsync's host "device" */
+#define CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS 89
 
 /* NVML (libnvidia-ml.so.1): the memory queries nvidia-smi and pynvml make. nvmlReturn_t is an int. */
 struct nvmlDevice_st;

@@ -48,6 +48,7 @@
 #include "gate.h"
 #include "inflight.h"
 #include "real.h"
+#include "residency.h"
 #include "settings.h"
 #include "stats.h"
 
@@ -365,6 +366,13 @@ static int request_locked(struct gem_gate *g) {
         g->bursts_in_slot = 0;
         g->pass_turn = 0;
         g->slot_unmarked = 1; /* the next launch through the slow path marks the slot's start */
+        if (gem_residency_wants_grant(g->dev)) {
+            /* Unified group: its memory reaches the GPU before its first kernel (the swap is part of the slot;
+             * launchers wait meanwhile: the state is still REQUESTING). */
+            pthread_mutex_unlock(&g->mu);
+            gem_residency_on_grant(g->dev);
+            pthread_mutex_lock(&g->mu);
+        }
         if (HAVE_REAL(cuCtxGetCurrent)) {
             CUcontext ctx = NULL;
             if (REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx)
@@ -688,6 +696,9 @@ static void *watcher_main(void *arg) {
         int count = atomic_load(&gem_device_count);
         for (int i = 0; i < count; i++) {
             int64_t n = watch_device(&gem_gates[i], now);
+            if (n < next)
+                next = n;
+            n = gem_residency_poll(gem_gates[i].dev, gem_gates[i].ctx, now); /* unified: eviction requests */
             if (n < next)
                 next = n;
         }

@@ -41,7 +41,8 @@ enum gem_msg_type {
     GEM_MSG_MEM_REPLY = 10,     /* pmgr -> hook: verdict, used, limit */
     /* 11 was LIMIT_UPDATE, a push of the group's new limit that nothing read (the hooks ask with MEM_INFO
      * whenever they need the limit): retired, and not to be reused. */
-    GEM_MSG_ERROR = 12          /* pmgr -> hook: the request failed; code and text */
+    GEM_MSG_ERROR = 12,         /* pmgr -> hook: the request failed; code and text */
+    GEM_MSG_RESIDENCY = 13      /* hook -> pmgr: managed memory moved (unified group); answered by ACK */
 };
 
 enum gem_error_code {
@@ -102,6 +103,9 @@ struct gem_hello_ack {
 
 /* The group is latency class: its tokens are claims, and it never pauses for claims. */
 #define GEM_ACK_LATENCY 1
+/* The group is unified (MemoryMode = unified): its allocations are managed memory, moved to the GPU at each
+ * grant and to the host when gem-schd asks (its board line's evict_seq). */
+#define GEM_ACK_UNIFIED 2
 
 struct gem_token_request {
     int64_t overuse_ns;         /* GPU time used past the last slot's deadline */
@@ -139,6 +143,21 @@ struct gem_mem_request {
     uint32_t reserved;
 };
 
+/* A unified group's hook moved its managed memory: to the device at a grant (direction 0), or to the host
+ * because gem-schd asked (direction 1, evict_seq: the board line's evict_seq it answers). */
+struct gem_residency {
+    uint64_t evict_seq;         /* direction 1: the request answered; 0 otherwise */
+    uint64_t moved_bytes;       /* bytes moved by this swap */
+    int64_t moved_ns;           /* how long the move took (issue to completion) */
+    uint64_t resident_bytes;    /* this process's managed bytes on the device now */
+    uint64_t managed_bytes;     /* this process's managed bytes in all */
+    uint32_t direction;         /* 0: to the device, 1: to the host */
+    uint32_t reserved;
+};
+
+#define GEM_RESIDENCY_TO_DEVICE 0
+#define GEM_RESIDENCY_TO_HOST 1
+
 struct gem_mem_reply {
     int32_t verdict;            /* enum gem_mem_verdict */
     uint32_t reserved;
@@ -161,6 +180,7 @@ union gem_payload {
     struct gem_mem_request mem_request;
     struct gem_mem_reply mem_reply;
     struct gem_error error;
+    struct gem_residency residency;
     uint8_t raw[GEM_PAYLOAD_SIZE];
 };
 
@@ -176,7 +196,8 @@ struct gem_msg {
  *     raises claim_until_ns, the latest end of any claim; batch hooks do not launch while now < it;
  *   - continuations: gem-schd publishes each group's current slot (token_seq, the slot it continues,
  *     deadline), so a holder whose slot continues keeps launching at its deadline without draining;
- *   - turn_waiters: a pod manager in turns mode says how many processes wait for the turn.
+ *   - turn_waiters: a pod manager in turns mode says how many processes wait for the turn;
+ *   - evict_seq: a unified group's pod manager asks its hooks to move their managed memory to the host.
  * Every field is written through the gemhook_board_* functions (hook/board.c), which order the stores
  * (a seqlock for a slot; atomics for claims), so the hook and the Python daemons agree on one protocol.
  */
@@ -211,7 +232,9 @@ struct gem_board_group {                 /* one line per group */
     uint64_t prev_seq;                   /* gem-schd: the slot it continues (0: a fresh grant) */
     int64_t deadline_ns;                 /* gem-schd: when that slot ends (CLOCK_MONOTONIC ns) */
     int64_t claim_until_ns;              /* the pod manager (latency class): its claim's end, 0 if none */
-    uint8_t pad[24];
+    uint64_t evict_seq;                  /* the pod manager (unified group): raised to ask the group's hooks to
+                                          * move their managed memory to the host (answered by RESIDENCY) */
+    uint8_t pad[16];
 };
 
 struct gem_board {

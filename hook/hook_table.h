@@ -234,6 +234,14 @@
     X(REAL, CUDA, CUresult, cuMemPoolGetAttribute, 11020, 0,                                                        \
       (CUmemoryPool pool, CUmemPool_attribute attr, void *value), _, _)                                             \
     X(REAL, CUDA, CUresult, cuDeviceGetMemPool, 11020, 0, (CUmemoryPool *pool, CUdevice dev), _, _)                 \
+    /* unified groups (residency.c): the two ABIs of cuMemPrefetchAsync, chosen by what the driver answers */      \
+    X(REAL, CUDA, CUresult, cuMemPrefetchAsync, 8000, 0,                                                            \
+      (CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream), _, _)                               \
+    X(REAL, CUDA, CUresult, cuMemPrefetchAsync_v2, 12020, 0, (CUdeviceptr devPtr, size_t count,                     \
+      CUmemLocation location, unsigned int flags, CUstream hStream), _, _)                                          \
+    X(REAL, CUDA, CUresult, cuDriverGetVersion, 2020, 0, (int *driverVersion), _, _)                                \
+    X(REAL, CUDA, CUresult, cuDeviceGetAttribute, 2000, 0, (int *pi, int attrib, CUdevice dev), _, _)               \
+    X(REAL, CUDA, CUresult, cuStreamCreate, 2000, 0, (CUstream *phStream, unsigned int flags), _, _)                \
     /* ---- NVML: what nvidia-smi and pynvml report inside a group (nvml.c) ------------------------------ */       \
     X(CUSTOM, NVML, int, nvmlDeviceGetMemoryInfo, 0, 0,                                                             \
       (struct nvmlDevice_st *device, struct gem_nvml_memory *memory), _, _)                                         \

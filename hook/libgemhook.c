@@ -26,6 +26,7 @@
  *      vmm         physical allocations: counted until unmapped and released
  *      context     context teardown gives the context's memory back
  *      rejoin      held memory re-announced to a restarted pod manager at once
+ *      residency   unified groups: managed allocations moved to the GPU / the host
  *      nvml        NVML's memory numbers inside a group
  *   5  wrappers    the generated launch, sync and capture wrappers
  *   6  symbols     dlsym and cuGetProcAddress hand out the wrappers
@@ -42,6 +43,7 @@
 #include "nvml.h"
 #include "real.h"
 #include "rejoin.h"
+#include "residency.h"
 #include "settings.h"
 #include "stats.h"
 #include "vmm.h"
@@ -62,6 +64,7 @@ static void (*const after_fork_child[])(void) = {
     gem_memory_after_fork,      /* no allocations */
     gem_vmm_after_fork,         /* no physical allocations or mappings */
     gem_rejoin_after_fork,      /* no rejoin thread (the first allocation starts one) */
+    gem_residency_after_fork,   /* no managed allocations recorded */
     gem_nvml_after_fork,        /* no NVML connection of the parent's */
 };
 

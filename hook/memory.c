@@ -24,6 +24,7 @@
 #include "memory.h"
 #include "real.h"
 #include "rejoin.h"
+#include "residency.h"
 #include "settings.h"
 #include "stats.h"
 
@@ -213,11 +214,29 @@ static int settle(struct gem_device *d, uint64_t reserved, uint64_t actual, int 
 
 /* ---- plain allocations ------------------------------------------------------------------------ */
 
+/* A unified group's allocation of any counted kind (plain, pitch, stream-ordered, pool): managed memory,
+ * counted as such. `async`: it stands in for a stream-ordered one (freed through cuMemFreeAsync). */
+static CUresult alloc_unified(struct gem_device *d, CUdeviceptr *dptr, size_t bytes, int async) {
+    RESERVE_OR_RETURN(d, bytes, GEM_MEM_MANAGED);
+    CUresult rc = gem_residency_alloc(d, dptr, bytes, async);
+    if (rc != CUDA_SUCCESS) {
+        unreserve(d, bytes, GEM_MEM_MANAGED);
+        return rc;
+    }
+    track(SPACE_PTR, *dptr, bytes, d->ordinal, GEM_MEM_MANAGED);
+    return rc;
+}
+
+
 static CUresult alloc_plain(CUresult (*call)(CUdeviceptr *, size_t, void *, void *), CUdeviceptr *dptr,
                             size_t bytes, void *a, void *b, int kind) {
     if (!dptr || bytes == 0 || !accounting())
         return call(dptr, bytes, a, b);
     struct gem_device *d = gem_current_device();
+    /* A unified group: the allocation is made as managed memory (residency.c moves it with the group). */
+    int unified = gem_residency_unified(d);
+    if (unified && kind != GEM_MEM_MANAGED)
+        return alloc_unified(d, dptr, bytes, 0);
     RESERVE_OR_RETURN(d, bytes, kind);
     CUresult rc = call(dptr, bytes, a, b);
     if (rc != CUDA_SUCCESS) {
@@ -225,6 +244,8 @@ static CUresult alloc_plain(CUresult (*call)(CUdeviceptr *, size_t, void *, void
         return rc;
     }
     track(SPACE_PTR, *dptr, bytes, d->ordinal, kind);
+    if (unified)
+        gem_residency_record(d, *dptr, bytes); /* the program's own managed memory moves with the group too */
     return rc;
 }
 
@@ -391,6 +412,8 @@ static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
         NEED_REAL(name);                                                               \
         if (!dptr || bytesize == 0 || !accounting())                                   \
             return REAL(name) args;                                                    \
+        if (gem_residency_unified(gem_current_device()))                              \
+            return alloc_unified(gem_current_device(), dptr, bytesize, 1);             \
         return alloc_pooled(dptr, bytesize, NULL, 0, hStream, pt);                     \
     }
 #define GEM_MEM_ALLOC_FROM_POOL(kind, lib, ret, name, since, pt, params, args, pool)    \
@@ -398,6 +421,8 @@ static CUresult alloc_pooled(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
         NEED_REAL(name);                                                               \
         if (!dptr || !(pool) || bytesize == 0 || !accounting())                        \
             return REAL(name) args;                                                    \
+        if (gem_residency_unified(gem_current_device()))                              \
+            return alloc_unified(gem_current_device(), dptr, bytesize, 1);             \
         return alloc_pooled(dptr, bytesize, (pool), 1, hStream, pt);                   \
     }
 #define GEM_MEM_NOTHING(...)
@@ -417,6 +442,13 @@ GEM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t
     if (!dptr || !pPitch || widthInBytes == 0 || height == 0 || !accounting())
         return REAL(cuMemAllocPitch_v2)(dptr, pPitch, widthInBytes, height, elementSizeBytes);
     struct gem_device *d = gem_current_device();
+    if (gem_residency_unified(d)) { /* managed memory has no pitch of its own: the driver's 512-byte rows */
+        size_t pitch = (widthInBytes + 511) / 512 * 512;
+        CUresult urc = alloc_unified(d, dptr, pitch * height, 0);
+        if (urc == CUDA_SUCCESS)
+            *pPitch = pitch;
+        return urc;
+    }
     /* Drivers align the pitch to 512 bytes or less; the real pitch settles the difference. */
     uint64_t estimate = ((uint64_t)widthInBytes + 511) / 512 * 512 * (uint64_t)height;
     RESERVE_OR_RETURN(d, estimate, GEM_MEM_DEVICE);
@@ -457,6 +489,8 @@ GEM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     NEED_REAL(cuMemFree_v2);
     struct alloc_entry e;
     int have = dptr && untrack(SPACE_PTR, dptr, &e);
+    if (have && e.kind == GEM_MEM_MANAGED)
+        gem_residency_forget(dptr);
     return free_tracked(SPACE_PTR, dptr, REAL(cuMemFree_v2)(dptr), have, &e);
 }
 
@@ -464,6 +498,8 @@ GEM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     NEED_REAL(cuMemFreeAsync);
     struct alloc_entry e;
     int have = dptr && untrack(SPACE_PTR, dptr, &e);
+    if (have && e.kind == GEM_MEM_MANAGED && gem_residency_forget(dptr) == 2) /* a unified group's stand-in */
+        return free_tracked(SPACE_PTR, dptr, gem_residency_free_async(dptr, hStream, 0), have, &e);
     return free_tracked(SPACE_PTR, dptr, REAL(cuMemFreeAsync)(dptr, hStream), have, &e);
 }
 
@@ -471,6 +507,8 @@ GEM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
     NEED_REAL(cuMemFreeAsync_ptsz);
     struct alloc_entry e;
     int have = dptr && untrack(SPACE_PTR, dptr, &e);
+    if (have && e.kind == GEM_MEM_MANAGED && gem_residency_forget(dptr) == 2) /* a unified group's stand-in */
+        return free_tracked(SPACE_PTR, dptr, gem_residency_free_async(dptr, hStream, 1), have, &e);
     return free_tracked(SPACE_PTR, dptr, REAL(cuMemFreeAsync_ptsz)(dptr, hStream), have, &e);
 }
 
@@ -693,6 +731,8 @@ void gem_memory_context_gone(CUcontext ctx) {
             continue;
         if (e->ordinal >= 0 && e->ordinal < GEM_MAX_DEVICES && e->kind >= 0 && e->kind < 4)
             freed[e->ordinal][e->kind] += e->bytes;
+        if (e->kind == GEM_MEM_MANAGED && e->space == SPACE_PTR)
+            gem_residency_forget((CUdeviceptr)e->key); /* its own lock, never held while taking table_mu */
         e->space = -1;
         table_used--;
         table_deleted++;

@@ -22,7 +22,7 @@ LAYERS = {
     "util": 1, "board": 1, "settings": 1, "stats": 1, "real": 1,
     "client": 2,
     "device": 3,
-    "capture": 4, "inflight": 4, "gate": 4, "memory": 4, "rejoin": 4, "vmm": 4, "context": 4, "nvml": 4,
+    "capture": 4, "inflight": 4, "gate": 4, "memory": 4, "residency": 4, "rejoin": 4, "vmm": 4, "context": 4, "nvml": 4,
     "wrappers": 5,
     "symbols": 6,
     "libgemhook": 7,

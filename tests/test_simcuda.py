@@ -339,6 +339,40 @@ def test_memory_paths_in_one_process(shm):
     assert ar["bad_format"] == 1 and ar["released_all"]
 
 
+def test_managed_prefetch_both_abis_residency_and_bandwidth(shm):
+    # 64 MiB at 1 GB/s: each full move takes about 67 ms, so a swap's time is visible
+    env = native.sim_env(shm, mem_bytes=2 * GiB, extra={"SIMCUDA_MIGRATE_GBPS": "1"})
+    d = run_json(PROBE, "prefetch", env=env)
+    n = 64 * MiB
+    assert d["concurrent_managed"] == 1
+    assert d["fresh_resident"] == 0
+    assert d["old_to_device"] == 0 and d["resident_after_old"] == n and d["charged_after_old"] == n
+    assert d["v2_to_host"] == 0 and d["resident_after_v2_host"] == 0 and d["charged_after_v2_host"] == 0
+    assert 0.06 < d["old_to_device_s"] < 2 and 0.06 < d["v2_to_host_s"] < 2
+    assert d["v2_half_to_device"] == 0 and d["resident_half"] == n // 2
+    assert d["old_to_cpu"] == 0 and d["resident_after_old_cpu"] == 0
+    assert d["v2_flags"] == 1 and d["v2_bad_type"] == 1     # flags must be 0; INVALID location
+    assert d["device_memory"] == 1                           # only managed memory can be prefetched
+    assert d["released"]                                     # freeing resident managed memory uncharges it
+
+
+def test_managed_prefetch_refused_without_concurrent_managed_access(shm):
+    env = native.sim_env(shm, extra={"SIMCUDA_CONCURRENT_MANAGED": "0"})
+    proc = subprocess.run(native.client_cmd(PROBE, "prefetch"), env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and "cuMemPrefetchAsync_v2 failed: 101" in proc.stderr + proc.stdout
+
+
+def test_get_proc_address_prefetch_abi_by_version(shm):
+    queries = [["cuMemPrefetchAsync", 12000, 0, "cuMemPrefetchAsync"],
+               ["cuMemPrefetchAsync", 12080, 0, "cuMemPrefetchAsync_v2"],
+               ["cuMemPrefetchAsync", 13000, 0, "cuMemPrefetchAsync_v2"],
+               ["cuMemPrefetchAsync", 13000, 2, "cuMemPrefetchAsync_v2_ptsz"],
+               ["cuMemPrefetchAsync", 11000, 2, "cuMemPrefetchAsync_ptsz"]]
+    d = run_json(PROBE, "procaddr", json.dumps(queries), env=native.sim_env(shm))
+    for q, r in zip(queries, d["results"]):
+        assert r["rc_v2"] == 0 and r["ptr_v2"] == r["dlsym"], q
+
+
 @pytest.mark.parametrize("kind", ["device", "pitch", "managed", "async", "pool", "vmm", "array"])
 def test_workload_alloc_kinds(shm, kind):
     d = run_json("workload-linked", "--kernels", 2, "--alloc", "256M", "--alloc-kind", kind, "--meminfo", "--json",

@@ -283,6 +283,8 @@ class Backend:
         for flag, value in (("-q", self.opts.base_quota), ("-m", self.opts.min_quota), ("-w", self.opts.window)):
             if value is not None:
                 argv += [flag, f"{value:g}"]
+        if getattr(self.opts, "device_memory", None):
+            argv += ["--device-memory", self.opts.device_memory]
         child = Child("gem-schd", argv + self._verbosity() + list(self.opts.schd_arg or []), self.port,
                       self._log_path("gem-schd"))
         if self.ipc_dir is not None:
@@ -564,6 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gem-schd's minimum quota in ms (default: gem-schd's)")
     p.add_argument("--window", type=float, default=None, metavar="MS",
                    help="gem-schd's sliding window in ms (default: gem-schd's)")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="GPU memory the groups may hold resident, e.g. 24GiB: unified groups are swapped to the host "
+                        "to stay within it (gem-schd's --device-memory; default: not managed)")
     p.add_argument("--schd-path", default=None, help="gem-schd executable (default: the installed one)")
     p.add_argument("--pmgr-path", default=None, help="gem-pmgr executable (default: the installed one)")
     p.add_argument("--log-dir", default=None, help="write each daemon's log to DIR/<daemon>.log")

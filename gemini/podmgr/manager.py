@@ -35,6 +35,7 @@ from gemini.wire import hook as hp
 from gemini.wire import sched as sm
 
 from .claims import ClaimBroker
+from .residency import GroupResidency, Report
 from .sharing import TOKEN_MIN_LEFT_S, GroupToken, SharingStrategy, release_if_unused, strategy_for
 
 log = logging.getLogger("gemini.podmgr")
@@ -199,6 +200,7 @@ class PodManager:
         self.token = GroupToken()
         self.sharing: SharingStrategy = strategy_for(turns)
         self.claims = ClaimBroker()
+        self.residency = GroupResidency()   # unified groups: managed memory and evictions (residency.py)
         # The GPU's board page (from the Welcome): claims, and the turn queue's length for the hooks.
         self._board_open = board_open
         self.board: Any = None
@@ -266,7 +268,8 @@ class PodManager:
     def _send_hello(self, now: float) -> list[Action]:
         self.link.last_hello = now
         return [ToScheduler(sm.Hello(group=self.group, pid=self.pid, mem_used=self.ledger.used,
-                                     clients=len(self._greeted()), members=self.members()))]
+                                     clients=len(self._greeted()), members=self.members(),
+                                     managed=self.residency.managed_bytes))]
 
     def members(self) -> list[list[int]]:
         """[pid, uid] of the greeted clients (uid -1 on TCP, where the pid is only what the HELLO claimed)."""
@@ -278,6 +281,8 @@ class PodManager:
 
     def _hello_ack(self, client: Client, seq: int) -> ToHook:
         flags = hp.ACK_LATENCY if self.sched_class == "latency" else 0
+        if self.memory_mode == "unified":
+            flags |= hp.ACK_UNIFIED
         slot = self.board_slot if self.board is not None else -1
         path = self.board_path if slot >= 0 else ""
         return ToHook(client.id, seq, hp.HelloAck(client_id=client.id, mem_limit=self.ledger.limit or 0,
@@ -318,7 +323,8 @@ class PodManager:
         if link.upstream is not None:
             return []       # one outstanding upstream request serves every waiting hook
         link.upstream = _Upstream(sm.TokenRequest(group=self.group, overuse_ms=link.overuse_ms,
-                                                  burst_ms=link.burst_ms, used_ms=link.used_ms))
+                                                  burst_ms=link.burst_ms, used_ms=link.used_ms,
+                                                  managed=self.residency.managed_bytes))
         link.overuse_ms = link.burst_ms = link.used_ms = 0.0
         return self._send_upstream()
 
@@ -403,6 +409,13 @@ class PodManager:
         self.ledger.held = [d for d in self.ledger.held if d.client_id != client_id]
         self.token.waiting = [w for w in self.token.waiting if w[0] != client_id]
         actions = self._claim_reports(self.claims.gone(client_id, now))
+        had_managed = self.residency.managed.get(client_id, 0)
+        actions += self._swapped(self.residency.gone(client_id))
+        if had_managed and self.link.registered:
+            # gem-schd counts the group's managed memory on the GPU: tell it at once that this much is gone
+            actions.append(ToScheduler(sm.Heartbeat(group=self.group, mem_used=self.ledger.used,
+                                                    clients=len(self._greeted()), members=self.members(),
+                                                    managed=self.residency.managed_bytes)))
         if client_id in self.token.holders:
             self.token.holders.discard(client_id)
             actions += self.sharing.gone(self, client_id, now)
@@ -436,6 +449,8 @@ class PodManager:
                 self._deferred.append(_Deferred(now + WELCOME_WAIT_S, client_id, seq, msg))
                 return []
             return self._memory(client, seq, msg, now)
+        if isinstance(msg, hp.Residency):
+            return [ToHook(client_id, seq, hp.Ack())] + self._swapped(*self.residency.on_report(client_id, msg))
         return [_error(client_id, seq, hp.ErrorCode.PROTOCOL, f"unexpected {msg.TYPE.name}"), CloseHook(client_id)]
 
     def _on_hello(self, client: Client, seq: int, msg: hp.Hello, now: float) -> list[Action]:
@@ -650,12 +665,16 @@ class PodManager:
         if isinstance(msg, hp.MemAlloc):
             if ledger.fits(msg.bytes):
                 ledger.take(client, msg.bytes)
+                if msg.kind == hp.MemKind.MANAGED:
+                    self.residency.allocated(client.id, msg.bytes)
                 return self._mem_reply(client.id, seq, hp.MemVerdict.OK)
             log.info("client %d (pid %d): %d bytes denied, group uses %d of %d", client.id, client.pid,
                      msg.bytes, ledger.used, ledger.limit)
             return self._mem_reply(client.id, seq, hp.MemVerdict.DENIED)
         if isinstance(msg, hp.MemFree):
             freed = ledger.give_back(client, msg.bytes)
+            if msg.kind == hp.MemKind.MANAGED:
+                self.residency.freed(client.id, freed)
             if freed < msg.bytes:
                 log.warning("client %d (pid %d) frees %d bytes but holds only %d", client.id, client.pid,
                             msg.bytes, freed)
@@ -733,6 +752,8 @@ class PodManager:
         if isinstance(msg, sm.ClaimRight):
             self.claims.set_right(msg.allowed, msg.max_claim_ms)
             return []
+        if isinstance(msg, sm.Evict):
+            return self._on_evict(msg, now)
         if isinstance(msg, sm.ConfigUpdate):
             self.min_util, self.max_util = msg.min_util, msg.max_util
             self.sched_class, self.memory_mode = msg.sched_class, msg.memory_mode
@@ -828,11 +849,17 @@ class PodManager:
             if now - link.last_heartbeat >= HEARTBEAT_S:
                 link.last_heartbeat = now
                 actions.append(ToScheduler(sm.Heartbeat(group=self.group, mem_used=self.ledger.used,
-                                                        clients=len(self._greeted()), members=self.members())))
+                                                        clients=len(self._greeted()), members=self.members(),
+                                                        managed=self.residency.managed_bytes)))
             if link.upstream is not None and not link.upstream.sent:
                 actions += self._send_upstream()
             actions += self.sharing.tick(self, now)
         actions += self._claim_reports(self.claims.expire(now))
+        expired_evict = self.residency.expire(now)
+        if expired_evict is not None:
+            log.warning("eviction %d: not every process answered within %.0f s; gem-schd goes on without it",
+                        expired_evict.seq, self.residency.timeout_s)
+        actions += self._swapped(expired_evict)
         last = link.started if link.last_heard is None else link.last_heard
         if not link.silence_logged and now - last > LINK_SILENT_S:
             link.silence_logged = True
@@ -850,5 +877,27 @@ class PodManager:
             "token_left_ms": max(0.0, token.left(now) * 1000), "holders": sorted(token.holders),
             "waiting": len(token.waiting), "upstream_outstanding": self.link.upstream is not None,
             "sharing": self.sharing.name, "class": self.sched_class, "claim_allowed": self.claims.allowed,
-            "claims": self.claims.claims, "members": self.members(),
+            "claims": self.claims.claims, "members": self.members(), "memory_mode": self.memory_mode,
+            "managed_bytes": self.residency.managed_bytes, "resident_bytes": self.residency.resident_bytes,
         }
+
+    # --- unified groups: residency ------------------------------------------------------------
+
+    def _on_evict(self, msg: sm.Evict, now: float) -> list[Action]:
+        """gem-schd needs the group's memory off the GPU: ask the hooks on the board, wait for their reports."""
+        if self.board is None or self.board_slot < 0:
+            log.warning("eviction %d asked, but there is no board to reach the hooks: the driver's page faults "
+                        "will make room", msg.seq)
+            return self._swapped(Report("host", msg.seq, 0, 0.0, complete=False))
+        report = self.residency.evict(msg.seq, now)
+        self.board.request_evict(self.board_slot, msg.seq)
+        return self._swapped(report)
+
+    def _swapped(self, *reports: Report | None) -> list[Action]:
+        if not self.link.registered:
+            return []
+        res = self.residency
+        return [ToScheduler(sm.Swapped(group=self.group, direction=r.direction, seq=r.seq, moved_bytes=r.moved_bytes,
+                                       took_ms=r.took_s * 1e3, managed=res.managed_bytes,
+                                       resident=res.resident_bytes, complete=r.complete))
+                for r in reports if r is not None]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from gemini.config import ConfigError, load_config
+from gemini.config import ConfigError, load_config, parse_size
 from gemini.logs import LEVEL_NAMES, level_from_flags, setup_logging
 from gemini.scheduler.daemon import DEFAULT_PORT, BindError, SchedulerDaemon
 from gemini.scheduler.policy import DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS
@@ -61,8 +61,12 @@ def _positive(ctx, param, value):
               help="Socket transport: listen on DIR/<gpu>/gem-schd.sock (mode 0600) instead of a TCP port.")
 @click.option("--device-uuid", default=None,
               help="With --ipc-dir: the GPU's UUID, which names its subdirectory (default: 'default').")
+@click.option("--device-memory", "device_memory", default=None, metavar="SIZE",
+              help="GPU memory the groups may hold resident (e.g. 24GiB): unified groups (MemoryMode = unified) "
+                   "are swapped to the host to stay within it. Default: not managed (unified groups run on the "
+                   "driver's page faults).")
 def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_file_dir, verbose, log_level,
-         metrics_port, trace_path, ipc_dir, device_uuid):
+         metrics_port, trace_path, ipc_dir, device_uuid, device_memory):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     ctx = click.get_current_context()
     if ipc_dir is not None:
@@ -72,6 +76,14 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
             raise click.UsageError(f"--ipc-dir and {', '.join(given)}: choose one transport")
     elif device_uuid is not None:
         raise click.UsageError("--device-uuid needs --ipc-dir")
+    capacity = None
+    if device_memory is not None:
+        try:
+            capacity = parse_size(device_memory)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--device-memory") from None
+        if capacity <= 0:
+            raise click.BadParameter("must be greater than 0", param_hint="--device-memory")
     setup_logging("gem-schd", level_from_flags(verbose, log_level, logging.INFO), library_debug=verbose >= 2)
     if metrics_port is not None:
         from gemini.scheduler.metrics import MetricsUnavailable, require_prometheus
@@ -94,7 +106,7 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
                              window_ms=window, bucket_ms=bucket, config_path=str(path),
                              metrics_port=metrics_port, trace_path=trace_path,
                              board_path=None if board.lower() == "none" else board, ipc_dir=ipc_dir,
-                             device_uuid=device_uuid)
+                             device_uuid=device_uuid, device_memory=capacity)
 
     async def run() -> int:
         # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.

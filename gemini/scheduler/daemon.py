@@ -45,20 +45,22 @@ from gemini.board import Board, BoardError
 from gemini.config import Config
 from gemini.scheduler.connections import HELLO_TIMEOUT_S, MAX_CONNECTIONS, ConnectionGuard
 from gemini.scheduler.observers import SchedulerObserver
+from gemini.scheduler.residency import ResidencyPolicy
 from gemini.scheduler.share import reported_share
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS,
                                      DEFAULT_WINDOW_MS, ClaimRightDecision, Decision, GrantDecision, Policy,
                                      RefuseDecision, SlotEndDecision, diff_configs)
 from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, MAX_MESSAGE_BYTES,
-                               TO_SCHEDULER, ClaimReport, ClaimRight, ConfigUpdate, Error, Grant, GroupRemoved,
+                               TO_SCHEDULER, ClaimReport, ClaimRight, ConfigUpdate, Error, Evict, Grant, GroupRemoved,
                                GroupStatus, Heartbeat, HeartbeatAck, Hello, Message, MessageError, StatusReply,
-                               StatusRequest, TokenRelease, TokenRequest, Welcome, decode, encode)
+                               StatusRequest, Swapped, TokenRelease, TokenRequest, Welcome, decode, encode)
 
 log = logging.getLogger("gemini.scheduler")
 
 DEFAULT_PORT = transport.DEFAULT_SCHEDULER_PORT
 HEARTBEAT_TIMEOUT_S = 5.0
 MAX_BYTES = 2**63 - 1
+EVICT_TIMEOUT_S = 15.0          # a grant waits at most this long for the evictions it needs
 MAX_CLIENTS = 1 << 20
 MEMBERS_SHOWN = 32              # [pid, uid] pairs kept per group for the status reply
 
@@ -117,6 +119,14 @@ class _Peer:
 
 
 @dataclass
+@dataclass
+class _HeldGrant:
+    """A unified group's grant waiting for the groups evicted to make room for it."""
+    decision: GrantDecision
+    waiting: set
+    timer: Any = None
+
+
 class _GroupInfo:
     mem_used: int = 0
     clients: int = 0
@@ -175,7 +185,8 @@ class SchedulerDaemon:
                  debounce_s: float = 0.05, settle_s: float = 0.005,
                  metrics_port: Optional[int] = None, trace_path: Optional[str] = None,
                  board_path: Optional[str] = "", ipc_dir: Optional[str] = None, device_uuid: Optional[str] = None,
-                 hello_timeout_s: float = HELLO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
+                 hello_timeout_s: float = HELLO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
+                 device_memory: Optional[int] = None, evict_timeout_s: float = EVICT_TIMEOUT_S):
         self.config = config
         self.ip = ip
         self.port = port
@@ -196,6 +207,12 @@ class SchedulerDaemon:
         self._t0_ns = time.monotonic_ns()
         self._t0 = self._t0_ns / 1e9
         self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0, bucket_ms=bucket_ms)
+        # Unified groups' memory on the GPU (residency.py decides; this daemon carries it out): a grant that needs
+        # evictions first is held until the evicted groups' pod managers answer (or evict_timeout_s passes).
+        self.residency = ResidencyPolicy(device_memory)
+        self.residency.configure({g.name: g.unified for g in config.groups})
+        self.evict_timeout_s = evict_timeout_s
+        self._held: Optional[_HeldGrant] = None
         # The board page: "" = a fresh file in /dev/shm, None = no board (hooks then drain at every deadline
         # and latency groups cannot claim).
         self._board_path_arg = board_path
@@ -484,6 +501,7 @@ class SchedulerDaemon:
         elif isinstance(msg, TokenRequest):
             if self._check_registered(identity, msg.group, envelope):
                 now = self.now_ms()
+                self._residency_update(msg.group, msg.managed)
                 self._dispatch(self.policy.request(msg.group, msg.overuse_ms, msg.burst_ms, now, msg.used_ms), now)
         elif isinstance(msg, TokenRelease):
             if self._check_registered(identity, msg.group, envelope):
@@ -496,6 +514,9 @@ class SchedulerDaemon:
                 decisions = self.policy.claimed(msg.group, start, end, now, used_ms=msg.used_ms)
                 self._notify("on_claim", msg.group, start, min(end, now))
                 self._dispatch(decisions, now)
+        elif isinstance(msg, Swapped):
+            if self._check_registered(identity, msg.group, envelope):
+                self._on_swapped(msg)
         elif isinstance(msg, StatusRequest):
             self._send(identity, self.status_reply(), envelope)
 
@@ -512,7 +533,8 @@ class SchedulerDaemon:
                                        used_ms=_clamp(msg.used_ms, 0.0, window))
         if isinstance(msg, (Hello, Heartbeat)):
             return dataclasses.replace(msg, mem_used=int(_clamp(msg.mem_used, 0, MAX_BYTES)),
-                                       clients=int(_clamp(msg.clients, 0, MAX_CLIENTS)), members=_members(msg.members))
+                                       clients=int(_clamp(msg.clients, 0, MAX_CLIENTS)), members=_members(msg.members),
+                                       managed=int(_clamp(msg.managed, 0, MAX_BYTES)))
         return msg
 
     def _check_registered(self, identity: bytes, group: str, envelope: list[bytes]) -> bool:
@@ -556,6 +578,7 @@ class SchedulerDaemon:
         info = self._info.setdefault(group, _GroupInfo())
         info.mem_used, info.clients, info.connected = msg.mem_used, msg.clients, True
         info.members = msg.members
+        self._residency_update(group, msg.managed, msg.mem_used)
         log.info("group %s: pod manager %s (%s, pid %d) registered, %d client(s), %d bytes in use", group,
                  self._name(identity), address, msg.pid, msg.clients, msg.mem_used)
         self._send(identity, self._welcome(gc), envelope)
@@ -575,6 +598,7 @@ class SchedulerDaemon:
         info = self._info.setdefault(msg.group, _GroupInfo())
         info.mem_used, info.clients, info.connected = msg.mem_used, msg.clients, True
         info.members = msg.members
+        self._residency_update(msg.group, msg.managed, msg.mem_used)
         self._send(identity, HeartbeatAck(self.scheduler_id), envelope)
 
     def _forget_peer(self, identity: bytes) -> None:
@@ -584,6 +608,7 @@ class SchedulerDaemon:
             info = self._info.get(peer.group)
             if info is not None:
                 info.connected = False
+            self.residency.disconnected(peer.group)
 
     # --- sending ----------------------------------------------------------------------------------------------------
 
@@ -613,17 +638,13 @@ class SchedulerDaemon:
                     self._notify("on_grant", d.group, d.token_seq, d.quota_ms, d.start_ms, d.wait_ms)
                     self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, now), now)
                     continue
-                deadline = d.start_ms + d.quota_ms
-                slot = self._board_slots.get(d.group)
-                if self.board is not None and slot is not None:
-                    # First the board (a continuation reaches the holder's hooks there), then the message.
-                    self.board.publish(slot, d.token_seq, d.prev_seq, self._abs_ns(deadline))
-                self._send(owner, Grant(d.group, d.quota_ms, d.token_seq, d.continuation, d.prev_seq,
-                                        self._abs_ns(deadline) / 1e9))
-                self._notify("on_grant", d.group, d.token_seq, d.quota_ms, d.start_ms, d.wait_ms)
-                log.debug("grant %s quota %.3f ms seq %d%s", d.group, d.quota_ms, d.token_seq,
-                          " (continued)" if d.continuation else "")
+                if not d.continuation and self._hold_for_evictions(d, now):
+                    continue
+                if self._held is not None and self._held.decision.group != d.group:
+                    self._drop_held("the policy moved on to group " + d.group)
+                self._send_grant(owner, d)
             elif isinstance(d, SlotEndDecision):
+
                 self._notify("on_slot_end", d.group, d.token_seq, d.quota_ms, d.start_ms, d.end_ms, d.wait_ms,
                              d.reason)
             elif isinstance(d, ClaimRightDecision):
@@ -634,6 +655,94 @@ class SchedulerDaemon:
                 log.info("refused group %s: %s", d.group, d.message)
                 if owner is not None:
                     self._send(owner, Error(d.code, d.message, d.group))
+
+    def _send_grant(self, owner: bytes, d: GrantDecision) -> None:
+        deadline = d.start_ms + d.quota_ms
+        slot = self._board_slots.get(d.group)
+        if self.board is not None and slot is not None:
+            # First the board (a continuation reaches the holder's hooks there), then the message.
+            self.board.publish(slot, d.token_seq, d.prev_seq, self._abs_ns(deadline))
+        self._send(owner, Grant(d.group, d.quota_ms, d.token_seq, d.continuation, d.prev_seq,
+                                self._abs_ns(deadline) / 1e9))
+        self._notify("on_grant", d.group, d.token_seq, d.quota_ms, d.start_ms, d.wait_ms)
+        log.debug("grant %s quota %.3f ms seq %d%s", d.group, d.quota_ms, d.token_seq,
+                  " (continued)" if d.continuation else "")
+
+    # --- residency (unified groups) -------------------------------------------------------------------------------
+
+    def _residency_update(self, group: str, managed: int, mem_used: Optional[int] = None) -> None:
+        self.residency.update(group, managed, mem_used)
+        self.policy.quota_floor = self.residency.quota_floor_ms()
+
+    def _hold_for_evictions(self, d: GrantDecision, now: float) -> bool:
+        """A unified group's grant: ask the least recently run groups to evict first if its memory does not fit;
+        then the grant waits for their answers (True). The slot's clock runs meanwhile: the swap is part of it."""
+        evictions = self.residency.before_grant(d.group, now)
+        if not self.residency.fits_alone(d.group):
+            log.warning("group %s: its memory does not fit in --device-memory %d bytes even with every other "
+                        "unified group evicted: it runs on the driver's page faults", d.group,
+                        self.residency.capacity or 0)
+        waiting = set()
+        for ev in evictions:
+            owner = self._owners.get(ev.group)
+            log.info("group %s evicted (%d bytes) to make room for %s", ev.group, ev.bytes, d.group)
+            self._notify("on_evict", ev.group, ev.seq, ev.bytes, now)
+            if owner is None:
+                self.residency.evicted(ev.group, ev.seq, 0, 0.0)
+                continue
+            self._send(owner, Evict(ev.group, ev.seq))
+            waiting.add(ev.group)
+        self.policy.quota_floor = self.residency.quota_floor_ms()
+        if not waiting:
+            return False
+        if self._held is not None:
+            self._drop_held("a newer grant")
+        self._held = _HeldGrant(d, waiting)
+        if self._loop is not None:
+            self._held.timer = self._loop.call_later(self.evict_timeout_s, self._evict_timed_out, d.token_seq)
+        return True
+
+    def _on_swapped(self, msg: Swapped) -> None:
+        self._residency_update(msg.group, msg.managed)
+        if msg.direction == "device":
+            self.residency.prefetched(msg.group, msg.moved_bytes, msg.took_ms)
+            self._notify("on_swap", msg.group, "device", msg.moved_bytes, msg.took_ms, self.now_ms())
+            return
+        answered = self.residency.evicted(msg.group, msg.seq, msg.moved_bytes, msg.took_ms)
+        self._notify("on_swap", msg.group, "host", msg.moved_bytes, msg.took_ms, self.now_ms())
+        if not msg.complete:
+            log.warning("group %s: eviction %d incomplete (a process did not answer): the driver's page faults "
+                        "make the rest of the room", msg.group, msg.seq)
+        held = self._held
+        if answered and held is not None and msg.group in held.waiting:
+            held.waiting.discard(msg.group)
+            if not held.waiting:
+                self._release_held()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, None
+        if held is None:
+            return
+        if held.timer is not None:
+            held.timer.cancel()
+        owner = self._owners.get(held.decision.group)
+        if owner is not None and self.policy.holder_seq == held.decision.token_seq:
+            self._send_grant(owner, held.decision)
+
+    def _evict_timed_out(self, token_seq: int) -> None:
+        held = self._held
+        if held is None or held.decision.token_seq != token_seq:
+            return
+        log.warning("evictions for group %s's grant not answered within %.1f s (%s): granting anyway",
+                    held.decision.group, self.evict_timeout_s, ", ".join(sorted(held.waiting)))
+        self._release_held()
+
+    def _drop_held(self, why: str) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            if held.timer is not None:
+                held.timer.cancel()
+            log.info("held grant of group %s dropped (%s)", held.decision.group, why)
 
     def _notify(self, method: str, *args) -> None:
         for obs in self.observers:
@@ -701,6 +810,7 @@ class SchedulerDaemon:
         diff = diff_configs(old, config)
         self.config = config
         self._assign_board_slots(config)
+        self.residency.configure({g.name: g.unified for g in config.groups})
         now = self.now_ms()
         decisions = self.policy.apply_config(config, now)
         # Refusals go to the owners of removed groups: dispatch them before forgetting those owners.
@@ -749,10 +859,21 @@ class SchedulerDaemon:
                 waiting=p.waiting, wait_ms=p.wait_ms, quota_ms=p.quota_ms, grants=p.grants,
                 connected=info.connected, sched_class=p.sched_class, target=p.target,
                 continuations=p.continuations, claims=p.claims, claim_ms=p.claim_ms,
-                claim_allowed=p.claim_allowed, members=info.members if info.connected else [])))
+                claim_allowed=p.claim_allowed, members=info.members if info.connected else [],
+                **self._residency_status(gc.name))))
         holder = next((g["name"] for g in groups if g["holding"]), "")
         rejected = self.reloader.rejected if self.reloader is not None else None
-        return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups, rejected or "")
+        return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups, rejected or "",
+                           self.residency.capacity or 0, self.residency.measured_gbps)
+
+    def _residency_status(self, group: str) -> dict:
+        t = self.residency.tenants.get(group)
+        if t is None or not t.unified:
+            return {}
+        return {"memory_mode": "unified", "managed_bytes": t.managed,
+                "resident_bytes": self.residency.resident_bytes(group),
+                "swapped_in_bytes": t.swapped_in, "swapped_out_bytes": t.swapped_out, "swap_ms": t.swap_ms,
+                "evictions": t.evictions}
 
 
 def _call(observer, method: str, *args) -> None:

@@ -324,6 +324,9 @@ class Policy:
         if not (math.isfinite(continue_lead_ms) and continue_lead_ms >= 0):
             raise ValueError(f"continue_lead_ms must be >= 0, got {continue_lead_ms!r}")
         self.base_quota_ms = float(base_quota_ms)
+        # Per group, the shortest slot (ms) it is given when its slot is not capped: set by gem-schd for unified
+        # groups whose slots end in swaps (gemini/scheduler/residency.py), so swapping stays a small part of them.
+        self.quota_floor: dict[str, float] = {}
         self.min_quota_ms = float(min_quota_ms)
         self.window_ms = float(window_ms)
         self.bucket_ms = float(bucket_ms)
@@ -841,14 +844,16 @@ class Policy:
         cap = g.cfg.max_util
         if cap <= 0.0:
             return None
+        # A unified group whose slots end in swaps gets longer ones (gemini/scheduler/residency.py sets this).
+        longest = max(self.base_quota_ms, self.quota_floor.get(g.cfg.name, 0.0))
         if g.bucket is None:
-            return self.base_quota_ms
+            return longest
         level = g.bucket.at(at)
         room = level / (1.0 - cap)          # run this long and the bucket is empty at the end
         theta = self._theta(g)
         if room < theta - EPS:
             return None
-        return min(self.base_quota_ms, max(room, theta))
+        return min(longest, max(room, theta))
 
     def _eligible_at(self, g: _Group, now: float) -> float:
         cap = g.cfg.max_util

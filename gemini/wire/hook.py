@@ -60,6 +60,9 @@ UUID_LEN = _const("GEM_UUID_LEN")
 ERRMSG_LEN = _const("GEM_ERRMSG_LEN")
 HELLO_FLAG_FAIL_OPEN = _const("GEM_HELLO_FLAG_FAIL_OPEN")
 ACK_LATENCY = _const("GEM_ACK_LATENCY")
+ACK_UNIFIED = _const("GEM_ACK_UNIFIED")
+RESIDENCY_TO_DEVICE = _const("GEM_RESIDENCY_TO_DEVICE")
+RESIDENCY_TO_HOST = _const("GEM_RESIDENCY_TO_HOST")
 GRANT_BOUND = _const("GEM_GRANT_BOUND")
 GRANT_CLAIM = _const("GEM_GRANT_CLAIM")
 GRANT_TIGHT = _const("GEM_GRANT_TIGHT")
@@ -81,6 +84,7 @@ class MsgType(enum.IntEnum):
     MEM_INFO = _const("GEM_MSG_MEM_INFO")
     MEM_REPLY = _const("GEM_MSG_MEM_REPLY")
     ERROR = _const("GEM_MSG_ERROR")
+    RESIDENCY = _const("GEM_MSG_RESIDENCY")
 
 
 class ErrorCode(enum.IntEnum):
@@ -222,13 +226,27 @@ class Error:
     message: str
 
 
+@dataclass(frozen=True)
+class Residency:
+    """A unified group's hook moved its managed memory (to the device at a grant, to the host when asked)."""
+    TYPE: ClassVar[MsgType] = MsgType.RESIDENCY
+    PAYLOAD: ClassVar[str | None] = "residency"
+    evict_seq: int = 0
+    moved_bytes: int = 0
+    moved_ns: int = 0
+    resident_bytes: int = 0
+    managed_bytes: int = 0
+    direction: int = 0          # RESIDENCY_TO_DEVICE or RESIDENCY_TO_HOST
+    reserved: int = 0
+
+
 Message = Union[Hello, HelloAck, TokenRequest, TokenGrant, TokenRelease, Ack, MemAlloc, MemFree, MemInfo,
-                MemReply, Error]
+                MemReply, Error, Residency]
 _BY_TYPE: dict[int, type] = {cls.TYPE: cls for cls in Message.__args__}  # type: ignore[attr-defined]
 
 # Messages each side may receive; anything else is a protocol error at that end.
 HOOK_TO_PMGR = frozenset({MsgType.HELLO, MsgType.TOKEN_REQUEST, MsgType.TOKEN_RELEASE,
-                          MsgType.MEM_ALLOC, MsgType.MEM_FREE, MsgType.MEM_INFO})
+                          MsgType.MEM_ALLOC, MsgType.MEM_FREE, MsgType.MEM_INFO, MsgType.RESIDENCY})
 PMGR_TO_HOOK = frozenset({MsgType.HELLO_ACK, MsgType.TOKEN_GRANT, MsgType.ACK, MsgType.MEM_REPLY,
                           MsgType.ERROR})
 

@@ -34,6 +34,7 @@ class Hello:
     mem_used: int = 0           # bytes the group's clients hold (rebuilds accounting after a restart)
     clients: int = 0
     members: list = field(default_factory=list)     # [pid, uid] per client (uid -1: not known, on TCP)
+    managed: int = 0            # unified group: managed bytes its clients hold (what residency moves)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class TokenRequest:
     overuse_ms: float = 0.0     # worst overuse reported by the group's clients since the last request
     burst_ms: float = 0.0       # largest burst prediction of the group's clients; 0 = none
     used_ms: float = 0.0        # GPU time the group's last slot really used (hook events); 0 = not measured
+    managed: int = 0            # unified group: managed bytes its clients hold now (what a grant prefetches)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,22 @@ class Heartbeat:
     mem_used: int = 0
     clients: int = 0
     members: list = field(default_factory=list)     # as in Hello
+    managed: int = 0            # as in Hello
+
+
+@dataclass(frozen=True)
+class Swapped:
+    """A unified group's hooks moved its managed memory: to the host (direction "host": eviction `seq` is done,
+    or given up on when `complete` is false) or to the GPU at a grant (direction "device")."""
+    TYPE: ClassVar[str] = "swapped"
+    group: str
+    direction: str
+    seq: int = 0
+    moved_bytes: int = 0
+    took_ms: float = 0.0
+    managed: int = 0            # the group's managed bytes now
+    resident: int = 0           # of which on the GPU
+    complete: bool = True
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,14 @@ class Grant:
     continuation: bool = False  # the group keeps the GPU: slot prev_seq runs on until deadline_s
     prev_seq: int = 0
     deadline_s: float = 0.0     # the slot's end on gem-schd's clock (CLOCK_MONOTONIC seconds); 0 = now + quota
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Move the unified group's managed memory to the host (answered by Swapped with the same seq)."""
+    TYPE: ClassVar[str] = "evict"
+    group: str
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -177,6 +203,13 @@ class GroupStatus:
     claim_ms: float = 0.0
     claim_allowed: bool = False
     members: list = field(default_factory=list)     # [pid, uid] of the group's processes (uid -1: TCP)
+    memory_mode: str = "device"
+    managed_bytes: int = 0      # unified: managed memory the group holds
+    resident_bytes: int = 0     # unified: of which gem-schd counts on the GPU
+    swapped_in_bytes: int = 0   # unified: bytes moved to the GPU at its grants, in all
+    swapped_out_bytes: int = 0  # unified: bytes moved to the host when evicted, in all
+    swap_ms: float = 0.0        # unified: time its moves took, in all
+    evictions: int = 0
 
 
 @dataclass(frozen=True)
@@ -187,14 +220,16 @@ class StatusReply:
     holder: str
     groups: list = field(default_factory=list)   # list of GroupStatus as dicts
     config_rejected: str = ""   # why the config file's current content is not in force (last edit rejected)
+    device_memory: int = 0      # the capacity unified groups' resident memory must fit in (0: not managed)
+    swap_gbps: float = 0.0      # measured speed of the moves (GB/s; 0: none measured yet)
 
 
-Message = Union[Hello, TokenRequest, TokenRelease, ClaimReport, Heartbeat, StatusRequest, Welcome, Grant,
-                ClaimRight, ConfigUpdate, GroupRemoved, HeartbeatAck, Error, StatusReply]
+Message = Union[Hello, TokenRequest, TokenRelease, ClaimReport, Heartbeat, Swapped, StatusRequest, Welcome, Grant,
+                Evict, ClaimRight, ConfigUpdate, GroupRemoved, HeartbeatAck, Error, StatusReply]
 _BY_TYPE: dict[str, type] = {cls.TYPE: cls for cls in Message.__args__}  # type: ignore[attr-defined]
 
-TO_SCHEDULER = frozenset({Hello, TokenRequest, TokenRelease, ClaimReport, Heartbeat, StatusRequest})
-FROM_SCHEDULER = frozenset({Welcome, Grant, ClaimRight, ConfigUpdate, GroupRemoved, HeartbeatAck, Error,
+TO_SCHEDULER = frozenset({Hello, TokenRequest, TokenRelease, ClaimReport, Heartbeat, Swapped, StatusRequest})
+FROM_SCHEDULER = frozenset({Welcome, Grant, Evict, ClaimRight, ConfigUpdate, GroupRemoved, HeartbeatAck, Error,
                             StatusReply})
 
 _CHECKS = {

@@ -11,6 +11,7 @@ driver itself:
     simprobe.py capture              capture-mode scenarios across threads, graphs
     simprobe.py handles              bad handles and NULL out-pointers
     simprobe.py memory               every allocation kind: charge, release, attributes
+    simprobe.py prefetch             managed memory: both cuMemPrefetchAsync ABIs, residency, bandwidth
 
 QUERIES is a JSON list of [symbol, cudaVersion, flags, exact name or null].
 """
@@ -635,9 +636,72 @@ def cmd_memory(_args: list[str]) -> dict:
     return out
 
 
+class MemLocation(ctypes.Structure):
+    _fields_ = [("type", c_int), ("id", c_int)]
+
+
+def cmd_prefetch(_args: list[str]) -> dict:
+    """Managed memory moved with both ABIs of cuMemPrefetchAsync: residency, charges, time, errors."""
+    import time
+    dev, _ctx = setup()
+    out: dict = {}
+    v = c_int()
+    check(lib.cuDeviceGetAttribute(byref(v), 89, dev), "cuDeviceGetAttribute")
+    out["concurrent_managed"] = v.value
+    lib.simcuda_resident_bytes.restype = c_u64
+    lib.simcuda_resident_bytes.argtypes = [CUdeviceptr]
+    free_b, total = c_size_t(), c_size_t()
+
+    def free() -> int:
+        check(lib.cuMemGetInfo_v2(byref(free_b), byref(total)), "cuMemGetInfo_v2")
+        return free_b.value
+
+    def sync() -> None:
+        check(lib.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    n = 64 << 20
+    p = CUdeviceptr()
+    check(lib.cuMemAllocManaged(byref(p), c_size_t(n), 1), "cuMemAllocManaged")
+    base = free()
+    out["fresh_resident"] = lib.simcuda_resident_bytes(p)
+    old = lib.cuMemPrefetchAsync
+    old.argtypes = [CUdeviceptr, c_size_t, c_int, c_void_p]
+    v2 = lib.cuMemPrefetchAsync_v2
+    v2.argtypes = [CUdeviceptr, c_size_t, MemLocation, c_uint, c_void_p]
+    t0 = time.monotonic()
+    out["old_to_device"] = old(p, n, dev.value, None)
+    sync()
+    out["old_to_device_s"] = time.monotonic() - t0
+    out["resident_after_old"] = lib.simcuda_resident_bytes(p)
+    out["charged_after_old"] = base - free()
+    t0 = time.monotonic()
+    out["v2_to_host"] = v2(p, n, MemLocation(2, 0), 0, None)
+    sync()
+    out["v2_to_host_s"] = time.monotonic() - t0
+    out["resident_after_v2_host"] = lib.simcuda_resident_bytes(p)
+    out["charged_after_v2_host"] = base - free()
+    out["v2_half_to_device"] = v2(p, n // 2, MemLocation(1, dev.value), 0, None)
+    sync()
+    out["resident_half"] = lib.simcuda_resident_bytes(p)
+    out["old_to_cpu"] = old(p, n, -1, None)
+    sync()
+    out["resident_after_old_cpu"] = lib.simcuda_resident_bytes(p)
+    out["v2_flags"] = v2(p, n, MemLocation(1, dev.value), 1, None)
+    out["v2_bad_type"] = v2(p, n, MemLocation(0, 0), 0, None)
+    d = CUdeviceptr()
+    check(lib.cuMemAlloc_v2(byref(d), c_size_t(n)), "cuMemAlloc_v2")
+    out["device_memory"] = old(d, n, dev.value, None)
+    check(lib.cuMemFree_v2(d), "cuMemFree_v2")
+    check(v2(p, n, MemLocation(1, dev.value), 0, None), "cuMemPrefetchAsync_v2")
+    sync()
+    check(lib.cuMemFree_v2(p), "cuMemFree_v2")
+    out["released"] = free() == base
+    return out
+
+
 def main() -> int:
     cmds = {"info": cmd_info, "procaddr": cmd_procaddr, "table": cmd_table, "capture": cmd_capture,
-            "handles": cmd_handles, "memory": cmd_memory}
+            "handles": cmd_handles, "memory": cmd_memory, "prefetch": cmd_prefetch}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__, file=sys.stderr)
         return 2

@@ -133,6 +133,12 @@ SIM_DECL(cuMipmappedArrayCreate, (CUmipmappedArray *pHandle, const CUDA_ARRAY3D_
 SIM_DECL(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray))
 SIM_DECL(cuMipmappedArrayGetMemoryRequirements, (CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements,
                                                  CUmipmappedArray mipmap, CUdevice device))
+SIM_DECL(cuMemPrefetchAsync, (CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream))
+SIM_DECL(cuMemPrefetchAsync_ptsz, (CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream))
+SIM_DECL(cuMemPrefetchAsync_v2, (CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                 CUstream hStream))
+SIM_DECL(cuMemPrefetchAsync_v2_ptsz, (CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                      CUstream hStream))
 SIM_DECL(cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr ptr))
 
 /* copies and sets */
@@ -262,6 +268,8 @@ SIM_DECL(cuGetProcAddress_v2, (const char *symbol, void **pfn, int cudaVersion, 
 
 /* Simulator-only exports (never in a real driver). */
 SIM_API int simcuda_is_simulated(void);
+/* Bytes of the managed allocation holding ptr that are on the device now (0 if none or not managed). */
+SIM_API uint64_t simcuda_resident_bytes(CUdeviceptr ptr);
 SIM_API int simcuda_procaddr_entry(int index, const char **base, int *version, const char **sym, int *pt_version,
                                    const char **pt_sym);
 

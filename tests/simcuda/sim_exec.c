@@ -61,6 +61,9 @@ static void exec_op(struct sim_ctx *c, struct sim_op *op)
     case OP_FREE:
         sim_mem_free_now(op->u.fr.ptr);
         break;
+    case OP_PREFETCH:
+        sim_mem_prefetch_now(op->u.pf.ptr, op->u.pf.n, op->u.pf.dev, op->u.pf.v2);
+        break;
     default:
         break;
     }

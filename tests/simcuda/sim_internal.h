@@ -37,6 +37,8 @@ struct sim_config {
     int ndev;              /* from the shared file (its creator's SIMCUDA_DEVICES) */
     uint64_t mem_bytes;    /* capacity per device, from the shared file */
     uint64_t kernel_ns;    /* SIMCUDA_KERNEL_US of this process */
+    double migrate_bytes_per_ns; /* SIMCUDA_MIGRATE_GBPS: managed-memory prefetch speed (0: instant) */
+    int concurrent_managed; /* SIMCUDA_CONCURRENT_MANAGED: CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS */
     int driver_version;    /* SIMCUDA_DRIVER_VERSION of this process */
     int trace_fd;          /* SIMCUDA_TRACE, or -1 */
 };
@@ -58,6 +60,9 @@ void sim_dev_release(int dev);
 
 /* Cross-process memory accounting of a device (this pid's entry). */
 CUresult sim_mem_charge(int dev, uint64_t bytes);
+/* Managed pages moved to the device: charged like device memory, but never refused (a real driver would
+ * evict other managed pages to make room; the simulator only counts). */
+void sim_mem_charge_managed(int dev, uint64_t bytes);
 void sim_mem_uncharge(int dev, uint64_t bytes);
 void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
 
@@ -87,7 +92,7 @@ int sim_handle_is(const void *p, int type);
 
 /* ---------------------------------------------------------------- work items */
 
-enum sim_op_kind { OP_NOP, OP_KERNEL, OP_MEMCPY, OP_MEMSET, OP_HOSTFN, OP_EVENT, OP_WAIT, OP_FREE };
+enum sim_op_kind { OP_NOP, OP_KERNEL, OP_MEMCPY, OP_MEMSET, OP_HOSTFN, OP_EVENT, OP_WAIT, OP_FREE, OP_PREFETCH };
 
 struct sim_ctx;
 struct sim_event;
@@ -127,6 +132,12 @@ struct sim_op {
         struct {
             CUdeviceptr ptr;
         } fr;
+        struct {
+            CUdeviceptr ptr;
+            size_t n;
+            int dev;           /* destination device, or -1: the host */
+            int v2;            /* issued through cuMemPrefetchAsync_v2 (the trace says which ABI) */
+        } pf;
     } u;
 };
 
@@ -210,6 +221,9 @@ void sim_op_discard(struct sim_op *op);
 void sim_mem_free_now(CUdeviceptr ptr);
 /* Is [p, p+n) inside memory the device may touch (device, managed, pinned host)? */
 int sim_mem_valid(const void *p, size_t n);
+/* Move [ptr, ptr+n) of a managed allocation to device `dev` (-1: the host), at the simulated bandwidth;
+ * the worker runs this for cuMemPrefetchAsync. */
+void sim_mem_prefetch_now(CUdeviceptr ptr, size_t n, int dev, int v2);
 /* Free everything a context allocated (context destroy / primary reset). */
 void sim_mem_ctx_gone(struct sim_ctx *ctx);
 void sim_vmm_ctx_gone(struct sim_ctx *c);     /* frees the context's arrays */

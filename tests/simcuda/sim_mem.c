@@ -11,6 +11,7 @@
  */
 #include "sim_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -30,6 +31,10 @@ struct sim_alloc {
     struct sim_pool *pool;
     uint64_t id;
     struct sim_alloc *next_cached; /* pool cache list */
+    /* managed: which 2 MiB chunks are on the device (the rest is on the host), and their bytes (charged to
+     * the device while there) */
+    uint8_t *on_dev;
+    uint64_t resident;
 };
 
 struct sim_pool {
@@ -167,6 +172,8 @@ static void alloc_release(struct sim_alloc *a)
 {
     munmap((void *)a->base, a->map_size);
     if (charged(a->kind)) sim_mem_uncharge(a->dev, a->map_size);
+    if (a->resident) sim_mem_uncharge(a->dev, a->resident);
+    free(a->on_dev);
     free(a);
 }
 
@@ -255,6 +262,126 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     }
     return alloc_sync(dptr, bytesize, AK_MANAGED);
 }
+
+/* ------------------------------------------------------------------ managed memory: residency */
+
+/* Managed memory is tracked in 2 MiB chunks (the GPU's large page): each is on the device or on the host.
+ * A fresh allocation is on the host; only prefetches move it (kernels do not fault pages in here, so a
+ * test sees exactly what was prefetched). Chunks on a device are charged to it, so cuMemGetInfo shows them
+ * and a killed process's resident memory comes back with its other charges. */
+#define SIM_CHUNK (2ull << 20)
+
+static uint64_t chunk_bytes(const struct sim_alloc *a, size_t i)
+{
+    uint64_t start = (uint64_t)i * SIM_CHUNK;
+    return a->size - start < SIM_CHUNK ? a->size - start : SIM_CHUNK;
+}
+
+void sim_mem_prefetch_now(CUdeviceptr ptr, size_t n, int dev, int v2)
+{
+    uint64_t t0 = sim_now_ns(), moved = 0;
+    int charge_dev = -1;
+    pthread_mutex_lock(&mem_lock);
+    struct sim_alloc *a = tab_find_range((uintptr_t)ptr, n);
+    if (a && a->kind == AK_MANAGED && n > 0) {
+        size_t nchunks = (a->size + SIM_CHUNK - 1) / SIM_CHUNK;
+        if (!a->on_dev) a->on_dev = calloc(nchunks, 1);
+        if (a->on_dev) {
+            size_t first = (size_t)(((uintptr_t)ptr - a->base) / SIM_CHUNK);
+            size_t last = (size_t)(((uintptr_t)ptr - a->base + n - 1) / SIM_CHUNK);
+            uint8_t want = dev >= 0;
+            for (size_t i = first; i <= last && i < nchunks; i++)
+                if (a->on_dev[i] != want) {
+                    a->on_dev[i] = want;
+                    moved += chunk_bytes(a, i);
+                }
+            charge_dev = a->dev;
+            if (want) a->resident += moved;
+            else a->resident -= moved;
+        }
+    }
+    pthread_mutex_unlock(&mem_lock);
+    if (charge_dev < 0) return;
+    if (moved) {
+        if (dev >= 0) sim_mem_charge_managed(charge_dev, moved);
+        else sim_mem_uncharge(charge_dev, moved);
+    }
+    /* The copy engine moves the pages: it takes time but not the execution lock. */
+    if (sim_cfg.migrate_bytes_per_ns > 0 && moved) sim_sleep_until(t0 + (uint64_t)((double)moved / sim_cfg.migrate_bytes_per_ns));
+    char name[SIM_NAME_LEN];
+    snprintf(name, sizeof name, "%s:%s:%llu", v2 ? "prefetch_v2" : "prefetch", dev >= 0 ? "device" : "host",
+             (unsigned long long)moved);
+    sim_trace_kernel(charge_dev, t0, sim_now_ns(), name);
+}
+
+uint64_t simcuda_resident_bytes(CUdeviceptr ptr)
+{
+    pthread_mutex_lock(&mem_lock);
+    struct sim_alloc *a = tab_find_range((uintptr_t)ptr, 0);
+    uint64_t r = a ? a->resident : 0;
+    pthread_mutex_unlock(&mem_lock);
+    return r;
+}
+
+/* dev: a device ordinal, or -1 for the host. */
+static CUresult prefetch(CUdeviceptr ptr, size_t n, int dev, CUstream h, int ptsz, int v2)
+{
+    SIM_CHECK_INIT();
+    if (dev != -1) {
+        CUresult rc = sim_check_device(dev);
+        if (rc) return rc;
+        if (!sim_cfg.concurrent_managed) return CUDA_ERROR_INVALID_DEVICE; /* as the real driver */
+    }
+    pthread_mutex_lock(&mem_lock);
+    struct sim_alloc *a = tab_find_range((uintptr_t)ptr, n);
+    int managed = a && a->kind == AK_MANAGED;
+    pthread_mutex_unlock(&mem_lock);
+    if (!managed || n == 0) return CUDA_ERROR_INVALID_VALUE;
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(h, ptsz, &s);
+    if (rc) return rc;
+    struct sim_op op = {.kind = OP_PREFETCH};
+    op.u.pf.ptr = ptr;
+    op.u.pf.n = n;
+    op.u.pf.dev = dev;
+    op.u.pf.v2 = v2;
+    return sim_submit(s, &op, NULL);
+}
+
+/* The old ABI (CUDA 8.0 .. 12.x): a device ordinal, or CU_DEVICE_CPU (-1) for the host. */
+CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
+{
+    return prefetch(devPtr, count, dstDevice, hStream, 0, 0);
+}
+
+CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
+{
+    return prefetch(devPtr, count, dstDevice, hStream, 1, 0);
+}
+
+/* The _v2 ABI (CUDA 12.2; what "cuMemPrefetchAsync" means from CUDA 13): a location, and flags that must be 0. */
+static CUresult prefetch_v2(CUdeviceptr ptr, size_t n, CUmemLocation loc, unsigned int flags, CUstream h, int ptsz)
+{
+    SIM_CHECK_INIT();
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (loc.type == CU_MEM_LOCATION_TYPE_HOST) return prefetch(ptr, n, -1, h, ptsz, 1);
+    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0) return CUDA_ERROR_INVALID_VALUE;
+    return prefetch(ptr, n, loc.id, h, ptsz, 1);
+}
+
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                               CUstream hStream)
+{
+    return prefetch_v2(devPtr, count, location, flags, hStream, 0);
+}
+
+CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                    CUstream hStream)
+{
+    return prefetch_v2(devPtr, count, location, flags, hStream, 1);
+}
+
+/* ------------------------------------------------------------------ free */
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {

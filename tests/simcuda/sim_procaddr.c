@@ -80,6 +80,9 @@ static const struct pa_row rows[] = {
     R("cuMemAlloc", 3020, cuMemAlloc_v2)
     R("cuMemAllocPitch", 3020, cuMemAllocPitch_v2)
     R("cuMemAllocManaged", 6000, cuMemAllocManaged)
+    /* driver 580 answers "cuMemPrefetchAsync" with the old ABI up to 12000 and with _v2 from 12080 */
+    T("cuMemPrefetchAsync", 8000, cuMemPrefetchAsync, 8000, cuMemPrefetchAsync_ptsz)
+    T("cuMemPrefetchAsync", 12020, cuMemPrefetchAsync_v2, 12020, cuMemPrefetchAsync_v2_ptsz)
     R("cuMemFree", 3020, cuMemFree_v2)
     R("cuMemGetInfo", 3020, cuMemGetInfo_v2)
     R("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2)

@@ -251,6 +251,10 @@ static void do_init(void)
 {
     sim_cfg.driver_version = sim_driver_version();
     sim_cfg.kernel_ns = env_u64("SIMCUDA_KERNEL_US", 100) * 1000ull;
+    const char *gbps = getenv("SIMCUDA_MIGRATE_GBPS");
+    sim_cfg.migrate_bytes_per_ns = gbps && *gbps ? strtod(gbps, NULL) : 16.0; /* GB/s = bytes per ns */
+    if (!(sim_cfg.migrate_bytes_per_ns > 0)) sim_cfg.migrate_bytes_per_ns = 0;
+    sim_cfg.concurrent_managed = (int)env_u64("SIMCUDA_CONCURRENT_MANAGED", 1) != 0;
     const char *trace = getenv("SIMCUDA_TRACE");
     if (trace && *trace) {
         sim_cfg.trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -406,6 +410,21 @@ CUresult sim_mem_charge(int dev, uint64_t bytes)
     }
     pthread_mutex_unlock(&d->mlock);
     return rc;
+}
+
+void sim_mem_charge_managed(int dev, uint64_t bytes)
+{
+    struct sim_shdev *d = &sh->dev[dev];
+    robust_lock(&d->mlock);
+    int mine, free_slot;
+    mem_used_locked(d, &mine, &free_slot);
+    if (mine >= 0) {
+        d->mem[mine].bytes += bytes;
+    } else if (free_slot >= 0) {
+        d->mem[free_slot].pid = (int32_t)getpid();
+        d->mem[free_slot].bytes = bytes;
+    }
+    pthread_mutex_unlock(&d->mlock);
 }
 
 void sim_mem_uncharge(int dev, uint64_t bytes)
@@ -715,7 +734,7 @@ static int attribute_value(int attr, CUdevice dev)
     case 83: return 1;          /* MANAGED_MEMORY */
     case 85: return dev;        /* MULTI_GPU_BOARD_GROUP_ID */
     case 87: return 2;          /* SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO */
-    case 89: return 1;          /* CONCURRENT_MANAGED_ACCESS */
+    case 89: return sim_cfg.concurrent_managed; /* CONCURRENT_MANAGED_ACCESS (SIMCUDA_CONCURRENT_MANAGED) */
     case 90: return 1;          /* COMPUTE_PREEMPTION_SUPPORTED */
     case 95: return 1;          /* COOPERATIVE_LAUNCH */
     case 97: return 232448;     /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */

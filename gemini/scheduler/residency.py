@@ -1,0 +1,198 @@
+"""Which unified groups' memory is on the GPU: gem-schd's residency policy. Pure logic, time passed in (ms).
+
+Unified groups (MemoryMode = unified) make their allocations as managed memory, so together they may hold more
+than the GPU has. gem-schd keeps their *resident sets* within the GPU's configured capacity (`--device-memory`):
+
+* Before a unified group's slot is granted, its whole managed memory must fit next to what stays resident: the
+  memory of device-mode groups, the device-only part of unified groups (VMM, arrays), and the resident sets of
+  the other unified groups. If it does not, the resident unified groups that ran least recently are evicted
+  (their hooks prefetch everything to the host) until it does; the grant goes out when they have answered, and
+  the granted group's hooks prefetch its memory before their first kernel. So a grant and the memory it needs
+  arrive together, and the GPU never holds more than the capacity (page-fault thrashing never starts).
+* A swap costs (bytes out + bytes in) / bandwidth. The bandwidth is measured from the hooks' reports (an
+  average weighted by bytes moved; `default_gbps` until a large move was measured). While the unified groups
+  do not all fit, each one's slot is made at least `swap / swap_fraction` long (`quota_floor_ms`), so swapping
+  takes at most that fraction (10%) of the GPU's time.
+* A group that cannot fit even alone (its memory exceeds the capacity) runs anyway with everything else evicted:
+  the driver then pages the rest on demand, slowly; gem-schd says so in its log.
+
+Without a capacity (None) nothing is managed: unified groups run on the driver's page faults alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+DEFAULT_GBPS = 10.0           # a PCIe 4 x16 host link, roughly; replaced by measurements
+SWAP_FRACTION = 0.1           # swapping takes at most this part of a unified group's slot
+MIN_MEASURED_BYTES = 64 << 20  # smaller moves are dominated by latency: not used to measure bandwidth
+
+
+@dataclass
+class Tenant:
+    unified: bool = False
+    managed: int = 0            # managed bytes the group holds (its resident set when resident)
+    mem_used: int = 0           # all the bytes it holds (device-mode memory, or managed + device-only)
+    resident: bool = False      # counted on the GPU
+    last_run: float = -math.inf
+    evict_seq: int = 0          # an eviction asked for and not answered yet (0: none)
+    # totals, for status / metrics
+    swapped_in: int = 0
+    swapped_out: int = 0
+    swap_ms: float = 0.0
+    evictions: int = 0
+
+    @property
+    def fixed(self) -> int:
+        """Bytes that stay on the GPU whatever residency decides."""
+        return max(0, self.mem_used - self.managed) if self.unified else self.mem_used
+
+
+@dataclass(frozen=True)
+class Eviction:
+    group: str
+    seq: int
+    bytes: int
+
+
+@dataclass
+class ResidencyPolicy:
+    capacity: Optional[int]                       # bytes; None: residency is not managed
+    default_gbps: float = DEFAULT_GBPS
+    swap_fraction: float = SWAP_FRACTION
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    _seq: int = 0
+    _measured_bytes: float = 0.0
+    _measured_ms: float = 0.0
+
+    # --- what the groups are and hold -------------------------------------------------------
+
+    def configure(self, unified: dict[str, bool]) -> None:
+        """The config's groups and which are unified (a reload may change both)."""
+        for name in [n for n in self.tenants if n not in unified]:
+            del self.tenants[name]
+        for name, is_unified in unified.items():
+            t = self.tenants.setdefault(name, Tenant())
+            if t.unified and not is_unified:
+                t.resident, t.evict_seq = False, 0
+            t.unified = is_unified
+
+    def update(self, group: str, managed: int, mem_used: Optional[int] = None) -> None:
+        """A pod manager's report of what its group holds."""
+        t = self.tenants.get(group)
+        if t is None:
+            return
+        t.managed = max(0, managed)
+        if mem_used is not None:
+            t.mem_used = max(0, mem_used)
+        if t.managed == 0 and t.unified:
+            t.resident = False      # nothing to keep (a killed process's memory is gone)
+
+    def disconnected(self, group: str) -> None:
+        """The group's pod manager went away: its processes' memory went with them."""
+        t = self.tenants.get(group)
+        if t is not None:
+            t.managed = t.mem_used = 0
+            t.resident, t.evict_seq = False, 0
+
+    # --- decisions ----------------------------------------------------------------------------
+
+    @property
+    def managed_here(self) -> bool:
+        return self.capacity is not None
+
+    def resident_bytes(self, group: str) -> int:
+        t = self.tenants.get(group)
+        return t.managed if t is not None and t.unified and t.resident else 0
+
+    def in_use(self, exclude: Optional[str] = None) -> int:
+        """Bytes counted on the GPU: every group's fixed memory and the resident unified sets."""
+        total = 0
+        for name, t in self.tenants.items():
+            total += t.fixed
+            if name != exclude and t.unified and t.resident:
+                total += t.managed
+        return total
+
+    def before_grant(self, group: str, now: float) -> list[Eviction]:
+        """`group` is about to be granted the GPU at `now`: the evictions that must finish first (least
+        recently run first), with the group counted resident from now on."""
+        t = self.tenants.get(group)
+        if t is None or not t.unified:
+            return []
+        t.last_run = now
+        if self.capacity is None or (t.resident and self.in_use() <= self.capacity):
+            t.resident = True
+            return []
+        t.resident = True
+        out: list[Eviction] = []
+        victims = sorted((v.last_run, name) for name, v in self.tenants.items()
+                         if name != group and v.unified and v.resident and v.managed > 0)
+        for _, name in victims:
+            if self.in_use() <= self.capacity:
+                break
+            v = self.tenants[name]
+            self._seq += 1
+            v.resident, v.evict_seq = False, self._seq
+            v.evictions += 1
+            out.append(Eviction(name, self._seq, v.managed))
+        return out
+
+    def fits_alone(self, group: str) -> bool:
+        t = self.tenants.get(group)
+        return self.capacity is None or t is None or self.in_use() <= self.capacity
+
+    def evicted(self, group: str, seq: int, moved: int, took_ms: float) -> bool:
+        """The group's hooks answered eviction `seq`. True if it was the one outstanding."""
+        t = self.tenants.get(group)
+        if t is None:
+            return False
+        t.swapped_out += moved
+        t.swap_ms += took_ms
+        self._measure(moved, took_ms)
+        if t.evict_seq == 0 or seq != t.evict_seq:
+            return False
+        t.evict_seq = 0
+        return True
+
+    def prefetched(self, group: str, moved: int, took_ms: float) -> None:
+        t = self.tenants.get(group)
+        if t is None:
+            return
+        t.swapped_in += moved
+        t.swap_ms += took_ms
+        self._measure(moved, took_ms)
+
+    def _measure(self, moved: int, took_ms: float) -> None:
+        if moved >= MIN_MEASURED_BYTES and took_ms > 0:
+            self._measured_bytes += moved
+            self._measured_ms += took_ms
+
+    @property
+    def bytes_per_ms(self) -> float:
+        if self._measured_ms > 0:
+            return self._measured_bytes / self._measured_ms
+        return self.default_gbps * 1e6
+
+    @property
+    def measured_gbps(self) -> float:
+        return self._measured_bytes / self._measured_ms / 1e6 if self._measured_ms > 0 else 0.0
+
+    def oversubscribed(self) -> bool:
+        """Do the unified groups' memories not all fit at once (so slots end in swaps)?"""
+        if self.capacity is None:
+            return False
+        return sum(t.fixed + (t.managed if t.unified else 0) for t in self.tenants.values()) > self.capacity
+
+    def quota_floor_ms(self) -> dict[str, float]:
+        """The shortest slot of each unified group: swapping (its memory in, as much out) takes at most
+        `swap_fraction` of it. Empty while everything fits."""
+        if not self.oversubscribed():
+            return {}
+        floors = {}
+        for name, t in self.tenants.items():
+            if t.unified and t.managed > 0:
+                swap_ms = 2 * t.managed / self.bytes_per_ms
+                floors[name] = swap_ms / self.swap_fraction
+        return floors

@@ -1,0 +1,44 @@
+/*
+ * residency.h -- unified groups (MemoryMode = unified): the process's managed allocations and where they are.
+ *
+ * In a unified group the allocations the hook counts (plain, pitch, stream-ordered, pool) are made as
+ * managed memory (memory.c calls in here). This file records them, moves them to the GPU when the group is
+ * granted the GPU, before its first kernel (gate.c calls gem_residency_on_grant), and to the host when the
+ * group's pod manager asks on the board (the watcher calls gem_residency_poll). Nothing here is on the
+ * launch path.
+ */
+#ifndef GEMINI_RESIDENCY_H
+#define GEMINI_RESIDENCY_H
+
+#include <stdint.h>
+
+#include "cuda_types.h"
+#include "device.h"
+
+/* Is the device's group unified? Connects to the pod manager first if the process has not yet. */
+int gem_residency_unified(struct gem_device *d);
+
+/* Allocate `bytes` of managed memory for a unified group and record it. `async`: it stands in for a
+ * stream-ordered allocation, so its free (cuMemFreeAsync) must wait for the stream and free it here.
+ * CUDA_ERROR_NOT_SUPPORTED (and a clear log line) on a device without concurrent managed access. */
+CUresult gem_residency_alloc(struct gem_device *d, CUdeviceptr *dptr, size_t bytes, int async);
+/* Record managed memory the program allocated itself in a unified group. */
+void gem_residency_record(struct gem_device *d, CUdeviceptr ptr, uint64_t bytes);
+/* Forget an allocation about to be freed: 0 if not recorded, 1 if recorded, 2 if it stands in for a
+ * stream-ordered allocation (then free it with gem_residency_free_async). */
+int gem_residency_forget(CUdeviceptr ptr);
+/* Free a managed stand-in for a stream-ordered allocation: after the work queued on `stream`. */
+CUresult gem_residency_free_async(CUdeviceptr ptr, CUstream stream, int ptsz);
+
+/* A grant arrived: move the device's managed allocations that are not on the GPU there, and wait for
+ * them. Called by the thread that asked for the token, before its first kernel in the slot. */
+void gem_residency_on_grant(struct gem_device *d);
+/* Is there anything on_grant would move (cheap)? */
+int gem_residency_wants_grant(struct gem_device *d);
+/* From the watcher: if the pod manager asked (board), move the managed allocations to the host in `ctx`
+ * (the context launches were made in) and report it. Returns when to look again (CLOCK_MONOTONIC ns). */
+int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now);
+
+void gem_residency_after_fork(void);     /* the parent's allocations are not the child's */
+
+#endif /* GEMINI_RESIDENCY_H */

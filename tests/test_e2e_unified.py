@@ -1,0 +1,151 @@
+"""End to end on the simulated driver: unified groups (MemoryMode = unified) swapped by gem-schd.
+
+Three groups of 128 MiB of managed memory each share a GPU whose configured capacity (--device-memory) holds
+two. The simulator's trace records every kernel and every prefetch (which ABI, which direction, how many bytes),
+so the tests check from the outside what the hooks and gem-schd did: allocations made as managed memory, each
+process's memory moved to the GPU before its first kernel of a slot, the least recently run group evicted before
+another's prefetch starts, the resident sum never over the capacity, and the ABI the driver chose.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from bench.harness import Group
+from tests.e2e_fixtures import MiB, client_argv, finish, start, wait_for
+
+import native
+
+SIZE = 128 * MiB
+CAPACITY = 300 * MiB       # two groups' memory fits, three do not
+
+
+def unified_backend(backends, names=("a", "b", "c"), capacity=CAPACITY):
+    return backends([Group(n, 0.0, 1.0, "1GiB", memory_mode="unified") for n in names], quota_ms=20,
+                    extra_args=["--device-memory", str(capacity)])
+
+
+def job(sim, be, group, kernels=400, kernel_us=1000, **env):
+    argv = client_argv("workload-linked", "--alloc", SIZE, "--alloc-kind", "device", "--kernels", kernels,
+                       "--kernel-us", kernel_us, "--sync-every", 5, "--json")
+    return start(argv, sim.hooked(be, group, **env))
+
+
+def prefetches(trace):
+    """(pid, start, end, abi, direction, bytes) of every prefetch in the trace."""
+    out = []
+    for pid, _dev, t0, t1, name in trace:
+        if name.startswith("prefetch"):
+            abi, where, nbytes = name.split(":")
+            out.append((pid, t0, t1, abi, where, int(nbytes)))
+    return out
+
+
+def kernels_of(trace, pid):
+    return [(t0, t1) for p, _d, t0, t1, name in trace if p == pid and not name.startswith("prefetch")]
+
+
+@pytest.fixture
+def traced_sim(sim, tmp_path):
+    sim.trace = tmp_path / "trace.txt"
+    return sim
+
+
+def run_three(sim, be, **env):
+    procs = [job(sim, be, g, **env) for g in ("a", "b", "c")]
+    runs = [finish(p, timeout=60) for p in procs]
+    for r in runs:
+        assert r.rc == 0 and r.json["alloc"]["result"] == 0, r
+    return [r.json["pid"] for r in runs], native.read_trace(sim.trace)
+
+
+def test_three_unified_groups_swap_within_the_capacity(traced_sim, backends):
+    sim = traced_sim
+    be = unified_backend(backends)
+    pids, trace = run_three(sim, be)
+    moves = prefetches(trace)
+    # managed allocations: only managed memory can be prefetched, and every process's was, whole
+    for pid in pids:
+        ins = [m for m in moves if m[0] == pid and m[4] == "device"]
+        assert ins and ins[0][5] == SIZE, (pid, moves)
+        # prefetched before its first kernel, and before the first kernel after each time it came back
+        first_kernel = kernels_of(trace, pid)[0][0]
+        assert ins[0][2] <= first_kernel, (pid, ins[0], first_kernel)
+    # evictions happened (3 x 128 MiB > 300 MiB), and the resident sum never passed the capacity: an eviction
+    # ends before the prefetch that needs its room starts
+    outs = [m for m in moves if m[4] == "host" and m[5] > 0]
+    assert outs, moves
+    events = sorted([(m[1], m[0], m[5]) for m in moves if m[4] == "device" and m[5] > 0] +
+                    [(m[2], m[0], -m[5]) for m in outs] +
+                    [(max(r[3] for r in trace if r[0] == pid), pid, None) for pid in pids])   # exit frees it all
+    held = {pid: 0 for pid in pids}
+    for _t, pid, delta in events:
+        held[pid] = 0 if delta is None else held[pid] + delta
+        assert sum(held.values()) <= CAPACITY, (held, moves)
+    # on CUDA 13 (the simulator's default driver version) only the _v2 ABI is called
+    assert {m[3] for m in moves} == {"prefetch_v2"}, moves
+
+
+def test_the_least_recently_run_group_is_evicted(traced_sim, backends):
+    sim = traced_sim
+    be = unified_backend(backends)
+    pids, trace = run_three(sim, be)
+    moves = prefetches(trace)
+    evictions = [m for m in moves if m[4] == "host" and m[5] > 0]
+    assert len(evictions) >= 2, moves     # each job needs several slots: groups come back after being evicted
+    for pid, t0, _t1, _abi, _where, _nbytes in evictions:
+        # among the processes that were resident then, the evicted one ran its last kernel earliest
+        last_run = {}
+        for p in pids:
+            before = [k[1] for k in kernels_of(trace, p) if k[1] <= t0]
+            ins = [m for m in moves if m[0] == p and m[4] == "device" and m[5] > 0 and m[2] <= t0]
+            outs = [m for m in moves if m[0] == p and m[4] == "host" and m[5] > 0 and m[2] <= t0]
+            if before and len(ins) > len(outs):
+                last_run[p] = before[-1]
+        last_run[pid] = max([k[1] for k in kernels_of(trace, pid) if k[1] <= t0] or [0])
+        assert pid == min(last_run, key=last_run.get), (pid, last_run)
+
+
+@pytest.mark.parametrize("version,abi", [(12000, "prefetch"), (13000, "prefetch_v2")])
+def test_prefetch_uses_the_abi_the_driver_answers(traced_sim, backends, version, abi):
+    sim = traced_sim
+    be = unified_backend(backends, names=("a",))
+    run = finish(job(sim, be, "a", kernels=5, SIMCUDA_DRIVER_VERSION=version), timeout=60)
+    assert run.rc == 0 and run.json["alloc"]["result"] == 0, run
+    moves = prefetches(native.read_trace(sim.trace))
+    assert moves and {m[3] for m in moves} == {abi}, moves
+
+
+def status(be) -> dict:
+    out = subprocess.run([sys.executable, "-m", "gemini.ctl", *be.where_args(), "status", "--json"],
+                         capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PYTHONPATH": str(native.REPO_ROOT)})
+    assert out.returncode == 0, out.stderr
+    return {g["name"]: g for g in json.loads(out.stdout)["groups"]}
+
+
+def test_a_killed_processs_resident_memory_comes_back(traced_sim, backends):
+    sim = traced_sim
+    be = unified_backend(backends, names=("a", "b"))
+    p = job(sim, be, "a", kernels=100000, kernel_us=1000)
+    try:
+        # (the workload's small result ring is managed memory too)
+        wait_for(lambda: status(be)["a"].get("resident_bytes", 0) >= SIZE, timeout=20, what="a resident")
+        assert status(be)["a"]["memory_mode"] == "unified" and status(be)["a"]["swapped_in_bytes"] >= SIZE
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    # gem-schd forgets its memory (its pod manager saw the process go), so a newcomer needs no eviction
+    wait_for(lambda: status(be)["a"].get("managed_bytes", 0) == 0, timeout=20, what="a's memory released")
+    assert status(be)["a"]["resident_bytes"] == 0
+    # and the simulated GPU got the memory back with the process (nothing of it stays charged)
+    free = finish(start(client_argv("workload-linked", "--kernels", 0, "--meminfo", "--json"), sim.env()))
+    assert free.json["mem_free"] == sim.mem_bytes, free
+    run = finish(job(sim, be, "b", kernels=5), timeout=60)
+    assert run.rc == 0
+    assert status(be)["a"]["evictions"] == 0
