@@ -149,8 +149,8 @@ def test_mapped_vmm_memory_is_counted_until_unmapped(backend):
 
 
 def test_cuda_device_reset_gives_the_memory_back(backend, tmp_path):
-    """cudaDeviceReset (CuPy's runtime bindings: cuDevicePrimaryCtxReset_v2 from cuGetProcAddress) frees the 3 GiB
-    the process held: the group's count drops, and 3 GiB fit in the 4 GiB group again (before the fix the count
+    """cudaDeviceReset (cuda-bindings: a static cudart, cuDevicePrimaryCtxReset_v2 from cuGetProcAddress) frees the
+    3 GiB the process held: the group's count drops, and 3 GiB fit in the 4 GiB group again (before the fix the count
     kept them: a false out-of-memory)."""
     result, _ = run(backend, "mem", [sys.executable, WORKLOADS / "device_reset.py", 3 * GiB], tmp_path)
     record("cuda-device-reset", **result)

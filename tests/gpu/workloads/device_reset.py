@@ -2,36 +2,44 @@
 
     device_reset.py BYTES
 
-Allocates BYTES with cudaMalloc (CuPy's runtime bindings), resets the device (cudaDeviceReset), allocates BYTES
-again, and prints one JSON line with the group's use (total - free of cudaMemGetInfo, fitted to the group by the
-hook) at each step and the result of the second allocation.
+Allocates BYTES with cudaMalloc, resets the device (cudaDeviceReset), allocates BYTES again, and prints one JSON
+line with the group's use (total - free of cudaMemGetInfo, fitted to the group by the hook) at each step and the
+result of the second allocation. The runtime is cuda-bindings' (NVIDIA's Python bindings, a static cudart that
+finds the driver's entry points through cuGetProcAddress, as nvcc-built programs do); CuPy's runtime module
+has no deviceReset.
 """
 import json
 import sys
 
-import cupy
+from cuda.bindings import runtime as rt
 
 nbytes = int(sys.argv[1])
-rt = cupy.cuda.runtime
+
+
+def check(result):
+    err, *rest = result
+    if err != rt.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"{err}")
+    return rest[0] if len(rest) == 1 else rest
 
 
 def used() -> int:
-    free, total = rt.memGetInfo()
+    free, total = check(rt.cudaMemGetInfo())
     return total - free
 
 
-out = {"total": rt.memGetInfo()[1]}
-rt.setDevice(0)
-p = rt.malloc(nbytes)
+check(rt.cudaSetDevice(0))
+out = {"total": check(rt.cudaMemGetInfo())[1]}
+p = check(rt.cudaMalloc(nbytes))
 out["used_holding"] = used()
-rt.deviceReset()
-rt.setDevice(0)
+check(rt.cudaDeviceReset())
+check(rt.cudaSetDevice(0))
 out["used_after_reset"] = used()
 try:
-    q = rt.malloc(nbytes)
+    q = check(rt.cudaMalloc(nbytes))
     out["second"] = "ok"
     out["used_second"] = used()
-    rt.free(q)
-except cupy.cuda.runtime.CUDARuntimeError as exc:
+    check(rt.cudaFree(q))
+except RuntimeError as exc:
     out["second"] = str(exc)
 print(json.dumps(out), flush=True)

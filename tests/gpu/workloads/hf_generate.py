@@ -3,10 +3,10 @@
     hf_generate.py REPEATS
 
 A small Llama built from a config (no download, weights seeded on the CPU so that every run has the same ones),
-greedy generation of 48 tokens for a batch of 8 prompts with cache_implementation="static" and the forward pass
-compiled with mode="reduce-overhead" (CUDA graphs), REPEATS times after a warm-up. Prints one JSON line: the
-tokens of the first generation, tokens/s over the repeats, the wall time, and the memory (what the device reports
-as its total, PyTorch's peak reservation).
+greedy generation of 48 tokens for a batch of 8 prompts with cache_implementation="static" and the forward
+pass compiled by generate() with mode="reduce-overhead" (CUDA graphs), REPEATS times after a warm-up. Prints one
+JSON line: the tokens of the first generation, tokens/s over the repeats, the wall time, and the memory (what the
+device reports as its total, PyTorch's peak reservation).
 """
 import json
 import sys
@@ -23,7 +23,19 @@ model = LlamaForCausalLM(config).eval()
 model = model.to("cuda", dtype=torch.float16)
 model.generation_config.cache_implementation = "static"
 model.generation_config.pad_token_id = 0
-model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+# generate() compiles the decoding forward itself when the cache is static (transformers' automatic compilation,
+# which also marks each CUDA-graph step: a forward compiled by hand with mode="reduce-overhead" overwrote its
+# own outputs while the cache still used them); ask for CUDA graphs explicitly
+try:
+    from transformers import CompileConfig
+    model.generation_config.compile_config = CompileConfig(mode="reduce-overhead", fullgraph=True)
+except ImportError:     # older transformers: the same by hand, one step per call
+    compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+
+    def forward(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+    model.forward = forward
 prompts = torch.randint(1, 4096, (8, 32), generator=torch.Generator().manual_seed(1)).cuda()
 kw = dict(max_new_tokens=48, do_sample=False, min_new_tokens=48)
 with torch.no_grad():
