@@ -38,12 +38,14 @@ class Group:
     turns: bool = False     # ProcessSharing = turns
     sched_class: str = "batch"   # Class = latency: claims the GPU within a budget of its MinUtil
     memory_mode: str = "device"  # MemoryMode = unified: managed memory, swapped by gem-schd
+    slots: str = "free"          # Slots = aligned: a capped group's slots on the host's clock grid (multi-GPU jobs)
 
     def ini(self) -> str:
         return (f"[{self.name}]\nMinUtil = {self.min_util}\nMaxUtil = {self.max_util}\nMemoryLimit = {self.mem_limit}\n"
                 + ("ProcessSharing = turns\n" if self.turns else "")
                 + (f"Class = {self.sched_class}\n" if self.sched_class != "batch" else "")
-                + (f"MemoryMode = {self.memory_mode}\n" if self.memory_mode != "device" else ""))
+                + (f"MemoryMode = {self.memory_mode}\n" if self.memory_mode != "device" else "")
+                + (f"Slots = {self.slots}\n" if self.slots != "free" else ""))
 
 
 def write_config(path: Path, groups: list[Group]) -> Path:

@@ -19,6 +19,7 @@ v2 (INI)::
     ProcessSharing = together   # or turns; default together (v1 cannot say)
     Class = batch        # or latency: claims the GPU at once, within a budget of its MinUtil
     MemoryMode = device  # or unified: allocations are managed memory, swapped by gem-schd
+    Slots = free         # or aligned: a capped group's slots on a host-wide time grid (one job on several GPUs)
     SocketOwner = alice  # the group's Unix socket (launch-backend --ipc-dir): owner, group, mode
     SocketGroup = ml     #   (defaults: the backend's user and group, mode 0660)
     SocketMode = 0660
@@ -68,6 +69,9 @@ class GroupConfig:
     sched_class: str = "batch"
     # device: plain device memory; unified: allocations become managed memory that gem-schd swaps
     memory_mode: str = "device"
+    # free: slots whenever the policy grants them; aligned: a capped group's slots start on a grid of the host's
+    # monotonic clock, so that the same job's groups on several GPUs (NCCL ranks) run at the same time
+    slots: str = "free"
     # the group's Unix socket (--ipc-dir): None = the backend's own user / group, mode 0660
     socket_owner: str | None = None
     socket_group: str | None = None
@@ -81,6 +85,10 @@ class GroupConfig:
     @property
     def unified(self) -> bool:
         return self.memory_mode == "unified"
+
+    @property
+    def aligned(self) -> bool:
+        return self.slots == "aligned"
 
 
 @dataclass(frozen=True)
@@ -198,11 +206,13 @@ def _parse_v1(lines: list[str], path: str) -> list[GroupConfig]:
 
 _SECTION_RE = re.compile(r"^\[([^\]]*)\]$")
 _KEYS = {"minutil": "min_util", "maxutil": "max_util", "memorylimit": "mem_limit", "processsharing": "turns",
-         "class": "sched_class", "memorymode": "memory_mode", "socketowner": "socket_owner",
+         "class": "sched_class", "memorymode": "memory_mode", "slots": "slots", "socketowner": "socket_owner",
          "socketgroup": "socket_group", "socketmode": "socket_mode"}
-_KEY_NAMES = "MinUtil, MaxUtil, MemoryLimit, ProcessSharing, Class, MemoryMode, SocketOwner, SocketGroup or SocketMode"
+_KEY_NAMES = ("MinUtil, MaxUtil, MemoryLimit, ProcessSharing, Class, MemoryMode, Slots, SocketOwner, SocketGroup or "
+              "SocketMode")
 _SHARING = {"together": False, "turns": True}
-_CHOICES = {"sched_class": ("Class", ("batch", "latency")), "memory_mode": ("MemoryMode", ("device", "unified"))}
+_CHOICES = {"sched_class": ("Class", ("batch", "latency")), "memory_mode": ("MemoryMode", ("device", "unified")),
+            "slots": ("Slots", ("free", "aligned"))}
 # A user or group name as useradd accepts it, or a numeric id.
 _ACCOUNT_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]{0,31}\$?|\d{1,10})$", re.IGNORECASE)
 

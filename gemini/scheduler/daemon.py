@@ -206,7 +206,8 @@ class SchedulerDaemon:
         self.scheduler_id = f"{uuid.uuid4().hex[:12]}"
         self._t0_ns = time.monotonic_ns()
         self._t0 = self._t0_ns / 1e9
-        self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0, bucket_ms=bucket_ms)
+        self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0, bucket_ms=bucket_ms,
+                             clock_origin_ms=self._t0_ns / 1e6)
         # Unified groups' memory on the GPU (residency.py decides; this daemon carries it out): a grant that needs
         # evictions first is held until the evicted groups' pod managers answer (or evict_timeout_s passes).
         self.residency = ResidencyPolicy(device_memory)

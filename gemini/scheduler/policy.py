@@ -119,7 +119,7 @@ class ConfigDiff:
 
 
 def _settings(g: GroupConfig) -> tuple:
-    return (g.min_util, g.max_util, g.mem_limit, g.turns, g.sched_class, g.memory_mode)
+    return (g.min_util, g.max_util, g.mem_limit, g.turns, g.sched_class, g.memory_mode, g.slots)
 
 
 def diff_configs(old: Config, new: Config) -> ConfigDiff:
@@ -315,7 +315,7 @@ class Policy:
                  start_ms: float = 0.0, max_used_credit_ms: float = 4.0, *, bucket_ms: float = DEFAULT_BUCKET_MS,
                  claim_burst_ms: float = DEFAULT_CLAIM_BURST_MS, max_claim_ms: float = DEFAULT_MAX_CLAIM_MS,
                  continue_lead_ms: float = DEFAULT_CONTINUE_LEAD_MS, active_ms: Optional[float] = None,
-                 cap_slot_fraction: float = 0.5, continuation: bool = True):
+                 cap_slot_fraction: float = 0.5, continuation: bool = True, clock_origin_ms: float = 0.0):
         for name, value in (("base_quota_ms", base_quota_ms), ("min_quota_ms", min_quota_ms),
                             ("window_ms", window_ms), ("bucket_ms", bucket_ms), ("claim_burst_ms", claim_burst_ms),
                             ("max_claim_ms", max_claim_ms)):
@@ -335,6 +335,9 @@ class Policy:
         self.continue_lead_ms = float(continue_lead_ms)
         self.cap_slot_fraction = min(1.0, max(0.0, float(cap_slot_fraction)))
         self.continuation = bool(continuation)   # off only to show what it is for (tests)
+        # The host's monotonic clock (ms) at this policy's time 0: `Slots = aligned` groups' grid is laid on the
+        # host's clock, so that every gem-schd of the host (one per GPU) lays the same grid.
+        self.clock_origin_ms = float(clock_origin_ms)
         self.start_ms = float(start_ms)
         # At most this much of a slot is forgiven when its holder reports it used less GPU time: enough for the
         # handoff at the slot's start and a program's own host gaps after its synchronisations (3% of a slot
@@ -850,6 +853,12 @@ class Policy:
             return longest
         level = g.bucket.at(at)
         room = level / (1.0 - cap)          # run this long and the bucket is empty at the end
+        if g.cfg.aligned:
+            # only inside its window of the grid, and never past the window's end (on every GPU the same)
+            period, length = self._grid(g)
+            phase = (at + self.clock_origin_ms) % period
+            quota = min(length - phase, room)
+            return quota if quota >= self.min_quota_ms - EPS else None
         theta = self._theta(g)
         if room < theta - EPS:
             return None
@@ -861,11 +870,28 @@ class Policy:
             return math.inf
         if g.bucket is None:
             return now
+        if g.cfg.aligned:
+            period, length = self._grid(g)
+            t = g.bucket.time_to_reach(self.min_quota_ms * (1.0 - cap), now)
+            for _ in range(64):      # the next window (from t) whose start finds the bucket full enough
+                phase = (t + self.clock_origin_ms) % period
+                if phase > length - self.min_quota_ms:
+                    t += period - phase
+                if self._quota(g, t) is not None:
+                    return t
+                t = max(t + 1e-3, g.bucket.time_to_reach(self.min_quota_ms * (1.0 - cap), t))
+            return t
         need = self._theta(g) * (1.0 - cap)
         t = g.bucket.time_to_reach(need, now)
         if t > now and self._quota(g, t) is None:   # float rounding: nudge so the daemon does not spin
             t += 1e-3
         return t
+
+    def _grid(self, g: _Group) -> tuple[float, float]:
+        """A `Slots = aligned` capped group's grid: a window of `length` ms at the start of every `period` ms of
+        the host's monotonic clock, length / period = MaxUtil (the bucket refills one window per period)."""
+        length = min(self.bucket_ms, self.base_quota_ms)
+        return length / g.cfg.max_util, length
 
     def _choose(self, at: float, now: float, holder: Optional[str] = None) -> Optional[tuple[str, float]]:
         """Who gets the slot that starts at `at`, and its quota: among the eligible waiting groups (and the
@@ -882,7 +908,8 @@ class Policy:
             quota = self._quota(g, at)
             if quota is None:
                 continue
-            key = (g.vtime, name == holder, arrival, name)
+            # an aligned group inside its window goes first: its peers on the other GPUs run now
+            key = (not g.cfg.aligned, g.vtime, name == holder, arrival, name)
             if best is None or key < best[0]:
                 best = (key, name, quota)
         return None if best is None else (best[1], best[2])
@@ -944,14 +971,21 @@ class Policy:
         if holder is None or holder.bucket is not None:
             return quota
         limit = quota
+        window = math.inf
         for other, g in self._groups.items():
             if other == name or g.bucket is None or g.cfg.max_util <= 0 or not self._is_active(other, g, start):
+                continue
+            if g.cfg.aligned:
+                # an active aligned group's next window: the holder makes way exactly at its start (the group's
+                # peers on the other GPUs start then), even if that leaves it less than a useful slot
+                period, _ = self._grid(g)
+                window = min(window, period - (start + self.clock_origin_ms) % period)
                 continue
             full = g.bucket.time_to_reach(g.bucket.depth, start)
             if full <= start + EPS and g.waiting is None:
                 continue        # full already and not asking: it has nothing to lose by waiting (idle now)
             limit = min(limit, full - start)
-        return max(min(quota, self.min_quota_ms), limit)
+        return min(max(min(quota, self.min_quota_ms), limit), max(window, EPS))
 
     def _grant(self, name: str, g: _Group, quota: float, now: float, wait: float, start: Optional[float] = None,
                prev_seq: int = 0) -> GrantDecision:

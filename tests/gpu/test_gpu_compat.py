@@ -3,8 +3,8 @@
 * NCCL (`-k nccl`): a torch.distributed all-reduce of 256 MiB with two ranks, each on its own GPU in a group of
   its own (one backend per GPU, the process maps each device to its pod manager by UUID), NCCL_NVLS_ENABLE=0.
   The result must be right, NCCL's buffers (cuMemCreate: NCCL_CUMEM_ENABLE=1) counted against the rank's group,
-  and a cap (MaxUtil 0.3 on both GPUs) must slow a long all-reduce loop against the uncapped run. Skipped with
-  fewer than two GPUs.
+  and a cap (MaxUtil 0.3 on both GPUs) must slow a long all-reduce loop against the uncapped run; with
+  `Slots = aligned` the loop runs near its cap. Skipped with fewer than two GPUs.
 * Hugging Face (`-k hf`): transformers generation with a static KV cache and CUDA graphs
   (torch.compile reduce-overhead) in a capped group: the same tokens as without the hook, the GPU share the hook
   measured against the cap, and the memory.
@@ -37,20 +37,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def allreduce(tmp_path, max_util: float, seconds: float) -> list[dict]:
+def allreduce(tmp_path, max_util: float, seconds: float, slots: str = "free") -> list[dict]:
     """Two ranks, rank r on GPU r, in the group of GPU r's own backend (one gem-schd and pod manager per GPU, as in
     test_gpu_multi; both GPUs stay visible, so NCCL can use P2P, and the hook finds each device's pod manager by
     UUID); their JSON lines, by rank."""
-    with Backend(tmp_path / f"gpu0-{max_util}", [Group("g", 0.0, max_util, "16GiB")], quota_ms=50,
-                 min_quota_ms=10, window_ms=2000) as be0, \
-            Backend(tmp_path / f"gpu1-{max_util}", [Group("g", 0.0, max_util, "16GiB")], quota_ms=50,
-                    min_quota_ms=10, window_ms=2000) as be1:
+    with Backend(tmp_path / f"gpu0-{max_util}-{slots}", [Group("g", 0.0, max_util, "16GiB", slots=slots)],
+                 quota_ms=50, min_quota_ms=10, window_ms=2000) as be0, \
+            Backend(tmp_path / f"gpu1-{max_util}-{slots}", [Group("g", 0.0, max_util, "16GiB", slots=slots)],
+                    quota_ms=50, min_quota_ms=10, window_ms=2000) as be1:
         port = free_port()
         managers = f"{UUIDS[0]}=127.0.0.1:{be0.ports['g']},{UUIDS[1]}=127.0.0.1:{be1.ports['g']}"
         procs = []
         for rank, (be, group) in enumerate(((be0, "g"), (be1, "g"))):
             env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_CUMEM_ENABLE="1", GEMINI_POD_MANAGERS=managers,
-                       GEMINI_STATS_FILE=str(tmp_path / f"stats-{max_util}-{rank}"))
+                       GEMINI_STATS_FILE=str(tmp_path / f"stats-{max_util}-{slots}-{rank}"))
             procs.append(be.spawn(group, [sys.executable, str(WORKLOADS / "nccl_allreduce.py"), str(rank), "2",
                                           str(port), str(seconds)], env=env, stdin=subprocess.DEVNULL))
         results = []
@@ -65,12 +65,15 @@ def allreduce(tmp_path, max_util: float, seconds: float) -> list[dict]:
 def test_nccl_allreduce_under_the_hook_is_correct_counted_and_capped(tmp_path):
     free = allreduce(tmp_path, 1.0, 10.0)
     capped = allreduce(tmp_path, 0.3, 10.0)
+    aligned = allreduce(tmp_path, 0.3, 10.0, slots="aligned")
     ratio = min(r["busbw_gbs"] for r in capped) / min(r["busbw_gbs"] for r in free)
+    ratio_aligned = min(r["busbw_gbs"] for r in aligned) / min(r["busbw_gbs"] for r in free)
     record("nccl-allreduce", busbw_uncapped=[r["busbw_gbs"] for r in free],
            busbw_capped_0_3=[r["busbw_gbs"] for r in capped], ratio=ratio,
+           busbw_capped_0_3_aligned=[r["busbw_gbs"] for r in aligned], ratio_aligned=ratio_aligned,
            nccl_counted_mib=[r["nccl_counted"] / 2**20 for r in free],
            group_used_mib=[r["after"]["group_used"] / 2**20 for r in free], total=[r["total"] for r in free])
-    for r in free + capped:
+    for r in free + capped + aligned:
         assert r["correct"], r
         assert r["total"] == 16 * GiB, "each rank sees its group's limit as its GPU's memory"
         assert r["after"]["group_used"] <= 16 * GiB
@@ -78,6 +81,9 @@ def test_nccl_allreduce_under_the_hook_is_correct_counted_and_capped(tmp_path):
     assert all(r["nccl_counted"] >= 4 << 20 for r in free), [r["nccl_counted"] for r in free]
     # a cap of 0.3 on both GPUs slows a long loop of all-reduces
     assert ratio < 0.6, (ratio, free, capped)
+    # Slots = aligned: both ranks hold their GPUs at the same time, so the capped loop runs near its cap (free
+    # slots: 0.01 of uncapped on two H200s, the ranks waiting for each other)
+    assert 0.15 <= ratio_aligned <= 0.36, (ratio_aligned, aligned)
 
 
 def run_hf(be: Backend | None, group: str, tmp_path, repeats: int) -> tuple[dict, dict]:
