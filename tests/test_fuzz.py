@@ -208,7 +208,8 @@ FITS = GOOD_LIMIT - GOOD_BYTES     # what the group's limit leaves beside the ba
 def hello(name_st, mem_in_use=None) -> st.SearchStrategy:
     """A HELLO; by default its claim of memory already held fits in what the group's limit leaves (a claim that
     does not is a bad frame of its own, "over-limit")."""
-    return st.builds(hp.Hello, pid=I32, device_ordinal=I32, mem_in_use=mem_in_use or st.integers(0, FITS),
+    held = st.integers(0, FITS) if mem_in_use is None else mem_in_use
+    return st.builds(hp.Hello, pid=I32, device_ordinal=I32, mem_in_use=held,
                      flags=U32, pod_name=name_st, device_uuid=c_text(hp.UUID_LEN))
 
 
