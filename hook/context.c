@@ -15,9 +15,11 @@
  */
 #define _GNU_SOURCE
 #include "context.h"
+#include "gate.h"
 #include "hook_exports.h"
 #include "memory.h"
 #include "real.h"
+#include "residency.h"
 
 #define NEED_REAL(name)                                                     \
     do {                                                                    \
@@ -49,8 +51,12 @@ static CUcontext primary_handle(CUdevice dev) {
 }
 
 static CUresult destroyed(CUresult rc, CUcontext ctx) {
-    if (rc == CUDA_SUCCESS && ctx && gem_memory_accounting())
-        gem_memory_context_gone(ctx);
+    if (rc == CUDA_SUCCESS && ctx) {
+        gem_gate_context_gone(ctx);         /* its measuring events and the drained context */
+        gem_residency_context_gone(ctx);    /* the move stream */
+        if (gem_memory_accounting())
+            gem_memory_context_gone(ctx);
+    }
     return rc;
 }
 

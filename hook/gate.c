@@ -249,7 +249,7 @@ static void expire_locked(struct gem_gate *g) {
     int64_t last_sync = atomic_load(&g->last_sync_ns);
     pthread_mutex_unlock(&g->mu);
     int64_t used = 0;
-    int64_t done = drain(g, ctx, &used, was_in_burst ? 0 : last_sync);
+    int64_t done = drain(g, ctx, &used, was_in_burst ? 0 : atomic_exchange(&g->ctx_idle_since_ns, 0));
     pthread_mutex_lock(&g->mu);
     g->pending_used_ns = used;
     /* Not in a burst: everything had finished by the last synchronisation. */
@@ -547,9 +547,9 @@ CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t 
     int expected = 0;
     if (atomic_compare_exchange_strong(&g->in_burst, &expected, 1)) {
         atomic_store(&g->burst_start_ns, now);
-        /* the GPU had nothing of ours since the synchronisation (inside the measured slot) */
+        /* the GPU had nothing of ours since a context-wide synchronisation (inside the measured slot) */
         int64_t mark = atomic_load_explicit(&g->slot_mark_ns, memory_order_relaxed);
-        int64_t since = atomic_load_explicit(&g->last_sync_ns, memory_order_relaxed);
+        int64_t since = atomic_exchange_explicit(&g->ctx_idle_since_ns, 0, memory_order_relaxed);
         if (mark > 0 && since >= mark && now > since)
             atomic_fetch_add_explicit(&g->slot_idle_ns, now - since, memory_order_relaxed);
     }
@@ -572,12 +572,14 @@ static struct gem_gate *gate_of_ctx(CUcontext ctx) {
     return d ? &gem_gates[d->ordinal] : gem_current_gate();
 }
 
-void gem_gate_on_sync(CUcontext ctx) {
+void gem_gate_on_sync(CUcontext ctx, int whole_context) {
     if (!atomic_load_explicit(&gates_ready, memory_order_acquire))
         return;
     struct gem_gate *g = gate_of_ctx(ctx);
     int64_t now = gem_now_ns();
     atomic_store(&g->last_sync_ns, now);
+    if (whole_context)
+        atomic_store(&g->ctx_idle_since_ns, now);
     if (!atomic_exchange(&g->in_burst, 0))
         return;
     pthread_mutex_lock(&g->mu);
@@ -601,6 +603,24 @@ void gem_gate_on_sync(CUcontext ctx) {
     pthread_mutex_unlock(&g->mu);
     if (release_soon)
         wake_watcher();
+}
+
+void gem_gate_context_gone(CUcontext ctx) {
+    if (!ctx || !atomic_load_explicit(&gates_ready, memory_order_acquire))
+        return;
+    int count = atomic_load(&gem_device_count);
+    for (int i = 0; i < count && i < GEM_MAX_DEVICES; i++) {
+        struct gem_gate *g = &gem_gates[i];
+        pthread_mutex_lock(&g->mu);
+        if (g->ev_ctx == ctx) { /* the events went with it: never record or time them again */
+            g->ev_ctx = NULL;
+            g->ev_start = g->ev_end = NULL;
+            g->slot_measured = 0;
+        }
+        if (g->ctx == ctx)
+            g->ctx = NULL;      /* drain the thread's current context instead */
+        pthread_mutex_unlock(&g->mu);
+    }
 }
 
 /* ---- the watcher ------------------------------------------------------------------------------ */
@@ -651,7 +671,7 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
             CUcontext ctx = g->ctx;
             pthread_mutex_unlock(&g->mu);
             int64_t used = 0;
-            drain(g, ctx, &used, idle_since);
+            drain(g, ctx, &used, atomic_exchange(&g->ctx_idle_since_ns, 0));
             pthread_mutex_lock(&g->mu);
             int64_t t = gem_now_ns();
             if ((atomic_load(&g->in_burst) || g->waiters > 0) && t < g->slot_deadline_ns) {

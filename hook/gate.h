@@ -57,6 +57,8 @@ struct gem_gate {
      * after every 1 ms kernel sat 3% under its cap). */
     atomic_llong slot_mark_ns;  /* when the slot's first kernel was marked (0: not measured) */
     atomic_llong slot_idle_ns;
+    atomic_llong ctx_idle_since_ns; /* a context-wide synchronisation returned then, no launch since (0: none);
+                                     * a stream's or an event's says nothing of the process's other streams */
     /* From the pod manager's handshake and grants. */
     const struct gem_board *board;  /* the GPU's board page, NULL if none */
     int board_slot;             /* the group's line on it */
@@ -111,7 +113,9 @@ static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph) {
 
 /* After a synchronising call of the program: the burst, if any, is over on the device of `ctx` (NULL: of
  * the calling thread's context). */
-void gem_gate_on_sync(CUcontext ctx);
+void gem_gate_on_sync(CUcontext ctx, int whole_context);
+/* A context was destroyed or reset: forget the events and the context the gate measured and drained with. */
+void gem_gate_context_gone(CUcontext ctx);
 
 void gem_gate_after_fork(void);          /* the child holds no token and has no watcher */
 void gem_gate_shutdown(void);            /* at exit: stop the watcher */

@@ -226,6 +226,18 @@ static CUstream move_stream(struct residency_dev *r) {
     return s;
 }
 
+void gem_residency_context_gone(CUcontext ctx) {
+    if (!ctx)
+        return;
+    pthread_mutex_lock(&move_mu);   /* not while a move uses the stream */
+    for (int i = 0; i < GEM_MAX_DEVICES; i++)
+        if (devs[i].stream_ctx == ctx) { /* the stream went with the context: make a new one next time */
+            devs[i].stream = NULL;
+            devs[i].stream_ctx = NULL;
+        }
+    pthread_mutex_unlock(&move_mu);
+}
+
 /* Move every recorded allocation of device d to the GPU or the host, and wait. Returns the bytes moved
  * (what the hook believes was not there already) and the time taken. Called with move_mu held. */
 static uint64_t move_all(struct gem_device *d, int to_device, int64_t *took_ns) {

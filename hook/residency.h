@@ -39,6 +39,8 @@ int gem_residency_wants_grant(struct gem_device *d);
  * (the context launches were made in) and report it. Returns when to look again (CLOCK_MONOTONIC ns). */
 int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now);
 
+/* A context was destroyed or reset: the hook's move stream in it is gone too. */
+void gem_residency_context_gone(CUcontext ctx);
 void gem_residency_after_fork(void);     /* the parent's allocations are not the child's */
 
 #endif /* GEMINI_RESIDENCY_H */

@@ -897,7 +897,7 @@ class Policy:
         """Who gets the slot that starts at `at`, and its quota: among the eligible waiting groups (and the
         holder, when deciding a continuation), the least virtual time; a tie goes to a waiting group (the
         holder's virtual time already counts the slot it holds), then to the one that has waited longest."""
-        best: Optional[tuple[tuple, str, float]] = None
+        cands: list[tuple[str, _Group, float, float]] = []
         for name, g in self._groups.items():
             if name == holder:
                 arrival = math.inf
@@ -908,11 +908,20 @@ class Policy:
             quota = self._quota(g, at)
             if quota is None:
                 continue
-            # an aligned group inside its window goes first: its peers on the other GPUs run now
-            key = (not g.cfg.aligned, g.vtime, name == holder, arrival, name)
+            cands.append((name, g, arrival, quota))
+        if not cands:
+            return None
+        least = min(g.vtime for _, g, _, _ in cands)
+        best: Optional[tuple[tuple, str, float]] = None
+        for name, g, arrival, quota in cands:
+            # An aligned group inside its window goes first (its peers on the other GPUs run now), unless it is
+            # more than two windows ahead in virtual time: then the others' floors come first.
+            first = g.cfg.aligned and g.vtime <= least + 2 * self._grid(g)[1] / self._weight(name, at) + EPS
+            key = (not first, g.vtime, name == holder, arrival, name)
             if best is None or key < best[0]:
                 best = (key, name, quota)
-        return None if best is None else (best[1], best[2])
+        assert best is not None
+        return best[1], best[2]
 
     def _schedule(self, now: float) -> list[Decision]:
         out: list[Decision] = []
@@ -976,10 +985,12 @@ class Policy:
             if other == name or g.bucket is None or g.cfg.max_util <= 0 or not self._is_active(other, g, start):
                 continue
             if g.cfg.aligned:
-                # an active aligned group's next window: the holder makes way exactly at its start (the group's
-                # peers on the other GPUs start then), even if that leaves it less than a useful slot
+                # the next window of an aligned group that is waiting or ran within the last period (a busy one
+                # asks again just after its slot): the holder makes way exactly at its start (the group's peers on
+                # the other GPUs start then), even if that leaves it less than a useful slot
                 period, _ = self._grid(g)
-                window = min(window, period - (start + self.clock_origin_ms) % period)
+                if g.waiting is not None or start - g.last_active <= period:
+                    window = min(window, period - (start + self.clock_origin_ms) % period)
                 continue
             full = g.bucket.time_to_reach(g.bucket.depth, start)
             if full <= start + EPS and g.waiting is None:
