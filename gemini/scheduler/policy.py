@@ -328,6 +328,9 @@ class Policy:
         # Per group, the shortest slot (ms) it is given when its slot is not capped: set by gem-schd for unified
         # groups whose slots end in swaps (gemini/scheduler/residency.py), so swapping stays a small part of them.
         self.quota_floor: dict[str, float] = {}
+        # Per group, the earliest time (ms) it may be granted: set by gem-schd for unified groups whose grant would
+        # evict another group's memory, so that such swaps are paced (residency.py's swap_gate).
+        self.not_before: dict[str, float] = {}
         self.min_quota_ms = float(min_quota_ms)
         self.window_ms = float(window_ms)
         self.bucket_ms = float(bucket_ms)
@@ -849,7 +852,7 @@ class Policy:
     def _quota(self, g: _Group, at: float) -> Optional[float]:
         """The slot the group may be granted at time `at`, or None if its cap does not allow a useful one."""
         cap = g.cfg.max_util
-        if cap <= 0.0:
+        if cap <= 0.0 or at < self.not_before.get(g.cfg.name, -math.inf) - EPS:
             return None
         # A unified group whose slots end in swaps gets longer ones (gemini/scheduler/residency.py sets this).
         longest = max(self.base_quota_ms, self.quota_floor.get(g.cfg.name, 0.0))
@@ -866,6 +869,7 @@ class Policy:
         cap = g.cfg.max_util
         if cap <= 0.0:
             return math.inf
+        now = max(now, self.not_before.get(g.cfg.name, -math.inf))
         if g.bucket is None:
             return now
         need = self._theta(g) * (1.0 - cap)
