@@ -1,9 +1,10 @@
 """Unified groups on a real GPU: more training jobs than fit in gemini's configured capacity, swapped by gem-schd.
 
-    python bench/bench_um.py [--jobs 3] [--job-gib 10] [--capacity-gib 24] [--steps 150] [--cpu-ms 40]
+    python bench/bench_um.py [--jobs 3] [--job-gib 10] [--capacity-gib 24] [--steps 80] [--cpu-ms 40]
+                             [--budget-s 440] [--skip no_cache,alone]
 
 Each job (written to a temp file, PyTorch) trains an MLP whose weights, gradients and Adam state take about
---job-gib GiB, with --cpu-ms of host work per step (an input pipeline), printing its progress. Runs:
+--job-gib GiB, with --cpu-ms of host work per step (an input pipeline), printing a line per step. Runs:
   1. sequential: the jobs natively, one after another (what a user must do without this);
   2. gemini: one unified group per job (MaxUtil 1), all at once, gem-schd --device-memory CAPACITY;
   3. no_cache: as 2 with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (cached-but-unused blocks are not swapped);
@@ -11,27 +12,44 @@ Each job (written to a temp file, PyTorch) trains an MLP whose weights, gradient
 Reports throughput of all jobs together relative to sequential, each job's share of the gemini span against its
 MaxUtil, the unified-alone loss, and the swap cost (bytes per switch, GB/s, time per switch) from gem-ctl status.
 
+Bounded: each phase has its own time limit (--seq-s, --gemini-s, --alone-s), all within --budget-s; a phase
+that would start with less than 15 s left is skipped. The jobs' progress lines are read as they come and logged
+(stderr) every 10 steps, and a job silent for --stall-s is named; at a phase's limit its jobs are killed and the
+phase reports what it has: steps done per job, and for a gemini phase gem-ctl status --json, the swap counters
+and the tail of the backend's logs. The JSON is printed whatever happened; the exit status is 1 if a phase
+failed.
+
 SAFETY (the lent GPU hangs if managed memory exceeds what the card has free): before anything runs, the card's
 free memory is read (nvidia-smi) and the run aborts unless jobs x (job-gib + 1 GiB of slack) stays below
 --max-fraction (0.8) of it, and the capacity below that too. Oversubscription is only against gemini's capacity.
-Prints one JSON object.
+Prints one JSON object (its keys: docs/benchmarks.md, "Unified memory").
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Backend, Group  # noqa: E402
+from bench.harness import Backend, Group, children_of, cmdline  # noqa: E402
+
+log = logging.getLogger("bench.um")
 
 GiB = 1 << 30
+MIN_PHASE_S = 15.0      # a phase with less time left than this is skipped, not started
+PROGRESS_EVERY = 10     # steps between two progress lines in the log
 
 JOB = r'''
 import json, sys, time, torch
@@ -57,6 +75,7 @@ for i in range(steps):
     model(x).square().mean().backward()
     opt.step()
     torch.cuda.synchronize()
+    print(json.dumps({"step": i + 1, "t": time.monotonic()}), flush=True)
 t1 = time.monotonic()
 print(json.dumps({"done": True, "steps": steps, "seconds": t1 - t0, "t0": t0, "t1": t1,
                   "steps_per_s": steps / (t1 - t0)}), flush=True)
@@ -69,23 +88,129 @@ def free_gib() -> float:
     return int(out.split()[0]) / 1024.0
 
 
-def last_json(text: str) -> dict:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"no result from the job:\n{text[-2000:]}")
+# --- running jobs, bounded, their progress read as it comes ---------------------------------------------------
+
+@dataclass
+class _Job:
+    name: str
+    proc: subprocess.Popen
+    started: float
+    steps: int = 0
+    ready: bool = False
+    result: Optional[dict] = None
+    last_line: float = 0.0
+    stall_logged: bool = False
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
 
 
-def run_jobs(argvs: list[list[str]], env: dict, timeout: float) -> list[dict]:
-    procs = [subprocess.Popen(a, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for a in argvs]
-    out = []
-    for p in procs:
-        text, _ = p.communicate(timeout=timeout)
-        if p.returncode != 0:
-            raise RuntimeError(f"job exited {p.returncode}:\n{text[-3000:]}")
-        out.append(last_json(text))
+def _read(job: _Job, tag: str) -> None:
+    """The job's output, line by line as it comes: progress counted and logged, other lines kept (a tail)."""
+    assert job.proc.stdout is not None
+    for line in job.proc.stdout:
+        job.last_line = time.monotonic()
+        job.stall_logged = False
+        text = line.strip()
+        msg = None
+        if text.startswith("{"):
+            try:
+                msg = json.loads(text)
+            except json.JSONDecodeError:
+                msg = None
+        if not isinstance(msg, dict):
+            job.tail.append(text)
+            continue
+        since = job.last_line - job.started
+        if "step" in msg:
+            job.steps = int(msg["step"])
+            if job.steps % PROGRESS_EVERY == 0:
+                log.info("%s/%s: step %d at %.1f s", tag, job.name, job.steps, since)
+        elif msg.get("ready"):
+            job.ready = True
+            log.info("%s/%s: ready at %.1f s", tag, job.name, since)
+        elif msg.get("done"):
+            job.result = msg
+            log.info("%s/%s: done, %d steps at %.1f s", tag, job.name, msg.get("steps", job.steps), since)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = children_of(todo.pop())
+        out += kids
+        todo += kids
     return out
 
+
+def _kill(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """The job and what it started: SIGTERM to its process group (launch-command forwards it to the program's own
+    group), then SIGKILL to every process below it still there."""
+    if proc.poll() is not None:
+        return
+    below = {pid: cmdline(pid) for pid in _descendants(proc.pid)}
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    below.update({pid: cmdline(pid) for pid in _descendants(proc.pid)})
+    for pid, argv in below.items():
+        if argv and cmdline(pid) == argv:       # still that process (not a reused pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def run_jobs(argvs: dict[str, list[str]], env: dict, limit_s: float, tag: str, stall_s: float = 30.0) -> dict:
+    """Run the jobs at once and wait for them, at most `limit_s`; then kill what is left. Returns
+    {"ok", "timed_out", "wall_s", "jobs": {name: {"steps_done", "ready", "result", "rc", "tail"?}}}."""
+    t0 = time.monotonic()
+    jobs = []
+    for name, argv in argvs.items():
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        jobs.append(_Job(name, proc, t0, last_line=t0))
+    readers = [threading.Thread(target=_read, args=(j, tag), daemon=True) for j in jobs]
+    for r in readers:
+        r.start()
+    deadline = t0 + limit_s
+    timed_out = False
+    while any(j.proc.poll() is None for j in jobs):
+        now = time.monotonic()
+        if now >= deadline:
+            timed_out = True
+            log.warning("%s: time limit %.0f s reached: killing %s (steps done: %s)", tag, limit_s,
+                        ", ".join(j.name for j in jobs if j.proc.poll() is None),
+                        {j.name: j.steps for j in jobs})
+            break
+        for j in jobs:
+            if j.proc.poll() is None and not j.stall_logged and now - j.last_line > stall_s:
+                j.stall_logged = True
+                log.warning("%s/%s: no progress for %.0f s (step %d, ready %s)", tag, j.name, now - j.last_line,
+                            j.steps, j.ready)
+        time.sleep(0.2)
+    for j in jobs:
+        _kill(j.proc)
+    for r in readers:
+        r.join(timeout=5)
+    out: dict = {"ok": not timed_out, "timed_out": timed_out, "wall_s": time.monotonic() - t0, "jobs": {}}
+    for j in jobs:
+        rc = j.proc.returncode
+        one = {"steps_done": j.steps, "ready": j.ready, "result": j.result, "rc": rc}
+        if rc != 0 or j.result is None:
+            out["ok"] = False
+            one["tail"] = "\n".join(j.tail)[-3000:]
+        out["jobs"][j.name] = one
+    return out
+
+
+# --- the phases -----------------------------------------------------------------------------------------------
 
 def ctl_status(be: Backend) -> dict:
     text = subprocess.run([sys.executable, "-m", "gemini.ctl", *be.where_args(), "status", "--json"],
@@ -94,29 +219,68 @@ def ctl_status(be: Backend) -> dict:
     return json.loads(text)
 
 
-def gemini_run(job_argv, args, work: Path, env: dict, tag: str) -> dict:
+def swap_counters(status: dict) -> dict:
+    """gem-ctl status's swap figures, per group and in total."""
+    groups = {g["name"]: g for g in status.get("groups", [])}
+    keys = ("managed_bytes", "resident_bytes", "swapped_in_bytes", "swapped_out_bytes", "swap_ms", "evictions")
+    per = {n: {k: g.get(k, 0) for k in keys} for n, g in groups.items()}
+    moved = sum(g["swapped_in_bytes"] + g["swapped_out_bytes"] for g in per.values())
+    return {"per_group": per, "evictions": sum(g["evictions"] for g in per.values()), "moved_bytes": moved,
+            "swap_ms": sum(g["swap_ms"] for g in per.values()), "swap_gbps": status.get("swap_gbps", 0.0)}
+
+
+def gemini_run(job_argv: list[str], args, work: Path, env: dict, tag: str, limit_s: float) -> dict:
+    """All jobs at once, one unified group each. Always returns a dict: the measures when every job finished,
+    else "ok": False with the steps done, gem-ctl status, the swap counters and the backend's log tail."""
     groups = [Group(f"j{i}", 0.0, 1.0, f"{int(args.job_gib + 2)}GiB", memory_mode="unified")
               for i in range(args.jobs)]
+    t_start = time.monotonic()
     with Backend(work / tag, groups, env=env, quota_ms=None, min_quota_ms=None, window_ms=None,
                  extra_args=["--device-memory", f"{args.capacity_gib}GiB"]) as be:
+        left = limit_s - (time.monotonic() - t_start)
         t0 = time.monotonic()
-        res = run_jobs([be.command(g.name, job_argv) for g in groups], env, args.timeout)
+        ran = run_jobs({g.name: be.command(g.name, job_argv) for g in groups}, env, left, tag, args.stall_s)
         span = time.monotonic() - t0
-        status = ctl_status(be)
-    groups_st = {g["name"]: g for g in status["groups"]}
-    moved = sum(g.get("swapped_in_bytes", 0) + g.get("swapped_out_bytes", 0) for g in groups_st.values())
-    swap_ms = sum(g.get("swap_ms", 0.0) for g in groups_st.values())
-    evictions = sum(g.get("evictions", 0) for g in groups_st.values())
+        try:
+            status: dict = ctl_status(be)
+        except Exception as exc:  # noqa: BLE001 -- reported, the rest of the bench goes on
+            status = {"error": f"gem-ctl status failed: {exc}"}
+        logs = be.logs(4000) if not ran["ok"] else ""
+    counters = swap_counters(status) if "groups" in status else {}
+    out: dict = {"ok": ran["ok"], "span_s": span, "steps_done": {n: j["steps_done"] for n, j in ran["jobs"].items()},
+                 **{k: counters.get(k) for k in ("evictions", "moved_bytes", "swap_ms", "swap_gbps")}}
+    if not ran["ok"]:
+        out.update(timed_out=ran["timed_out"], jobs=ran["jobs"], status=status, swap_counters=counters,
+                   backend_logs=logs)
+        return out
+    res = [j["result"] for j in ran["jobs"].values()]
+    groups_st = {g["name"]: g for g in status.get("groups", [])}
     first = min(r["t0"] for r in res)
     last = max(r["t1"] for r in res)
-    return {"span_s": span, "measured_span_s": last - first, "jobs": res,
-            "shares_vs_maxutil": {g.name: {"share": groups_st[g.name]["share"], "max_util": g.max_util}
-                                  for g in groups},
-            "evictions": evictions, "moved_bytes": moved, "swap_ms": swap_ms,
-            "bytes_per_switch": moved / evictions if evictions else 0,
-            "ms_per_switch": swap_ms / evictions if evictions else 0,
-            "swap_gbps": status.get("swap_gbps", 0.0),
-            "swap_fraction": swap_ms / 1e3 / (last - first) if last > first else None}
+    evictions = counters.get("evictions") or 0
+    out.update({"measured_span_s": last - first, "jobs": res,
+                "shares_vs_maxutil": {g.name: {"share": groups_st.get(g.name, {}).get("share"),
+                                               "max_util": g.max_util} for g in groups},
+                "bytes_per_switch": (counters.get("moved_bytes") or 0) / evictions if evictions else 0,
+                "ms_per_switch": (counters.get("swap_ms") or 0.0) / evictions if evictions else 0,
+                "swap_fraction": (counters.get("swap_ms") or 0.0) / 1e3 / (last - first) if last > first else None,
+                "swap_counters": counters})
+    return out
+
+
+class Budget:
+    """The whole run's time, shared by its phases: each gets its own limit or what is left, if less."""
+
+    def __init__(self, total_s: float):
+        self.deadline = time.monotonic() + total_s
+
+    def limit(self, phase_s: float) -> Optional[float]:
+        left = self.deadline - time.monotonic()
+        return min(phase_s, left) if left >= MIN_PHASE_S else None
+
+
+def skipped(why: str = "out of time (--budget-s)") -> dict:
+    return {"ok": False, "skipped": why}
 
 
 def main(argv=None) -> int:
@@ -124,12 +288,17 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=3)
     p.add_argument("--job-gib", type=float, default=10.0)
     p.add_argument("--capacity-gib", type=float, default=24.0)
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--steps", type=int, default=80)
     p.add_argument("--cpu-ms", type=float, default=40.0, help="host work per step (an input pipeline)")
     p.add_argument("--max-fraction", type=float, default=0.8)
-    p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--budget-s", type=float, default=440.0, help="the whole run's time limit")
+    p.add_argument("--seq-s", type=float, default=130.0, help="time limit of the sequential phase (all jobs)")
+    p.add_argument("--gemini-s", type=float, default=150.0, help="time limit of each gemini phase")
+    p.add_argument("--alone-s", type=float, default=50.0, help="time limit of each alone run")
+    p.add_argument("--stall-s", type=float, default=30.0, help="log a job that printed nothing for this long")
     p.add_argument("--skip", default="", help="comma list of runs to skip: no_cache,alone")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     free = free_gib()
     managed = args.jobs * (args.job_gib + 1.0)
     if managed > args.max_fraction * free or args.capacity_gib > args.max_fraction * free:
@@ -137,33 +306,74 @@ def main(argv=None) -> int:
                                      f"{args.capacity_gib} GiB) but the GPU has {free:.1f} GiB free: above "
                                      f"{args.max_fraction:.0%} of it the lent GPU can hang. Lower --jobs/--job-gib."}))
         return 2
+    budget = Budget(args.budget_s)
     work = Path(tempfile.mkdtemp(prefix="bench-um-"))
     job_file = work / "job.py"
     job_file.write_text(JOB)
     job_argv = [sys.executable, str(job_file), str(args.job_gib), str(args.steps), str(args.cpu_ms)]
     env = dict(os.environ)
     out: dict = {"free_gib": free, "jobs": args.jobs, "job_gib": args.job_gib, "capacity_gib": args.capacity_gib,
-                 "steps": args.steps, "cpu_ms": args.cpu_ms}
-    t0 = time.monotonic()
-    seq = [run_jobs([job_argv], env, args.timeout)[0] for _ in range(args.jobs)]
-    out["sequential"] = {"span_s": time.monotonic() - t0, "jobs": seq}
-    out["gemini"] = gemini_run(job_argv, args, work, env, "gemini")
-    out["throughput_vs_sequential"] = out["sequential"]["span_s"] / out["gemini"]["span_s"]
+                 "steps": args.steps, "cpu_ms": args.cpu_ms, "budget_s": args.budget_s}
+    t_run = time.monotonic()
+
+    # 1. sequential: one job after another, all within the phase's limit
+    limit = budget.limit(args.seq_s)
+    if limit is None:
+        out["sequential"] = skipped()
+    else:
+        t0 = time.monotonic()
+        seq: dict = {"ok": True, "jobs": []}
+        for i in range(args.jobs):
+            left = limit - (time.monotonic() - t0)
+            if left < 1:
+                seq.update(ok=False, timed_out=True)
+                break
+            ran = run_jobs({f"s{i}": job_argv}, env, left, "sequential", args.stall_s)
+            one = ran["jobs"][f"s{i}"]
+            seq["jobs"].append(one["result"] if ran["ok"] else one)
+            if not ran["ok"]:
+                seq.update(ok=False, timed_out=ran["timed_out"])
+                break
+        seq["span_s"] = time.monotonic() - t0
+        out["sequential"] = seq
+
+    # 2. (and 3.) gemini: the jobs at once in unified groups
+    runs = [("gemini", env)]
     if "no_cache" not in args.skip:
-        nc_env = dict(env, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
-        out["no_cache"] = gemini_run(job_argv, args, work, nc_env, "no_cache")
-        out["no_cache"]["throughput_vs_sequential"] = out["sequential"]["span_s"] / out["no_cache"]["span_s"]
+        runs.append(("no_cache", dict(env, PYTORCH_NO_CUDA_MEMORY_CACHING="1")))
+    for tag, run_env in runs:
+        limit = budget.limit(args.gemini_s)
+        out[tag] = skipped() if limit is None else gemini_run(job_argv, args, work, run_env, tag, limit)
+        if out["sequential"].get("ok") and out[tag].get("ok"):
+            out[tag]["throughput_vs_sequential"] = out["sequential"]["span_s"] / out[tag]["span_s"]
+    out["throughput_vs_sequential"] = out["gemini"].get("throughput_vs_sequential")
+
+    # 4. one job alone: device mode against unified mode
     if "alone" not in args.skip:
-        alone = {}
+        alone: dict = {}
         for mode in ("device", "unified"):
+            limit = budget.limit(args.alone_s)
+            if limit is None:
+                alone[mode] = skipped()
+                continue
             g = Group("solo", 0.0, 1.0, f"{int(args.job_gib + 2)}GiB", memory_mode=mode)
+            t0 = time.monotonic()
             with Backend(work / f"alone-{mode}", [g], env=env, quota_ms=None, min_quota_ms=None, window_ms=None,
                          extra_args=["--device-memory", f"{args.capacity_gib}GiB"]) as be:
-                alone[mode] = run_jobs([be.command("solo", job_argv)], env, args.timeout)[0]["steps_per_s"]
+                left = limit - (time.monotonic() - t0)
+                ran = run_jobs({"solo": be.command("solo", job_argv)}, env, left, f"alone-{mode}", args.stall_s)
+                alone[mode] = ran["jobs"]["solo"]["result"]["steps_per_s"] if ran["ok"] else \
+                    {**skipped("failed"), "timed_out": ran["timed_out"], **ran["jobs"]["solo"],
+                     "backend_logs": be.logs(3000)}
         out["alone_steps_per_s"] = alone
-        out["unified_alone_loss_pct"] = 100.0 * (1 - alone["unified"] / alone["device"])
+        if all(isinstance(v, float) for v in alone.values()):
+            out["unified_alone_loss_pct"] = 100.0 * (1 - alone["unified"] / alone["device"])
+    out["wall_s"] = time.monotonic() - t_run
+    phases = [out["sequential"], *(out[t] for t, _ in runs)] + \
+        [v for v in out.get("alone_steps_per_s", {}).values() if isinstance(v, dict)]
+    out["ok"] = all(ph.get("ok", True) for ph in phases)
     print(json.dumps(out))
-    return 0
+    return 0 if out["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -185,10 +185,34 @@ def format_table(reply: StatusReply, endpoint: str, pods: Optional[dict] = None)
     lines.extend(line(r) for r in rows)
     if not rows:
         lines.append("(no groups configured)")
+    lines += unified_lines(reply)
     if reply.config_rejected:
         lines += ["", f"The last edit of the config was REJECTED; the groups above are the last good config. "
                       f"{reply.config_rejected}"]
     return "\n".join(lines)
+
+
+UNIFIED_COLUMNS = ("GROUP", "MODE", "MANAGED", "RESIDENT", "SWAPPED IN", "SWAPPED OUT", "SWAP TIME", "EVICTIONS")
+
+
+def unified_lines(reply: StatusReply) -> list[str]:
+    """Under the table, when a group is unified (MemoryMode = unified): gem-schd's capacity and measured swap
+    speed, and per unified group its managed and resident bytes and swap totals."""
+    unified = [g for g in reply.groups if g.get("memory_mode") == "unified"]
+    if not unified:
+        return []
+    capacity = format_bytes(reply.device_memory) if reply.device_memory else "not managed (no --device-memory)"
+    speed = f"{reply.swap_gbps:.1f} GB/s" if reply.swap_gbps else "not measured yet"
+    rows = [(g["name"], "unified", format_bytes(g.get("managed_bytes", 0)), format_bytes(g.get("resident_bytes", 0)),
+             format_bytes(g.get("swapped_in_bytes", 0)), format_bytes(g.get("swapped_out_bytes", 0)),
+             format_ms(g.get("swap_ms", 0.0)), str(g.get("evictions", 0))) for g in unified]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(UNIFIED_COLUMNS)]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return ["", f"unified memory: capacity {capacity}, swaps at {speed}", line(UNIFIED_COLUMNS),
+            *(line(r) for r in rows)]
 
 
 def reply_json(reply: StatusReply, indent: Optional[int] = 2) -> str:

@@ -236,3 +236,27 @@ def test_format_bytes():
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(5 << 30) == "5.0 GiB"
     assert format_bytes((1 << 63) - 1) == "unlimited"
+
+
+def test_status_text_shows_unified_groups_memory_and_swaps():
+    from gemini.ctl import format_table
+    from gemini.wire.sched import StatusReply
+    base = dict(min_util=0.0, max_util=1.0, share=0.0, mem_used=0, mem_limit=1 << 30, clients=1, holding=False,
+                waiting=False, wait_ms=0.0, grants=3, connected=True)
+    reply = StatusReply("s1", 10_000.0, "", [
+        dict(base, name="dev"),
+        dict(base, name="u", memory_mode="unified", managed_bytes=10 << 30, resident_bytes=0,
+             swapped_in_bytes=30 << 30, swapped_out_bytes=20 << 30, swap_ms=2500.0, evictions=2)],
+        device_memory=24 << 30, swap_gbps=21.5)
+    text = format_table(reply, "ipc://x")
+    assert "unified memory: capacity 24.0 GiB, swaps at 21.5 GB/s" in text
+    lines = text.splitlines()
+    head = lines.index("unified memory: capacity 24.0 GiB, swaps at 21.5 GB/s")
+    assert lines[head + 1].split() == ["GROUP", "MODE", "MANAGED", "RESIDENT", "SWAPPED", "IN", "SWAPPED", "OUT",
+                                       "SWAP", "TIME", "EVICTIONS"]
+    assert lines[head + 2].split() == ["u", "unified", "10.0", "GiB", "0", "B", "30.0", "GiB", "20.0", "GiB",
+                                       "2.5", "s", "2"]
+    assert len(lines) == head + 3           # device-mode groups are not in it
+    # without unified groups the table is as before
+    plain = format_table(StatusReply("s1", 10_000.0, "", [dict(base, name="dev")]), "ipc://x")
+    assert "unified memory" not in plain

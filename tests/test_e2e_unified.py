@@ -149,3 +149,31 @@ def test_a_killed_processs_resident_memory_comes_back(traced_sim, backends):
     run = finish(job(sim, be, "b", kernels=5), timeout=60)
     assert run.rc == 0
     assert status(be)["a"]["evictions"] == 0
+
+
+def test_host_work_between_steps_does_not_swap_at_every_step(traced_sim, backends):
+    """Shaped like bench/bench_um.py: three unified groups that do not fit together, each step a little GPU
+    work then host work longer than the hooks' idle release (GEMINI_IDLE_RELEASE_MS, 5 ms), so every step gives
+    the token back while another group waits for room. Swaps must stay a small part of the time: a switch that
+    needs an eviction at most once per unified slot floor (10x the swap time), not one per step. (Without
+    gem-schd's pacing: ~70 evictions for 90 steps, swapping 78% of the time.)"""
+    sim = traced_sim
+    be = unified_backend(backends)
+    steps, gbps = 30, 4
+    procs = [start(client_argv("workload-linked", "--alloc", SIZE, "--alloc-kind", "device", "--kernels", 5 * steps,
+                               "--kernel-us", 1000, "--sync-every", 5, "--think-us", 20_000, "--json"),
+                   sim.hooked(be, g, SIMCUDA_MIGRATE_GBPS=gbps)) for g in ("a", "b", "c")]
+    runs = [finish(p, timeout=120) for p in procs]
+    for r in runs:
+        assert r.rc == 0 and r.json["alloc"]["result"] == 0, r
+    trace = native.read_trace(sim.trace)
+    moves = [m for m in prefetches(trace) if m[5] >= SIZE]      # the jobs' memory (not the small result ring)
+    evictions = [m for m in moves if m[4] == "host"]
+    span_s = (max(r[3] for r in trace) - min(r[2] for r in trace)) / 1e9
+    # each process's first prefetch is no swap: what a switch costs is the moves after it
+    firsts = {pid: min(m[1] for m in moves if m[0] == pid and m[4] == "device") for pid in {m[0] for m in moves}}
+    swap_s = sum(m[2] - m[1] for m in moves if m[1] > firsts[m[0]]) / 1e9
+    floor_s = 10 * 2 * SIZE / (gbps * 1e9)      # gem-schd measures the simulator's speed: 10x a swap
+    assert evictions, moves                     # 3 x 128 MiB do not fit in 300 MiB
+    assert len(evictions) <= 2 + span_s / floor_s, (len(evictions), span_s, moves)
+    assert swap_s <= 0.2 * span_s, (swap_s, span_s, moves)

@@ -191,3 +191,32 @@ def test_cli_without_prometheus_client_exits_2(tmp_path):
                        capture_output=True, text=True, timeout=20, env=env)
     assert r.returncode == 2
     assert "prometheus_client is not installed" in r.stderr and "gemini-gpu[metrics]" in r.stderr
+
+
+def test_unified_groups_residency_in_metrics():
+    """A unified group's memory mode, managed and resident bytes and swap totals, as gem-ctl status shows them."""
+    pytest.importorskip("prometheus_client")
+    from gemini.wire.sched import Swapped
+    config = parse_config("[u]\nMaxUtil = 1.0\nMemoryLimit = 2GiB\nMemoryMode = unified\n"
+                          "[d]\nMaxUtil = 1.0\nMemoryLimit = 1GiB\n", "rc.txt")
+    d = DaemonThread(config, base_quota_ms=QUOTA_MS, metrics_port=0, device_memory=1 << 30).start()
+    try:
+        with FakePodManager(d.endpoint) as pu:
+            assert isinstance(pu.request(Hello("u", pid=1, mem_used=512 << 20, clients=1, managed=512 << 20)),
+                              Welcome)
+            assert isinstance(pu.request(TokenRequest("u", managed=512 << 20)), Grant)
+            pu.send(Swapped("u", "device", moved_bytes=512 << 20, took_ms=40.0, managed=512 << 20,
+                            resident=512 << 20))
+            assert isinstance(pu.request(StatusRequest()), StatusReply)     # the report has arrived
+            samples = _scrape(d.daemon.metrics_server.url)
+    finally:
+        d.stop()
+    assert _get(samples, "gemini_group_unified", group="u") == 1
+    assert _get(samples, "gemini_group_unified", group="d") == 0
+    assert _get(samples, "gemini_managed_bytes", group="u") == 512 << 20
+    assert _get(samples, "gemini_resident_bytes", group="u") == 512 << 20
+    assert _get(samples, "gemini_swapped_in_bytes_total", group="u") == 512 << 20
+    assert _get(samples, "gemini_swapped_out_bytes_total", group="u") == 0
+    assert _get(samples, "gemini_swap_seconds_total", group="u") == pytest.approx(0.04)
+    assert _get(samples, "gemini_evictions_total", group="u") == 0
+    assert ("gemini_managed_bytes", frozenset({("group", "d")})) not in samples     # device groups: no series

@@ -528,3 +528,24 @@ def test_a_decision_at_64_groups_is_cheap():
                 asks[d.group] = d.start_ms + d.quota_ms + 0.5     # asks again after its slot
     per = (time.perf_counter() - t0) / n
     assert per < 0.002, per     # generous for a loaded CI machine; bench/bench_scale.py measures it properly
+
+
+def test_a_long_slot_released_early_is_settled_at_the_weight_of_its_grant():
+    """A slot longer than active_ms (a unified group's slot floor is seconds long) ends early by release: its
+    unused reservation is refunded at the weight it was reserved with. Settled at the weight of the release, the
+    holder no longer counted as active (weight 1e-3): a's virtual time fell by millions of ms and it won every
+    choice after."""
+    p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)), base_quota_ms=100.0)
+    p.quota_floor = {"a": 20_000.0, "b": 20_000.0, "c": 20_000.0}
+    [g] = grants(p.request("a", now=0.0))
+    p.request("b", now=0.0)
+    p.request("c", now=0.0)
+    [gb] = grants(p.release("a", g.token_seq, now=930.0))
+    assert gb.group == "b"
+    # a used 930 ms; the slot is settled at the weight of its grant (1: a was alone then)
+    assert p._groups["a"].vtime == pytest.approx(930.0)
+    assert p.request("a", now=1000.0) == []           # a asks again while b holds
+    [gc] = grants(p.release("b", gb.token_seq, now=1860.0))
+    assert gc.group == "c"                # c has waited longest and not run: it goes before a runs again
+    st = p.status(1860.0)
+    assert st["a"].grants == 1 and st["c"].grants == 1

@@ -610,6 +610,7 @@ class SchedulerDaemon:
             if info is not None:
                 info.connected = False
             self.residency.disconnected(peer.group)
+            self._residency_to_policy()
 
     # --- sending ----------------------------------------------------------------------------------------------------
 
@@ -673,7 +674,13 @@ class SchedulerDaemon:
 
     def _residency_update(self, group: str, managed: int, mem_used: Optional[int] = None) -> None:
         self.residency.update(group, managed, mem_used)
+        self._residency_to_policy()
+
+    def _residency_to_policy(self) -> None:
+        """What residency asks of the policy: unified slots long enough for their swaps, and grants that would
+        evict paced to one per slot floor (a timer wakes the policy when a paced group becomes eligible)."""
         self.policy.quota_floor = self.residency.quota_floor_ms()
+        self.policy.not_before = self.residency.swap_gate()
 
     def _hold_for_evictions(self, d: GrantDecision, now: float) -> bool:
         """A unified group's grant: ask the least recently run groups to evict first if its memory does not fit;
@@ -693,7 +700,7 @@ class SchedulerDaemon:
                 continue
             self._send(owner, Evict(ev.group, ev.seq))
             waiting.add(ev.group)
-        self.policy.quota_floor = self.residency.quota_floor_ms()
+        self._residency_to_policy()
         if not waiting:
             return False
         if self._held is not None:
@@ -812,6 +819,7 @@ class SchedulerDaemon:
         self.config = config
         self._assign_board_slots(config)
         self.residency.configure({g.name: g.unified for g in config.groups})
+        self._residency_to_policy()
         now = self.now_ms()
         decisions = self.policy.apply_config(config, now)
         # Refusals go to the owners of removed groups: dispatch them before forgetting those owners.

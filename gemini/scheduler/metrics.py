@@ -98,6 +98,38 @@ class _StatusCollector:
             for g in reply.groups:
                 family.add_metric([g["name"]], value(g))
             yield family
+        yield from self._residency(reply)
+
+    @staticmethod
+    def _residency(reply: StatusReply) -> Iterator[Any]:
+        """Unified groups (MemoryMode = unified): memory mode, managed and resident bytes, and the swap totals
+        (series only for unified groups; gemini_group_unified is there for every group)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        mode = GaugeMetricFamily("gemini_group_unified", "1 if the group's memory is unified (swapped by gem-schd)",
+                                 labels=["group"])
+        for g in reply.groups:
+            mode.add_metric([g["name"]], float(g.get("memory_mode") == "unified"))
+        yield mode
+        unified = [g for g in reply.groups if g.get("memory_mode") == "unified"]
+        for name, help_text, key in (
+                ("gemini_managed_bytes", "Managed memory the unified group's clients hold", "managed_bytes"),
+                ("gemini_resident_bytes", "Of the unified group's managed memory, what gem-schd counts on the GPU",
+                 "resident_bytes")):
+            family = GaugeMetricFamily(name, help_text, labels=["group"])
+            for g in unified:
+                family.add_metric([g["name"]], g.get(key, 0))
+            yield family
+        counters: tuple[tuple[str, str, str, float], ...] = (
+            ("gemini_swapped_in_bytes", "Bytes the unified group's hooks moved to the GPU", "swapped_in_bytes", 1.0),
+            ("gemini_swapped_out_bytes", "Bytes the unified group's hooks moved to the host", "swapped_out_bytes", 1.0),
+            ("gemini_swap_seconds", "Time the unified group's hooks spent moving its memory", "swap_ms", 1e-3),
+            ("gemini_evictions", "Times the unified group was evicted to make room", "evictions", 1.0))
+        for name, help_text, key, scale in counters:
+            counter = CounterMetricFamily(name, help_text, labels=["group"])
+            for g in unified:
+                counter.add_metric([g["name"]], g.get(key, 0) * scale)
+            yield counter
         yield GaugeMetricFamily("gemini_window_seconds", "Sliding window over which shares are measured",
                                 value=reply.window_ms / 1000.0)
         info = GaugeMetricFamily("gemini_scheduler_info", "This gem-schd instance", labels=["scheduler_id"])

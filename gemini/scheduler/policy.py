@@ -202,6 +202,7 @@ class _Slot:
     quota: float
     wait_ms: float
     reserved: float             # GPU time reserved from the bucket and virtual time at the grant
+    reserved_weight: float = 1.0  # the group's weight then: the reservation is undone at the same weight
     prev_seq: int = 0           # the slot this one continues (0: a fresh grant)
     claim_credit: float = 0.0   # claimed by latency groups while this slot ran
     head_shared: float = 0.0    # how long the previous holder's overrun shared the start of this slot
@@ -327,6 +328,9 @@ class Policy:
         # Per group, the shortest slot (ms) it is given when its slot is not capped: set by gem-schd for unified
         # groups whose slots end in swaps (gemini/scheduler/residency.py), so swapping stays a small part of them.
         self.quota_floor: dict[str, float] = {}
+        # Per group, the earliest time (ms) it may be granted: set by gem-schd for unified groups whose grant would
+        # evict another group's memory, so that such swaps are paced (residency.py's swap_gate).
+        self.not_before: dict[str, float] = {}
         self.min_quota_ms = float(min_quota_ms)
         self.window_ms = float(window_ms)
         self.bucket_ms = float(bucket_ms)
@@ -750,7 +754,13 @@ class Policy:
         charge = max(0.0, charge - min(h.claim_credit, charge))
         g = self._groups.get(h.group)
         if g is not None:
-            self._charge(g, charge - h.reserved, now)    # settle the reservation made at the grant
+            # Settle the reservation made at the grant at the weight it was made with. At the weight of now, the
+            # refund of a long unused reservation (a unified group's slot floor is seconds) moved virtual time by
+            # as much when the targets had changed meanwhile -- and after a slot longer than active_ms the holder
+            # counts as inactive here (weight 1e-3): its virtual time fell by millions of ms, it won every choice.
+            if g.bucket is not None:
+                g.bucket.add(charge - h.reserved, now)
+            g.vtime += (charge - h.reserved) / h.reserved_weight
             g.usage.add(h.start, end, charge)
             g.last_active = max(g.last_active, now)
         self._past.append(_Past(h.group, h.token_seq, h.start, end, charge))
@@ -845,7 +855,7 @@ class Policy:
     def _quota(self, g: _Group, at: float) -> Optional[float]:
         """The slot the group may be granted at time `at`, or None if its cap does not allow a useful one."""
         cap = g.cfg.max_util
-        if cap <= 0.0:
+        if cap <= 0.0 or at < self.not_before.get(g.cfg.name, -math.inf) - EPS:
             return None
         # A unified group whose slots end in swaps gets longer ones (gemini/scheduler/residency.py sets this).
         longest = max(self.base_quota_ms, self.quota_floor.get(g.cfg.name, 0.0))
@@ -868,6 +878,7 @@ class Policy:
         cap = g.cfg.max_util
         if cap <= 0.0:
             return math.inf
+        now = max(now, self.not_before.get(g.cfg.name, -math.inf))
         if g.bucket is None:
             return now
         if g.cfg.aligned:
@@ -1006,8 +1017,10 @@ class Policy:
         g.grants += 1
         g.last_quota = quota
         g.last_active = max(g.last_active, now)
+        weight = self._weight(name, now)
         self._charge(g, quota, now)                       # reserved; settled when the slot ends
-        self._holder = _Slot(name, self._seq, start, quota, wait, reserved=quota, prev_seq=prev_seq)
+        self._holder = _Slot(name, self._seq, start, quota, wait, reserved=quota, reserved_weight=weight,
+                             prev_seq=prev_seq)
         return GrantDecision(name, quota, self._seq, start, bool(prev_seq), prev_seq, wait)
 
     # --- internals: claims ----------------------------------------------------------------------------------------

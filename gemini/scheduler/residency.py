@@ -13,6 +13,13 @@ than the GPU has. gem-schd keeps their *resident sets* within the GPU's configur
   average weighted by bytes moved; `default_gbps` until a large move was measured). While the unified groups
   do not all fit, each one's slot is made at least `swap / swap_fraction` long (`quota_floor_ms`), so swapping
   takes at most that fraction (10%) of the GPU's time.
+* A slot that ends early (its hooks went idle: host work between steps) must not start a swap each time:
+  a grant that needs an eviction is *paced*: after one, the next may not come before the swapped-in group's
+  slot floor has passed (`swap_gate`, the earliest time each group whose grant would evict may be granted;
+  gem-schd hands it to the policy as `Policy.not_before`). Meanwhile the GPU goes to groups that fit without
+  an eviction (resident ones, device-mode ones), or stays with the releaser when it asks again; so swapping
+  stays within `swap_fraction` of the time whatever the slots' lengths. Without this, three jobs with 40 ms
+  of host work per step swapped ~10 GiB at every step on an H100 and the bench never finished.
 * A group that cannot fit even alone (its memory exceeds the capacity) runs anyway with everything else evicted:
   the driver then pages the rest on demand, slowly; gem-schd says so in its log.
 
@@ -63,6 +70,7 @@ class ResidencyPolicy:
     swap_fraction: float = SWAP_FRACTION
     tenants: dict[str, Tenant] = field(default_factory=dict)
     _seq: int = 0
+    _epoch: Optional[tuple[float, str]] = None    # (when, group): the last grant that needed evictions
     _measured_bytes: float = 0.0
     _measured_ms: float = 0.0
 
@@ -137,7 +145,30 @@ class ResidencyPolicy:
             v.resident, v.evict_seq = False, self._seq
             v.evictions += 1
             out.append(Eviction(name, self._seq, v.managed))
+        if out:
+            self._epoch = (now, group)
         return out
+
+    def needs_eviction(self, group: str) -> bool:
+        """Would granting `group` now evict another unified group (what `before_grant` would do)?"""
+        t = self.tenants.get(group)
+        if self.capacity is None or t is None or not t.unified or t.managed <= 0:
+            return False
+        if self.in_use(exclude=group) + t.managed <= self.capacity:
+            return False
+        return any(name != group and v.unified and v.resident and v.managed > 0
+                   for name, v in self.tenants.items())
+
+    def swap_gate(self) -> dict[str, float]:
+        """The earliest time (ms) each group whose grant would need an eviction may be granted: the last such
+        grant's time plus its group's slot floor (10x its swap). Groups that fit without one are not listed."""
+        if self._epoch is None:
+            return {}
+        since, owner = self._epoch
+        floor = self.quota_floor_ms().get(owner, 0.0)
+        if floor <= 0:
+            return {}
+        return {name: since + floor for name in self.tenants if self.needs_eviction(name)}
 
     def fits_alone(self, group: str) -> bool:
         t = self.tenants.get(group)

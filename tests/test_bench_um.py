@@ -1,0 +1,90 @@
+"""bench/bench_um.py's bounded runs, without a GPU: jobs that stall are killed at their phase's limit and the bench
+still reports what it has (steps done per job, gem-ctl status, the swap counters, the backend's logs), instead of
+dying with a TimeoutExpired and nothing else (what happened on the H100 before gem-schd paced its swaps)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+from bench.bench_um import Budget, gemini_run, run_jobs
+from tests.e2e_fixtures import clean_env
+
+# A stand-in for the bench's job: ready, `steps` progress lines, done -- or after `stall_at` steps it hangs
+# (ignoring SIGTERM, as a process stuck in a driver call would).
+FAKE_JOB = r'''
+import json, signal, sys, time
+steps, stall_at = int(sys.argv[1]), int(sys.argv[2])
+t0 = time.monotonic()
+print(json.dumps({"ready": True, "t0": t0}), flush=True)
+for i in range(steps):
+    if i == stall_at:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("stuck", flush=True)
+        time.sleep(3600)
+    time.sleep(0.01)
+    print(json.dumps({"step": i + 1, "t": time.monotonic()}), flush=True)
+t1 = time.monotonic()
+print(json.dumps({"done": True, "steps": steps, "t0": t0, "t1": t1, "seconds": t1 - t0,
+                  "steps_per_s": steps / (t1 - t0)}), flush=True)
+'''
+
+
+def fake_job(tmp_path: Path, steps: int, stall_at: int = -1) -> list[str]:
+    path = tmp_path / "job.py"
+    path.write_text(FAKE_JOB)
+    return [sys.executable, str(path), str(steps), str(stall_at)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_jobs_that_finish_report_their_results(tmp_path):
+    ran = run_jobs({"a": fake_job(tmp_path, 5), "b": fake_job(tmp_path, 3)}, dict(os.environ), 30, "t")
+    assert ran["ok"] and not ran["timed_out"]
+    assert {n: j["steps_done"] for n, j in ran["jobs"].items()} == {"a": 5, "b": 3}
+    assert ran["jobs"]["a"]["result"]["steps"] == 5 and ran["jobs"]["a"]["rc"] == 0
+
+
+def test_a_stalled_job_is_killed_at_the_limit_and_its_progress_kept(tmp_path, caplog):
+    caplog.set_level("INFO", logger="bench.um")
+    t0 = time.monotonic()
+    ran = run_jobs({"a": fake_job(tmp_path, 4), "b": fake_job(tmp_path, 50, stall_at=20)}, dict(os.environ),
+                   3.0, "t", stall_s=1.0)
+    took = time.monotonic() - t0
+    assert ran["timed_out"] and not ran["ok"]
+    assert 3.0 <= took < 3.0 + 15, took          # the limit, then SIGTERM (ignored) and SIGKILL
+    a, b = ran["jobs"]["a"], ran["jobs"]["b"]
+    assert a["result"] is not None and a["steps_done"] == 4
+    assert b["result"] is None and b["steps_done"] == 20 and b["rc"] != 0 and "stuck" in b["tail"]
+    text = caplog.text
+    assert "t/b: step 20" in text and "t/b: no progress for" in text and "time limit 3 s reached" in text
+
+
+def test_a_gemini_phase_that_times_out_reports_status_counters_and_logs(tmp_path):
+    args = Namespace(jobs=2, job_gib=0.1, capacity_gib=1.0, stall_s=30.0)
+    env = dict(clean_env(), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    before = set(os.listdir("/proc"))
+    out = gemini_run(fake_job(tmp_path, 50, stall_at=2), args, tmp_path, env, "gemini", limit_s=8.0)
+    assert out["ok"] is False and out["timed_out"] is True
+    assert out["steps_done"] == {"j0": 2, "j1": 2}
+    assert {g["name"] for g in out["status"]["groups"]} == {"j0", "j1"}
+    assert set(out["swap_counters"]["per_group"]) == {"j0", "j1"} and out["evictions"] == 0
+    assert "gem-schd" in out["backend_logs"] or "scheduler" in out["backend_logs"]
+    # nothing left behind: the jobs (and launch-command, and the program below it) are gone
+    new = [int(p) for p in set(os.listdir("/proc")) - before if p.isdigit()]
+    assert not [p for p in new if alive(p) and "job.py" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+
+
+def test_the_budget_gives_each_phase_its_limit_or_what_is_left():
+    b = Budget(100.0)
+    assert b.limit(30.0) == 30.0
+    assert 99.0 < (b.limit(500.0) or 0) <= 100.0
+    assert Budget(10.0).limit(30.0) is None      # under 15 s left: the phase is skipped, not started
