@@ -927,7 +927,8 @@ class Policy:
         for name, g, arrival, quota in cands:
             # An aligned group inside its window goes first (its peers on the other GPUs run now), unless it is
             # more than two windows ahead in virtual time: then the others' floors come first.
-            first = g.cfg.aligned and g.vtime <= least + 2 * self._grid(g)[1] / self._weight(name, at) + EPS
+            first = (g.cfg.aligned and g.bucket is not None
+                     and g.vtime <= least + 2 * self._grid(g)[1] / self._weight(name, at) + EPS)
             key = (not first, g.vtime, name == holder, arrival, name)
             if best is None or key < best[0]:
                 best = (key, name, quota)
