@@ -177,11 +177,36 @@ static void mark_slot_start(struct gem_gate *g, CUstream stream, int ptsz) {
                           REAL(cuEventCreate)(&g->ev_end, CU_EVENT_DEFAULT) == CUDA_SUCCESS;
             if (have_events)
                 g->ev_ctx = ctx;
+            g->gap_events = have_events &&
+                            REAL(cuEventCreate)(&g->gap_end[0], CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+                            REAL(cuEventCreate)(&g->gap_end[1], CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+                            REAL(cuEventCreate)(&g->gap_start, CU_EVENT_DEFAULT) == CUDA_SUCCESS;
         }
         CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
         g->slot_measured = have_events && REAL(cuEventRecord)(g->ev_start, s) == CUDA_SUCCESS;
     }
+    g->gap_end_ok = g->gap_pending = 0;
     gem_capture_drain_exit();
+}
+
+/* The GPU's measure of the pending gap, after a context-wide synchronisation completed both of its events
+ * (g->mu held): added to the slot's idle time, at most GEM_GAP_SLACK_NS above the host's own measure (the
+ * legacy stream's event need not wait for a non-blocking stream's work: never trust it far beyond what the
+ * host saw). */
+#define GEM_GAP_SLACK_NS (50 * 1000)
+static void collect_gap_locked(struct gem_gate *g) {
+    if (!g->gap_pending)
+        return;
+    g->gap_pending = 0;
+    float ms = 0;
+    if (REAL(cuEventElapsedTime)(&ms, g->gap_end[g->gap_pend], g->gap_start) != CUDA_SUCCESS || ms <= 0)
+        ms = 0;
+    int64_t gap = (int64_t)((double)ms * 1e6);
+    if (gap > g->gap_host_ns + GEM_GAP_SLACK_NS)
+        gap = g->gap_host_ns + GEM_GAP_SLACK_NS;
+    if (gap < g->gap_host_ns)
+        gap = g->gap_host_ns;
+    atomic_fetch_add_explicit(&g->slot_idle_ns, gap, memory_order_relaxed);
 }
 
 /* Wait for the process's outstanding work in ctx; returns the time it was done. If the slot's start was
@@ -193,7 +218,6 @@ static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns, int64_
     int measured = g->slot_measured;
     g->slot_measured = 0;
     int64_t mark = atomic_exchange(&g->slot_mark_ns, 0);
-    int64_t idle = atomic_exchange(&g->slot_idle_ns, 0);
     if (!gem_capture_drain_enter()) {
         /* A context-wide synchronise would break the capture; captured work is
          * not running anyway, and other streams' work is charged next time. */
@@ -208,11 +232,17 @@ static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns, int64_
     int pushed = ctx && HAVE_REAL(cuCtxPushCurrent_v2) && REAL(cuCtxPushCurrent_v2)(ctx) == CUDA_SUCCESS;
     if (HAVE_REAL(cuCtxSynchronize))
         REAL(cuCtxSynchronize)(); /* the real one: the hook's own sync is not a burst boundary */
+    pthread_mutex_lock(&g->mu);
+    if (ctx == g->ev_ctx)
+        collect_gap_locked(g);
+    g->gap_pending = g->gap_end_ok = 0;
+    pthread_mutex_unlock(&g->mu);
     if (measured && ctx == g->ev_ctx && REAL(cuEventRecord)(g->ev_end, NULL) == CUDA_SUCCESS &&
         REAL(cuEventSynchronize)(g->ev_end) == CUDA_SUCCESS) {
         float ms = 0;
         if (REAL(cuEventElapsedTime)(&ms, g->ev_start, g->ev_end) == CUDA_SUCCESS && ms > 0) {
             int64_t gpu = (int64_t)((double)ms * 1e6);
+            int64_t idle = atomic_exchange(&g->slot_idle_ns, 0);
             if (mark > 0 && idle_from >= mark)
                 idle += gem_now_ns() - idle_from;
             /* never below a tenth of the span: the idle gaps are host times, the span GPU time, and a
@@ -550,8 +580,27 @@ CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t 
         /* the GPU had nothing of ours since a context-wide synchronisation (inside the measured slot) */
         int64_t mark = atomic_load_explicit(&g->slot_mark_ns, memory_order_relaxed);
         int64_t since = atomic_exchange_explicit(&g->ctx_idle_since_ns, 0, memory_order_relaxed);
-        if (mark > 0 && since >= mark && now > since)
-            atomic_fetch_add_explicit(&g->slot_idle_ns, now - since, memory_order_relaxed);
+        if (mark > 0 && since >= mark && now > since) {
+            /* the GPU's side of the gap when the synchronisation marked its end: an event before this
+             * burst's first kernel (measured after the next context-wide synchronisation); else the host's */
+            int marked = 0;
+            pthread_mutex_lock(&g->mu);
+            if (g->gap_end_ok && !g->gap_pending && atomic_load(&gem_active_captures) == 0 &&
+                gem_capture_drain_enter()) {
+                CUstream st = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
+                if (REAL(cuEventRecord)(g->gap_start, st) == CUDA_SUCCESS) {
+                    g->gap_pending = 1;
+                    g->gap_pend = g->gap_cur;
+                    g->gap_host_ns = now - since;
+                    marked = 1;
+                }
+                gem_capture_drain_exit();
+            }
+            g->gap_end_ok = 0;
+            pthread_mutex_unlock(&g->mu);
+            if (!marked)
+                atomic_fetch_add_explicit(&g->slot_idle_ns, now - since, memory_order_relaxed);
+        }
     }
     return CUDA_SUCCESS;
 }
@@ -572,14 +621,47 @@ static struct gem_gate *gate_of_ctx(CUcontext ctx) {
     return d ? &gem_gates[d->ordinal] : gem_current_gate();
 }
 
+void gem_gate_before_sync(CUcontext ctx) {
+    if (!atomic_load_explicit(&gates_ready, memory_order_acquire))
+        return;
+    struct gem_gate *g = gate_of_ctx(ctx);
+    if (!atomic_load(&g->in_burst) || atomic_load(&g->slot_mark_ns) == 0)
+        return;     /* not inside a measured slot's burst: nothing to mark */
+    pthread_mutex_lock(&g->mu);
+    CUcontext cur = NULL;
+    if (g->slot_measured && g->gap_events && atomic_load(&gem_active_captures) == 0 &&
+        HAVE_REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur == g->ev_ctx &&
+        gem_capture_drain_enter()) {
+        int i = g->gap_pending ? 1 - g->gap_pend : g->gap_cur; /* never the one a pending gap still needs */
+        if (REAL(cuEventRecord)(g->gap_end[i], NULL) == CUDA_SUCCESS) {
+            g->gap_cur = i;
+            g->gap_end_ok = 1;
+        } else {
+            g->gap_end_ok = 0;
+        }
+        gem_capture_drain_exit();
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
 void gem_gate_on_sync(CUcontext ctx, int whole_context) {
     if (!atomic_load_explicit(&gates_ready, memory_order_acquire))
         return;
     struct gem_gate *g = gate_of_ctx(ctx);
     int64_t now = gem_now_ns();
     atomic_store(&g->last_sync_ns, now);
-    if (whole_context)
+    if (whole_context) {
         atomic_store(&g->ctx_idle_since_ns, now);
+        pthread_mutex_lock(&g->mu);
+        if (g->gap_pending) {   /* both of its events are done: the whole context was synchronised */
+            CUcontext cur = NULL;
+            if (HAVE_REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur == g->ev_ctx)
+                collect_gap_locked(g);
+            else
+                g->gap_pending = 0;
+        }
+        pthread_mutex_unlock(&g->mu);
+    }
     if (!atomic_exchange(&g->in_burst, 0))
         return;
     pthread_mutex_lock(&g->mu);
@@ -616,6 +698,7 @@ void gem_gate_context_gone(CUcontext ctx) {
             g->ev_ctx = NULL;
             g->ev_start = g->ev_end = NULL;
             g->slot_measured = 0;
+            g->gap_events = g->gap_end_ok = g->gap_pending = 0;
         }
         if (g->ctx == ctx)
             g->ctx = NULL;      /* drain the thread's current context instead */

@@ -59,6 +59,17 @@ struct gem_gate {
     atomic_llong slot_idle_ns;
     atomic_llong ctx_idle_since_ns; /* a context-wide synchronisation returned then, no launch since (0: none);
                                      * a stream's or an event's says nothing of the process's other streams */
+    /* The GPU's side of those gaps (under mu): an event before each context-wide synchronisation (gap_end)
+     * and one before the next burst's first kernel (gap_start); their distance includes what the host cannot
+     * see -- the synchronisation's return and the next launch's way to the GPU (25 us per 1 ms kernel on an
+     * H100). Counted at most GEM_GAP_SLACK_NS above the host's own measure of the same gap. */
+    CUevent gap_end[2], gap_start;
+    int gap_events;             /* created, in ev_ctx */
+    int gap_cur;                /* gap_end[gap_cur] was recorded at the last context-wide synchronisation */
+    int gap_end_ok;             /* ... and no burst began since */
+    int gap_pending;            /* gap_end[gap_pend] .. gap_start recorded, to be measured after a sync */
+    int gap_pend;
+    int64_t gap_host_ns;        /* the host's measure of the pending gap */
     /* From the pod manager's handshake and grants. */
     const struct gem_board *board;  /* the GPU's board page, NULL if none */
     int board_slot;             /* the group's line on it */
@@ -114,6 +125,8 @@ static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph) {
 /* After a synchronising call of the program: the burst, if any, is over on the device of `ctx` (NULL: of
  * the calling thread's context). */
 void gem_gate_on_sync(CUcontext ctx, int whole_context);
+/* Before a context-wide synchronisation of the program: mark where the GPU's queue ends. */
+void gem_gate_before_sync(CUcontext ctx);
 /* A context was destroyed or reset: forget the events and the context the gate measured and drained with. */
 void gem_gate_context_gone(CUcontext ctx);
 

@@ -32,9 +32,12 @@
     GEM_EXPORT CUresult name params {                                                           \
         if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \
             return CUDA_ERROR_NOT_INITIALIZED;                                                  \
-        CUresult rc = REAL(name) args;                                                          \
         /* only a context-wide synchronisation leaves the GPU with nothing of the process's */   \
-        gem_gate_on_sync(ctx, sizeof(#name) >= 17 && __builtin_memcmp(#name, "cuCtxSynchronize", 16) == 0); \
+        const int whole = sizeof(#name) >= 17 && __builtin_memcmp(#name, "cuCtxSynchronize", 16) == 0; \
+        if (whole)                                                                              \
+            gem_gate_before_sync(ctx);                                                          \
+        CUresult rc = REAL(name) args;                                                          \
+        gem_gate_on_sync(ctx, whole);                                                           \
         gem_memory_on_sync();                                                                   \
         return rc;                                                                              \
     }
