@@ -16,8 +16,10 @@ Bounded: each phase has its own time limit (--seq-s, --gemini-s, --alone-s), all
 that would start with less than 15 s left is skipped. The jobs' progress lines are read as they come and logged
 (stderr) every 10 steps, and a job silent for --stall-s is named; at a phase's limit its jobs are killed and the
 phase reports what it has: steps done per job, and for a gemini phase gem-ctl status --json, the swap counters
-and the tail of the backend's logs. The JSON is printed whatever happened; the exit status is 1 if a phase
-failed.
+and the tail of the backend's logs. While a gemini phase runs, gem-ctl status is sampled every --status-every-s
+(5 s): its "status_samples" (holder, each group's waiting/holding/grants/managed/resident/evictions, or the error
+and how long gem-ctl waited) show when gem-schd stopped granting or answering. The JSON is printed whatever
+happened; the exit status is 1 if a phase failed.
 
 SAFETY (the lent GPU hangs if managed memory exceeds what the card has free): before anything runs, the card's
 free memory is read (nvidia-smi) and the run aborts unless jobs x (job-gib + 1 GiB of slack) stays below
@@ -212,11 +214,61 @@ def run_jobs(argvs: dict[str, list[str]], env: dict, limit_s: float, tag: str, s
 
 # --- the phases -----------------------------------------------------------------------------------------------
 
-def ctl_status(be: Backend) -> dict:
-    text = subprocess.run([sys.executable, "-m", "gemini.ctl", *be.where_args(), "status", "--json"],
-                          capture_output=True, text=True, timeout=30, check=True,
-                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))).stdout
-    return json.loads(text)
+def ctl_status(be: Backend, timeout_s: float = 5.0) -> dict:
+    """gem-ctl status --json (gem-ctl waits up to `timeout_s` for gem-schd's answer); CalledProcessError with
+    gem-ctl's message if it did not answer."""
+    out = subprocess.run([sys.executable, "-m", "gemini.ctl", *be.where_args(), "--timeout", f"{timeout_s:g}",
+                          "status", "--json"], capture_output=True, text=True, timeout=timeout_s + 30,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
+    if out.returncode != 0:
+        raise subprocess.CalledProcessError(out.returncode, out.args, out.stdout, out.stderr)
+    return json.loads(out.stdout)
+
+
+STATUS_EVERY_S = 5.0
+
+
+def status_sample(status: dict) -> dict:
+    """What a periodic sample keeps of gem-ctl status: the holder and, per group, what it waits for and holds."""
+    keys = ("holding", "waiting", "wait_ms", "grants", "clients", "managed_bytes", "resident_bytes", "evictions")
+    return {"holder": status.get("holder", ""),
+            "groups": {g["name"]: {k: g.get(k) for k in keys} for g in status.get("groups", [])}}
+
+
+class StatusPoller:
+    """gem-ctl status every `every_s` while a phase runs, each sample (or the error, and how long gem-ctl took)
+    kept in `samples` with its time since the start: after a hang they show when gem-schd stopped answering or
+    stopped granting (issue 19: gem-ctl status failed only at the end, and nothing said since when)."""
+
+    def __init__(self, be: Backend, every_s: float = STATUS_EVERY_S, timeout_s: float = 5.0):
+        self.be, self.every_s, self.timeout_s = be, every_s, timeout_s
+        self.samples: list[dict] = []
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="status-poller", daemon=True)
+
+    def __enter__(self) -> "StatusPoller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while True:
+            t = time.monotonic()
+            sample: dict = {"t_s": round(t - self._t0, 1)}
+            try:
+                sample.update(status_sample(ctl_status(self.be, self.timeout_s)))
+            except (subprocess.SubprocessError, OSError, ValueError) as exc:
+                stderr = getattr(exc, "stderr", "") or ""
+                sample["error"] = (stderr.strip() or str(exc))[-300:]
+                log.warning("gem-ctl status failed at %.1f s: %s", sample["t_s"], sample["error"])
+            sample["took_s"] = round(time.monotonic() - t, 2)
+            self.samples.append(sample)
+            if self._stop.wait(max(0.0, self.every_s - (time.monotonic() - t))):
+                return
 
 
 def swap_counters(status: dict) -> dict:
@@ -239,16 +291,19 @@ def gemini_run(job_argv: list[str], args, work: Path, env: dict, tag: str, limit
                  extra_args=["--device-memory", f"{args.capacity_gib}GiB"]) as be:
         left = limit_s - (time.monotonic() - t_start)
         t0 = time.monotonic()
-        ran = run_jobs({g.name: be.command(g.name, job_argv) for g in groups}, env, left, tag, args.stall_s)
+        with StatusPoller(be, getattr(args, "status_every_s", STATUS_EVERY_S)) as poller:
+            ran = run_jobs({g.name: be.command(g.name, job_argv) for g in groups}, env, left, tag, args.stall_s)
         span = time.monotonic() - t0
         try:
             status: dict = ctl_status(be)
         except Exception as exc:  # noqa: BLE001 -- reported, the rest of the bench goes on
-            status = {"error": f"gem-ctl status failed: {exc}"}
+            stderr = getattr(exc, "stderr", "") or ""
+            status = {"error": f"gem-ctl status failed: {stderr.strip() or exc}"}
         logs = be.logs(4000) if not ran["ok"] else ""
     counters = swap_counters(status) if "groups" in status else {}
     out: dict = {"ok": ran["ok"], "span_s": span, "steps_done": {n: j["steps_done"] for n, j in ran["jobs"].items()},
-                 **{k: counters.get(k) for k in ("evictions", "moved_bytes", "swap_ms", "swap_gbps")}}
+                 **{k: counters.get(k) for k in ("evictions", "moved_bytes", "swap_ms", "swap_gbps")},
+                 "status_samples": poller.samples}
     if not ran["ok"]:
         out.update(timed_out=ran["timed_out"], jobs=ran["jobs"], status=status, swap_counters=counters,
                    backend_logs=logs)
@@ -296,6 +351,8 @@ def main(argv=None) -> int:
     p.add_argument("--gemini-s", type=float, default=150.0, help="time limit of each gemini phase")
     p.add_argument("--alone-s", type=float, default=50.0, help="time limit of each alone run")
     p.add_argument("--stall-s", type=float, default=30.0, help="log a job that printed nothing for this long")
+    p.add_argument("--status-every-s", type=float, default=STATUS_EVERY_S,
+                   help="a gemini phase samples gem-ctl status this often (its status_samples)")
     p.add_argument("--skip", default="", help="comma list of runs to skip: no_cache,alone")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)

@@ -9,7 +9,8 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from bench.bench_um import Budget, gemini_run, run_jobs
+from bench.bench_um import Budget, StatusPoller, gemini_run, run_jobs
+from bench.harness import free_port_base
 from tests.e2e_fixtures import clean_env
 
 # A stand-in for the bench's job: ready, `steps` progress lines, done -- or after `stall_at` steps it hangs
@@ -69,7 +70,7 @@ def test_a_stalled_job_is_killed_at_the_limit_and_its_progress_kept(tmp_path, ca
 
 
 def test_a_gemini_phase_that_times_out_reports_status_counters_and_logs(tmp_path):
-    args = Namespace(jobs=2, job_gib=0.1, capacity_gib=1.0, stall_s=30.0)
+    args = Namespace(jobs=2, job_gib=0.1, capacity_gib=1.0, stall_s=30.0, status_every_s=1.0)
     env = dict(clean_env(), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     before = set(os.listdir("/proc"))
     out = gemini_run(fake_job(tmp_path, 50, stall_at=2), args, tmp_path, env, "gemini", limit_s=8.0)
@@ -78,6 +79,10 @@ def test_a_gemini_phase_that_times_out_reports_status_counters_and_logs(tmp_path
     assert {g["name"] for g in out["status"]["groups"]} == {"j0", "j1"}
     assert set(out["swap_counters"]["per_group"]) == {"j0", "j1"} and out["evictions"] == 0
     assert "gem-schd" in out["backend_logs"] or "scheduler" in out["backend_logs"]
+    # gem-ctl status sampled while it ran (every second here): each sample answered, the jobs' groups in it
+    samples = out["status_samples"]
+    assert len(samples) >= 3 and all("error" not in s for s in samples), samples
+    assert all(set(s["groups"]) == {"j0", "j1"} for s in samples) and samples[-1]["t_s"] >= 3.0
     # nothing left behind: the jobs (and launch-command, and the program below it) are gone
     new = [int(p) for p in set(os.listdir("/proc")) - before if p.isdigit()]
     assert not [p for p in new if alive(p) and "job.py" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
@@ -88,3 +93,21 @@ def test_the_budget_gives_each_phase_its_limit_or_what_is_left():
     assert b.limit(30.0) == 30.0
     assert 99.0 < (b.limit(500.0) or 0) <= 100.0
     assert Budget(10.0).limit(30.0) is None      # under 15 s left: the phase is skipped, not started
+
+
+class _Nowhere:
+    """A backend where nothing listens (gem-ctl's options point at a free port)."""
+
+    def __init__(self):
+        self.port = free_port_base(1)
+
+    def where_args(self) -> list[str]:
+        return ["--port", str(self.port)]
+
+
+def test_status_samples_record_when_gem_schd_does_not_answer():
+    with StatusPoller(_Nowhere(), every_s=0.3, timeout_s=0.3) as poller:   # type: ignore[arg-type]
+        time.sleep(1.0)
+    assert poller.samples
+    assert all("no answer from gem-schd" in s["error"] and s["took_s"] >= 0.3 for s in poller.samples), \
+        poller.samples

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -177,3 +178,75 @@ def test_host_work_between_steps_does_not_swap_at_every_step(traced_sim, backend
     assert evictions, moves                     # 3 x 128 MiB do not fit in 300 MiB
     assert len(evictions) <= 2 + span_s / floor_s, (len(evictions), span_s, moves)
     assert swap_s <= 0.2 * span_s, (swap_s, span_s, moves)
+
+
+BENCH_SHAPED_JOB = r'''
+"""bench_um's job, scaled to the simulator: a start-up (importing torch), the model allocated in several steps
+with warm-up kernels between them (so a group can be evicted while it is still allocating), then steps of host
+work and GPU work."""
+import ctypes, json, os, sys, time
+sys.path.insert(0, os.environ["E2E_CLIENTS_DIR"])
+from pyclient import GEM_SPIN_PTX
+delay, chunks, chunk, steps, host_ms = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
+    float(sys.argv[5])
+time.sleep(delay)
+cu = ctypes.CDLL("libcuda.so.1")
+byref, vp = ctypes.byref, ctypes.c_void_p
+def check(rc, what):
+    if rc != 0:
+        sys.exit(f"job: {what} failed: {rc}")
+dev, ctx, mod, fn, ring = ctypes.c_int(), vp(), vp(), vp(), ctypes.c_ulonglong()
+check(cu.cuInit(0), "cuInit")
+check(cu.cuDeviceGet(byref(dev), 0), "cuDeviceGet")
+check(cu.cuDevicePrimaryCtxRetain(byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+check(cu.cuModuleLoadData(byref(mod), GEM_SPIN_PTX.encode() + b"\0"), "cuModuleLoadData")
+check(cu.cuModuleGetFunction(byref(fn), mod, b"gem_spin"), "cuModuleGetFunction")
+check(cu.cuMemAlloc_v2(byref(ring), ctypes.c_size_t(24)), "cuMemAlloc_v2")
+def work(kernels=5, us=1000):
+    out, dur = ctypes.c_ulonglong(ring.value), ctypes.c_uint64(us * 1000)
+    params = (vp * 2)(ctypes.cast(byref(out), vp), ctypes.cast(byref(dur), vp))
+    for _ in range(kernels):
+        check(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, None, params, None), "cuLaunchKernel")
+    check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+held = []
+for i in range(chunks):
+    p = ctypes.c_ulonglong()
+    check(cu.cuMemAlloc_v2(byref(p), ctypes.c_size_t(chunk)), "cuMemAlloc_v2")
+    held.append(p)
+    if i % 3 == 2:
+        work()
+    time.sleep(0.15)
+for s in range(steps):
+    end = time.perf_counter() + host_ms / 1000
+    while time.perf_counter() < end:
+        pass
+    work()
+print(json.dumps({"pid": os.getpid(), "steps": steps}), flush=True)
+'''
+
+
+def test_bench_shaped_jobs_evicted_while_starting_all_finish(sim, backends, tmp_path):
+    """Issue 19, bench_um's gemini phase on the simulator: three unified groups (TCP transport, the bench's
+    defaults for the quotas) whose memory does not fit together, jobs started a little apart that allocate their
+    memory in steps with warm-up kernels between them (so a group is evicted while still allocating), swaps slow
+    enough (0.5 GB/s) to outlast a slot, then steps of host work. Every job must finish and gem-schd answer
+    gem-ctl status all along. (Before the fix: a grant held for an eviction that outlasted its slot was lost, and
+    that group's processes waited for the token forever.)"""
+    job = tmp_path / "job.py"
+    job.write_text(BENCH_SHAPED_JOB)
+    be = backends([Group(f"j{i}", 0.0, 1.0, "200MiB", memory_mode="unified") for i in range(3)], quota_ms=None,
+                  min_quota_ms=None, window_ms=None, extra_args=["--device-memory", str(240 * MiB)])
+    procs = [start([sys.executable, str(job), str(delay), "10", str(10 * MiB), "30", "40"],
+                   sim.hooked(be, f"j{i}", SIMCUDA_MIGRATE_GBPS=0.5))
+             for i, delay in enumerate((0.2, 0.5, 0.3))]
+    polls = []
+    deadline = time.monotonic() + 60
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        polls.append(status(be))        # asserts that gem-schd answered
+        time.sleep(0.5)
+    runs = [finish(p, timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    for r in runs:
+        assert r.rc == 0 and r.json["steps"] == 30, r
+    assert sum(g.get("evictions", 0) for g in status(be).values()) >= 1     # they did not fit: swapped
+    assert polls

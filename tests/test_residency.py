@@ -15,11 +15,15 @@ from dataclasses import dataclass
 
 import pytest
 
+from gemini.config import parse_config
 from gemini.podmgr.residency import GroupResidency
 from gemini.scheduler.policy import GrantDecision, Policy, SlotEndDecision
 from gemini.scheduler.residency import MIN_MEASURED_BYTES, ResidencyPolicy
 from gemini.wire import hook as hp
+from gemini.wire.sched import Evict, Grant, Hello, Swapped, TokenRelease, TokenRequest, Welcome
+from tests.e2e_fixtures import wait_for
 from tests.policy_sim import config
+from tests.schd_inproc import DaemonThread, FakePodManager
 
 GiB = 1 << 30
 
@@ -267,6 +271,80 @@ def test_early_releases_do_not_swap_at_every_step():
     assert paced["swap_ms"] <= 0.15 * paced["span_ms"], paced
     assert paced["span_ms"] < sequential_ms, (paced, sequential_ms)
 
+
+
+# --- gem-schd: a grant held for evictions is never lost ---------------------------------------------------------
+
+MiB = 1 << 20
+
+
+def _held_grant_setup(dt: DaemonThread) -> tuple[dict, int, int]:
+    """j0 and j2 resident (100 MiB each of 240 MiB), then j1 asks: its grant is held while j0 evicts. Returns the
+    fake pod managers, j0's eviction seq and the held slot's token seq."""
+    pms = {n: FakePodManager(dt.endpoint, identity=n.encode()) for n in ("j0", "j1", "j2")}
+    for name, pm in pms.items():
+        pm.send(Hello(name, 1000 + int(name[1]), managed=100 * MiB))
+        assert pm.recv_type(Welcome) is not None
+    for name in ("j0", "j2"):
+        pm = pms[name]
+        pm.send(TokenRequest(name, managed=100 * MiB))
+        grant = pm.recv_type(Grant)
+        assert isinstance(grant, Grant) and not grant.continuation
+        pm.send(TokenRelease(name, grant.token_seq))
+    pms["j1"].send(TokenRequest("j1", managed=100 * MiB))
+    evict = pms["j0"].recv_type(Evict)
+    assert isinstance(evict, Evict)
+    assert pms["j1"].recv_type(Grant, timeout=0.05) is None          # held until j0 has answered
+    held_seq = dt.call(lambda: dt.daemon.policy.holder_seq)
+    return pms, evict.seq, held_seq
+
+
+@pytest.mark.parametrize("successor", [False, True], ids=["continued", "another-group-next"])
+def test_a_grant_held_past_its_slot_still_reaches_its_group(successor):
+    """Issue 19 (bench_um hung on the H100: every job's hooks waited for the token, gem-schd logged nothing after
+    'group j0 evicted ... to make room for j1'): j1's grant waits for j0's eviction, which takes longer than j1's
+    slot (its floor, ~210 ms here). The policy meanwhile continues j1's slot (nobody else waits) or, past its
+    deadline, grants j2. j1's pod manager never saw the held slot and asked only once: it must still get a grant
+    (before: a continuation it ignores, or nothing, and j1's processes waited forever)."""
+    cfg = parse_config("".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n" for i in range(3)))
+    with DaemonThread(cfg, device_memory=240 * MiB, board_path=None, base_quota_ms=50.0) as dt:
+        pms, evict_seq, held_seq = _held_grant_setup(dt)
+        try:
+            if successor:
+                pms["j2"].send(TokenRequest("j2", managed=100 * MiB))       # resident: no eviction needed
+            # the policy moves past the held slot (its deadline: continued, or j2 next)
+            wait_for(lambda: dt.call(lambda: dt.daemon.policy.holder_seq) != held_seq, timeout=5.0,
+                     what="the held slot's end")
+            pms["j0"].send(Swapped("j0", "host", seq=evict_seq, moved_bytes=100 * MiB, took_ms=10.0))
+            if successor:
+                grant = pms["j2"].recv_type(Grant)                            # j2 was granted at j1's deadline
+                assert isinstance(grant, Grant) and not grant.continuation
+                pms["j2"].send(TokenRelease("j2", grant.token_seq))
+            grant = pms["j1"].recv_type(Grant, timeout=3.0)
+            assert isinstance(grant, Grant), "j1 never got its grant"
+            assert not grant.continuation, grant          # a fresh grant: its pod manager never saw the held slot
+            assert dt.call(lambda: dt.daemon.policy.holder) == "j1"
+        finally:
+            for pm in pms.values():
+                pm.close()
+
+
+def test_a_grant_waits_for_evictions_asked_before_it():
+    """An eviction still unanswered when another grant is decided holds that grant too, whichever group it is:
+    until the evicted group answers, its memory may still be on the GPU (here j1's slot ran out while j0 was
+    evicting, and j2 was granted at its deadline; j1, asking again, would be next)."""
+    cfg = parse_config("".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n" for i in range(3)))
+    with DaemonThread(cfg, device_memory=240 * MiB, board_path=None, base_quota_ms=50.0) as dt:
+        pms, evict_seq, held_seq = _held_grant_setup(dt)
+        try:
+            pms["j2"].send(TokenRequest("j2", managed=100 * MiB))
+            wait_for(lambda: dt.call(lambda: dt.daemon.policy.holder) == "j2", timeout=5.0, what="j2's slot")
+            assert pms["j2"].recv_type(Grant, timeout=0.2) is None            # j0 has not answered yet
+            pms["j0"].send(Swapped("j0", "host", seq=evict_seq, moved_bytes=100 * MiB, took_ms=10.0))
+            assert isinstance(pms["j2"].recv_type(Grant), Grant)
+        finally:
+            for pm in pms.values():
+                pm.close()
 
 # --- GroupResidency (gem-pmgr) ----------------------------------------------------------------------------------
 

@@ -119,14 +119,15 @@ class _Peer:
 
 
 @dataclass
-@dataclass
 class _HeldGrant:
-    """A unified group's grant waiting for the groups evicted to make room for it."""
+    """A unified group's grant waiting for the groups evicted to make room for it (and for any eviction still
+    unanswered: their memory may still be on the GPU)."""
     decision: GrantDecision
     waiting: set
     timer: Any = None
 
 
+@dataclass
 class _GroupInfo:
     mem_used: int = 0
     clients: int = 0
@@ -640,13 +641,25 @@ class SchedulerDaemon:
                     self._notify("on_grant", d.group, d.token_seq, d.quota_ms, d.start_ms, d.wait_ms)
                     self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, now), now)
                     continue
+                held = self._held
+                if d.continuation and held is not None and held.decision.token_seq == d.prev_seq:
+                    # The held slot is continued before its grant went out (the evictions took longer than its
+                    # quota): its pod manager never saw that slot and would ignore a continuation of it, so the
+                    # held grant becomes the continued slot, sent as a fresh grant when the evictions are answered.
+                    held.decision = dataclasses.replace(d, continuation=False, prev_seq=0)
+                    continue
                 if not d.continuation and self._hold_for_evictions(d, now):
                     continue
                 if self._held is not None and self._held.decision.group != d.group:
-                    self._drop_held("the policy moved on to group " + d.group)
+                    self._drop_held("the policy moved on to group " + d.group, now)
                 self._send_grant(owner, d)
             elif isinstance(d, SlotEndDecision):
-
+                held = self._held
+                if held is not None and held.decision.token_seq == d.token_seq and d.reason != "continued":
+                    # Past its deadline (the evictions took longer than its quota) the group asks again; a slot
+                    # ended by the group itself (it asked again, which queued it) or by a stop needs nothing.
+                    self._drop_held(f"its slot ended ({d.reason}) before the evictions were answered", now,
+                                    requeue=d.reason == "deadline")
                 self._notify("on_slot_end", d.group, d.token_seq, d.quota_ms, d.start_ms, d.end_ms, d.wait_ms,
                              d.reason)
             elif isinstance(d, ClaimRightDecision):
@@ -690,7 +703,6 @@ class SchedulerDaemon:
             log.warning("group %s: its memory does not fit in --device-memory %d bytes even with every other "
                         "unified group evicted: it runs on the driver's page faults", d.group,
                         self.residency.capacity or 0)
-        waiting = set()
         for ev in evictions:
             owner = self._owners.get(ev.group)
             log.info("group %s evicted (%d bytes) to make room for %s", ev.group, ev.bytes, d.group)
@@ -699,15 +711,17 @@ class SchedulerDaemon:
                 self.residency.evicted(ev.group, ev.seq, 0, 0.0)
                 continue
             self._send(owner, Evict(ev.group, ev.seq))
-            waiting.add(ev.group)
+        # Evictions asked for an earlier grant and not answered yet count too: that memory may still be on the GPU.
+        waiting = {g for g in self.residency.outstanding() if g in self._owners}
         self._residency_to_policy()
         if not waiting:
             return False
         if self._held is not None:
-            self._drop_held("a newer grant")
+            # (a newer grant of the same group answers the same request: no need to ask again)
+            self._drop_held("a newer grant", now, requeue=self._held.decision.group != d.group)
         self._held = _HeldGrant(d, waiting)
         if self._loop is not None:
-            self._held.timer = self._loop.call_later(self.evict_timeout_s, self._evict_timed_out, d.token_seq)
+            self._held.timer = self._loop.call_later(self.evict_timeout_s, self._evict_timed_out, self._held)
         return True
 
     def _on_swapped(self, msg: Swapped) -> None:
@@ -734,23 +748,44 @@ class SchedulerDaemon:
         if held.timer is not None:
             held.timer.cancel()
         owner = self._owners.get(held.decision.group)
-        if owner is not None and self.policy.holder_seq == held.decision.token_seq:
+        if owner is None:
+            return
+        if self.policy.holder_seq == held.decision.token_seq:
             self._send_grant(owner, held.decision)
+        else:
+            # (the slot's end and continuation are handled in _dispatch; this is the safety net)
+            log.info("held grant of group %s is stale (slot %d is over): asking again", held.decision.group,
+                     held.decision.token_seq)
+            self._requeue(held.decision.group, self.now_ms())
 
-    def _evict_timed_out(self, token_seq: int) -> None:
-        held = self._held
-        if held is None or held.decision.token_seq != token_seq:
+    def _evict_timed_out(self, held: _HeldGrant) -> None:
+        if self._held is not held:
             return
         log.warning("evictions for group %s's grant not answered within %.1f s (%s): granting anyway",
                     held.decision.group, self.evict_timeout_s, ", ".join(sorted(held.waiting)))
+        for group in held.waiting:
+            self.residency.abandon(group)
         self._release_held()
+        self._arm_timer()
 
-    def _drop_held(self, why: str) -> None:
+    def _drop_held(self, why: str, now: float, requeue: bool = True) -> None:
+        """The held grant will not go out. Its group's pod manager still waits for an answer to the request the
+        grant answered (it asks only once), so unless gem-schd is stopping, the request goes back in the queue:
+        dropped silently, the group's processes waited for the token forever (issue 19)."""
         held, self._held = self._held, None
-        if held is not None:
-            if held.timer is not None:
-                held.timer.cancel()
-            log.info("held grant of group %s dropped (%s)", held.decision.group, why)
+        if held is None:
+            return
+        if held.timer is not None:
+            held.timer.cancel()
+        log.info("held grant of group %s dropped (%s)%s", held.decision.group, why,
+                 ": it asks again" if requeue else "")
+        if requeue:
+            self._requeue(held.decision.group, now)
+
+    def _requeue(self, group: str, now: float) -> None:
+        """Put a group whose grant never reached it back in the policy's queue (its place: now)."""
+        if group in self._owners:
+            self._dispatch(self.policy.request(group, now=now), now)
 
     def _notify(self, method: str, *args) -> None:
         for obs in self.observers:

@@ -187,6 +187,18 @@ class ResidencyPolicy:
         t.evict_seq = 0
         return True
 
+    def outstanding(self) -> set[str]:
+        """The groups asked to evict that have not answered yet: no grant may go out before they have (their
+        memory may still be on the GPU), whichever grant asked for them."""
+        return {name for name, t in self.tenants.items() if t.evict_seq != 0}
+
+    def abandon(self, group: str) -> None:
+        """Stop waiting for the group's eviction (it did not answer in time): the driver's page faults make the
+        rest of the room, and later grants do not wait for it again."""
+        t = self.tenants.get(group)
+        if t is not None:
+            t.evict_seq = 0
+
     def prefetched(self, group: str, moved: int, took_ms: float) -> None:
         t = self.tenants.get(group)
         if t is None:
