@@ -908,7 +908,9 @@ class Policy:
         """Who gets the slot that starts at `at`, and its quota: among the eligible waiting groups (and the
         holder, when deciding a continuation), the least virtual time; a tie goes to a waiting group (the
         holder's virtual time already counts the slot it holds), then to the one that has waited longest."""
-        cands: list[tuple[str, _Group, float, float]] = []
+        # Cheap keys first, the quota (bucket arithmetic) only as far down the order as needed: a decision
+        # costs a sort of the waiting groups, not a quota per group (bench/bench_policy_cost.py).
+        cands: list[tuple[tuple, _Group]] = []
         for name, g in self._groups.items():
             if name == holder:
                 arrival = math.inf
@@ -916,23 +918,30 @@ class Policy:
                 arrival = g.waiting.arrival
             else:
                 continue
-            quota = self._quota(g, at)
-            if quota is None:
-                continue
-            cands.append((name, g, arrival, quota))
+            cands.append(((g.vtime, name == holder, arrival, name), g))
         if not cands:
             return None
-        least = min(g.vtime for _, g, _, _ in cands)
+        cands.sort(key=lambda c: c[0])
         best: Optional[tuple[tuple, str, float]] = None
-        for name, g, arrival, quota in cands:
-            # An aligned group inside its window goes first (its peers on the other GPUs run now), unless it is
-            # more than two windows ahead in virtual time: then the others' floors come first.
-            first = (g.cfg.aligned and g.bucket is not None
-                     and g.vtime <= least + 2 * self._grid(g)[1] / self._weight(name, at) + EPS)
-            key = (not first, g.vtime, name == holder, arrival, name)
-            if best is None or key < best[0]:
-                best = (key, name, quota)
-        assert best is not None
+        for key, g in cands:
+            quota = self._quota(g, at)
+            if quota is not None:
+                best = (key, key[3], quota)
+                break
+        if best is None:
+            return None
+        least = best[0][0]
+        # An aligned group inside its window goes first (its peers on the other GPUs run now), unless it is
+        # more than two windows ahead in virtual time: then the others' floors come first.
+        for key, g in cands:
+            if not (g.cfg.aligned and g.bucket is not None):
+                continue
+            name = key[3]
+            if g.vtime > least + 2 * self._grid(g)[1] / self._weight(name, at) + EPS:
+                continue
+            quota = self._quota(g, at)
+            if quota is not None:
+                return name, quota      # the first such in the order: the least virtual time among them
         return best[1], best[2]
 
     def _schedule(self, now: float) -> list[Decision]:
