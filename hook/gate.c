@@ -37,7 +37,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -51,6 +50,7 @@
 #include "residency.h"
 #include "settings.h"
 #include "stats.h"
+#include "thread.h"
 
 /* What a holder reads for claims when there is no board, or its own group claims: never paused. */
 static const int64_t no_claim = 0;
@@ -128,22 +128,10 @@ static void start_watcher(void) {
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
         pthread_cond_init(&watch_cv, &ca);
         pthread_condattr_destroy(&ca);
-        /* The watcher must never take the program's signals. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, watcher_main, NULL) == 0) {
+        if (gem_thread_start(watcher_main, "gemhook-watch") == 0)
             watcher_started = 1;
-            pthread_setname_np(t, "gemhook-watch");
-        } else {
+        else
             GEM_LOG(GEM_LOG_WARN, "cannot start the watcher thread: tokens expire only at the next launch");
-        }
-        pthread_attr_destroy(&attr);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
     pthread_mutex_unlock(&watch_mu);
 }
@@ -245,7 +233,7 @@ static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns, int64_
             int64_t idle = atomic_exchange(&g->slot_idle_ns, 0);
             if (mark > 0 && idle_from >= mark)
                 idle += gem_now_ns() - idle_from;
-            /* never below a tenth of the span: the idle gaps are host times, the span GPU time, and a
+            /* never below a tenth of the span: the gaps are partly host times and the span GPU time, and a
              * slot is never reported as unused (the scheduler bounds what it forgives anyway) */
             if (idle > gpu - gpu / 10)
                 idle = gpu - gpu / 10;

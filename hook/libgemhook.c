@@ -17,6 +17,7 @@
  *      settings    settings from the environment, logging
  *      stats       counters
  *      real        the driver's real functions, resolved from the table
+ *      thread      the hook's background threads: detached, named, deaf to signals
  *   2  client      the connection to a pod manager
  *   3  device      the device registry, endpoints, fail-open
  *   4  capture     open stream captures

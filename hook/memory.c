@@ -227,7 +227,6 @@ static CUresult alloc_unified(struct gem_device *d, CUdeviceptr *dptr, size_t by
     return rc;
 }
 
-
 static CUresult alloc_plain(CUresult (*call)(CUdeviceptr *, size_t, void *, void *), CUdeviceptr *dptr,
                             size_t bytes, void *a, void *b, int kind) {
     if (!dptr || bytes == 0 || !accounting())

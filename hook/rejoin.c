@@ -16,12 +16,12 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
-#include <signal.h>
 #include <time.h>
 
 #include "device.h"
 #include "rejoin.h"
 #include "settings.h"
+#include "thread.h"
 
 #define REJOIN_FOR_S 30
 #define LOOK_EVERY_MS 100
@@ -88,21 +88,9 @@ void gem_rejoin_start(void) {
     pthread_mutex_lock(&rejoin_mu);
     if (!started && !stopping) {
         started = 1;
-        /* The thread must never take the program's signals. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, rejoin_main, NULL) == 0)
-            pthread_setname_np(t, "gemhook-rejoin");
-        else
+        if (gem_thread_start(rejoin_main, "gemhook-rejoin") != 0)
             GEM_LOG(GEM_LOG_WARN, "cannot start the rejoin thread: after a pod manager restart, this process's "
                     "memory is re-announced only at its next CUDA call");
-        pthread_attr_destroy(&attr);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
     pthread_mutex_unlock(&rejoin_mu);
 }
