@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from gemini.k8s import devices as dv
 from gemini.k8s.policy import Defaults, Placement, PodInfo
 from gemini.k8s.service import GemNode, NodeOptions
+from tests.e2e_fixtures import wait_for
 from tests.k8s_kubelet import FakeKubelet
 
 GiB = 1 << 30
@@ -147,11 +147,4 @@ class NodeHarness:
         self.call(self.agent.reconcile)
 
     def wait(self, predicate, timeout: float = 10.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what} not reached within {timeout} s")
-            time.sleep(0.02)
+        return wait_for(predicate, timeout, what=what)

@@ -20,24 +20,15 @@ import sys
 import pytest
 
 from bench.harness import TRANSPORTS, Group
-from gemini.wire import hook as hp
 from tests.e2e_fixtures import CLIENTS_DIR, CUDA_ERROR_OUT_OF_MEMORY, MiB, Holder, Sim, wait_for
-from tests.test_faults import daemon_pid, pmgr_ready
-from tests.pmgr_helpers import BlockingHook
+from tests.test_faults import daemon_pid, mem_used, pmgr_ready
 
 LIMIT = 256 * MiB
 
 
 def group_used(be, group: str) -> int:
     """The group's memory in use as its pod manager counts it (asked as a fresh client of the group)."""
-    probe = BlockingHook(be.ports[group], timeout=5)
-    try:
-        assert isinstance(probe.call(hp.Hello(pid=os.getpid(), pod_name=group)), hp.HelloAck)
-        reply = probe.call(hp.MemInfo())
-        assert isinstance(reply, hp.MemReply), reply
-        return reply.used
-    finally:
-        probe.close()
+    return mem_used(be.ports[group], group)
 
 
 DEVICE_USED = ("import ctypes; cu = ctypes.CDLL('libcuda.so.1'); b = ctypes.byref; cu.cuInit(0); "
