@@ -198,9 +198,10 @@ static void collect_gap_locked(struct gem_gate *g) {
 }
 
 /* Wait for the process's outstanding work in ctx; returns the time it was done. If the slot's start was
- * marked, *used_ns gets the GPU time from the slot's first kernel to now (0 if unknown), less the host's
- * idle gaps in between: those after a synchronisation (slot_idle_ns) and, when the process has been idle
- * since `idle_from` (0: it was in a burst), the tail from then to the end of the drain. */
+ * marked, *used_ns gets the GPU time from the slot's first kernel to now (0 if unknown), less the idle gaps
+ * in between: those after each context-wide synchronisation (slot_idle_ns, timed on the GPU where both of a
+ * gap's events were recorded, else on the host) and, when the process has been idle since `idle_from` (0: it
+ * was in a burst), the tail from then to the end of the drain. */
 static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns, int64_t idle_from) {
     *used_ns = 0;
     int measured = g->slot_measured;
