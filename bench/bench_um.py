@@ -1,6 +1,6 @@
 """Unified groups on a real GPU: more training jobs than fit in gemini's configured capacity, swapped by gem-schd.
 
-    python bench/bench_um.py [--jobs 3] [--job-gib 10] [--capacity-gib 24] [--steps 80] [--cpu-ms 40]
+    python bench/bench_um.py [--jobs 3] [--job-gib 10] [--capacity-gib 24] [--steps 300] [--cpu-ms 40]
                              [--budget-s 440] [--skip no_cache,alone]
 
 Each job (written to a temp file, PyTorch) trains an MLP whose weights, gradients and Adam state take about
@@ -9,8 +9,11 @@ Each job (written to a temp file, PyTorch) trains an MLP whose weights, gradient
   2. gemini: one unified group per job (MaxUtil 1), all at once, gem-schd --device-memory CAPACITY;
   3. no_cache: as 2 with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (cached-but-unused blocks are not swapped);
   4. alone: one job in a device-mode group, then in a unified group (nothing to swap: the cost of managed memory).
-Reports throughput of all jobs together relative to sequential, each job's share of the gemini span against its
-MaxUtil, the unified-alone loss, and the swap cost (bytes per switch, GB/s, time per switch) from gem-ctl status.
+Reports throughput of all jobs together relative to sequential: `throughput_vs_sequential` counts steps only (the
+jobs' step phases one after another, against the span from the first step of any job to the last), and
+`wall_vs_sequential` whole runs with their start-ups (which the gemini phase overlaps); each job's share of the
+gemini span (its slot time in gem-schd's trace, kept with --trace-dir) against its MaxUtil; the unified-alone
+loss; and the swap cost (bytes per switch, GB/s, time per switch) from gem-ctl status.
 
 Bounded: each phase has its own time limit (--seq-s, --gemini-s, --alone-s), all within --budget-s; a phase
 that would start with less than 15 s left is skipped. The jobs' progress lines are read as they come and logged
@@ -46,6 +49,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import Backend, Group, children_of, cmdline  # noqa: E402
+from gemini.scheduler.trace import TraceFormatError, read_trace  # noqa: E402
 
 log = logging.getLogger("bench.um")
 
@@ -219,7 +223,9 @@ def ctl_status(be: Backend, timeout_s: float = 5.0) -> dict:
     gem-ctl's message if it did not answer."""
     out = subprocess.run([sys.executable, "-m", "gemini.ctl", *be.where_args(), "--timeout", f"{timeout_s:g}",
                           "status", "--json"], capture_output=True, text=True, timeout=timeout_s + 30,
-                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                             [str(Path(__file__).resolve().parent.parent)] +
+                             ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))))
     if out.returncode != 0:
         raise subprocess.CalledProcessError(out.returncode, out.args, out.stdout, out.stderr)
     return json.loads(out.stdout)
@@ -281,14 +287,40 @@ def swap_counters(status: dict) -> dict:
             "swap_ms": sum(g["swap_ms"] for g in per.values()), "swap_gbps": status.get("swap_gbps", 0.0)}
 
 
+def slot_shares(trace_path: Path, groups: list[str], first_s: float, last_s: float) -> dict:
+    """Each group's slot time in gem-schd's trace between two moments (time.monotonic(), the jobs' clock), as a
+    fraction of that span. The trace's start event gives the wall-clock time of its ts 0; the offset between
+    this host's wall clock and its monotonic clock lines the two up."""
+    try:
+        events = read_trace(trace_path)
+    except (OSError, TraceFormatError) as exc:
+        return {"error": str(exc)}
+    ts0 = next((e["args"]["unix_time_at_ts0"] for e in events
+                if e.get("name") == "config" and "unix_time_at_ts0" in e.get("args", {})), None)
+    if ts0 is None:
+        return {"error": f"{trace_path}: no start event"}
+    mono_to_unix = time.time() - time.monotonic()
+    lo, hi = (first_s + mono_to_unix - ts0) * 1e6, (last_s + mono_to_unix - ts0) * 1e6
+    used = dict.fromkeys(groups, 0.0)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "slot" and e.get("name") in used:
+            a, b = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
+            used[e["name"]] += max(0.0, min(b, hi) - max(a, lo))
+    return {g: v / (hi - lo) for g, v in used.items()} if hi > lo else {}
+
+
 def gemini_run(job_argv: list[str], args, work: Path, env: dict, tag: str, limit_s: float) -> dict:
     """All jobs at once, one unified group each. Always returns a dict: the measures when every job finished,
     else "ok": False with the steps done, gem-ctl status, the swap counters and the backend's log tail."""
     groups = [Group(f"j{i}", 0.0, 1.0, f"{int(args.job_gib + 2)}GiB", memory_mode="unified")
               for i in range(args.jobs)]
+    trace_dir = Path(args.trace_dir) if getattr(args, "trace_dir", None) else work
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = trace_dir / f"um-{tag}-trace.json"
     t_start = time.monotonic()
     with Backend(work / tag, groups, env=env, quota_ms=None, min_quota_ms=None, window_ms=None,
-                 extra_args=["--device-memory", f"{args.capacity_gib}GiB"]) as be:
+                 extra_args=["--device-memory", f"{args.capacity_gib}GiB",
+                             f"--schd-arg=--trace={trace_path}"]) as be:
         left = limit_s - (time.monotonic() - t_start)
         t0 = time.monotonic()
         with StatusPoller(be, getattr(args, "status_every_s", STATUS_EVERY_S)) as poller:
@@ -313,9 +345,11 @@ def gemini_run(job_argv: list[str], args, work: Path, env: dict, tag: str, limit
     first = min(r["t0"] for r in res)
     last = max(r["t1"] for r in res)
     evictions = counters.get("evictions") or 0
-    out.update({"measured_span_s": last - first, "jobs": res,
-                "shares_vs_maxutil": {g.name: {"share": groups_st.get(g.name, {}).get("share"),
-                                               "max_util": g.max_util} for g in groups},
+    shares = slot_shares(trace_path, [g.name for g in groups], first, last)
+    out.update({"measured_span_s": last - first, "jobs": res, "trace": str(trace_path),
+                "shares_vs_maxutil": {g.name: {"share": shares.get(g.name), "max_util": g.max_util,
+                                               "window_share_at_end": groups_st.get(g.name, {}).get("share")}
+                                      for g in groups},
                 "bytes_per_switch": (counters.get("moved_bytes") or 0) / evictions if evictions else 0,
                 "ms_per_switch": (counters.get("swap_ms") or 0.0) / evictions if evictions else 0,
                 "swap_fraction": (counters.get("swap_ms") or 0.0) / 1e3 / (last - first) if last > first else None,
@@ -343,17 +377,19 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=3)
     p.add_argument("--job-gib", type=float, default=10.0)
     p.add_argument("--capacity-gib", type=float, default=24.0)
-    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--cpu-ms", type=float, default=40.0, help="host work per step (an input pipeline)")
     p.add_argument("--max-fraction", type=float, default=0.8)
     p.add_argument("--budget-s", type=float, default=440.0, help="the whole run's time limit")
-    p.add_argument("--seq-s", type=float, default=130.0, help="time limit of the sequential phase (all jobs)")
+    p.add_argument("--seq-s", type=float, default=200.0, help="time limit of the sequential phase (all jobs)")
     p.add_argument("--gemini-s", type=float, default=150.0, help="time limit of each gemini phase")
     p.add_argument("--alone-s", type=float, default=50.0, help="time limit of each alone run")
     p.add_argument("--stall-s", type=float, default=30.0, help="log a job that printed nothing for this long")
     p.add_argument("--status-every-s", type=float, default=STATUS_EVERY_S,
                    help="a gemini phase samples gem-ctl status this often (its status_samples)")
     p.add_argument("--skip", default="", help="comma list of runs to skip: no_cache,alone")
+    p.add_argument("--trace-dir", default=None, help="keep gem-schd's trace of each gemini phase here "
+                                                     "(um-<phase>-trace.json; default: the run's temp dir)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     free = free_gib()
@@ -392,6 +428,9 @@ def main(argv=None) -> int:
                 seq.update(ok=False, timed_out=ran["timed_out"])
                 break
         seq["span_s"] = time.monotonic() - t0
+        if seq["ok"]:
+            # the jobs' own step phases, one after another: what the swapped run's measured span is compared with
+            seq["work_s"] = sum(j["seconds"] for j in seq["jobs"])
         out["sequential"] = seq
 
     # 2. (and 3.) gemini: the jobs at once in unified groups
@@ -402,8 +441,13 @@ def main(argv=None) -> int:
         limit = budget.limit(args.gemini_s)
         out[tag] = skipped() if limit is None else gemini_run(job_argv, args, work, run_env, tag, limit)
         if out["sequential"].get("ok") and out[tag].get("ok"):
-            out[tag]["throughput_vs_sequential"] = out["sequential"]["span_s"] / out[tag]["span_s"]
+            # Steps only (each job's start-up left out on both sides): the sum of the jobs' step phases run one
+            # after another, against the span from the first job's first step to the last job's last step.
+            out[tag]["throughput_vs_sequential"] = out["sequential"]["work_s"] / out[tag]["measured_span_s"]
+            # Whole runs, start-ups included (the gemini phase overlaps them, the sequential one cannot).
+            out[tag]["wall_vs_sequential"] = out["sequential"]["span_s"] / out[tag]["span_s"]
     out["throughput_vs_sequential"] = out["gemini"].get("throughput_vs_sequential")
+    out["wall_vs_sequential"] = out["gemini"].get("wall_vs_sequential")
 
     # 4. one job alone: device mode against unified mode
     if "alone" not in args.skip:

@@ -262,9 +262,10 @@ def step_train(ctx) -> dict:
 
 
 def step_um(ctx) -> dict:
-    argv = ["bench/bench_um.py", "--jobs", "3", "--job-gib", "10", "--capacity-gib", "24"]
+    argv = ["bench/bench_um.py", "--jobs", "3", "--job-gib", "10", "--capacity-gib", "24",
+            "--trace-dir", str(ctx.out)]
     if ctx.args.quick:
-        argv += ["--steps", "80", "--skip", "no_cache"]
+        argv += ["--steps", "150", "--skip", "no_cache"]
     else:
         argv += ["--budget-s", "540"]
     # bench_um bounds its phases itself (--budget-s, 440 s by default) and prints its JSON even when a phase
@@ -384,15 +385,17 @@ def write_report(ctx, results: dict) -> None:
                 g = res["gemini"]
                 lines.append(f"{res['jobs']} jobs of {res['job_gib']} GiB, capacity {res['capacity_gib']} GiB: "
                              f"sequential {fmt(res['sequential']['span_s'], 1)} s, gemini {fmt(g['span_s'], 1)} s: "
-                             f"throughput x{fmt(res['throughput_vs_sequential'], 2)} of sequential; shares "
-                             f"{ {k: round(v['share'], 3) for k, v in g['shares_vs_maxutil'].items()} } (MaxUtil 1)")
-                lines.append(f"- swaps: {g['evictions']} evictions, {fmt(g['bytes_per_switch'] / 2**30, 2)} GiB and "
+                             f"throughput x{fmt(res['throughput_vs_sequential'], 2)} of sequential (steps), "
+                             f"x{fmt(res.get('wall_vs_sequential'), 2)} (whole runs); shares "
+                             f"{ {k: fmt(v['share'], 3) for k, v in g['shares_vs_maxutil'].items()} } (MaxUtil 1)")
+                per_switch = (g['bytes_per_switch'] or 0) / 2**30
+                lines.append(f"- swaps: {g['evictions']} evictions, {fmt(per_switch, 2)} GiB and "
                              f"{fmt(g['ms_per_switch'], 1)} ms per switch, {fmt(g['swap_gbps'], 1)} GB/s, swapping "
                              f"{fmt(100 * (g['swap_fraction'] or 0), 1)}% of the span")
                 if "no_cache" in res:
                     n = res["no_cache"]
                     lines.append(f"- PYTORCH_NO_CUDA_MEMORY_CACHING=1: x{fmt(n['throughput_vs_sequential'], 2)}, "
-                                 f"{fmt(n['bytes_per_switch'] / 2**30, 2)} GiB per switch")
+                                 f"{fmt((n.get('bytes_per_switch') or 0) / 2**30, 2)} GiB per switch")
                 if "alone_steps_per_s" in res:
                     lines.append(f"- alone: device {fmt(res['alone_steps_per_s']['device'], 2)} steps/s, unified "
                                  f"{fmt(res['alone_steps_per_s']['unified'], 2)}: loss "

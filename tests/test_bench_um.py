@@ -3,11 +3,14 @@ still reports what it has (steps done per job, gem-ctl status, the swap counters
 dying with a TimeoutExpired and nothing else (what happened on the H100 before gem-schd paced its swaps)."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from argparse import Namespace
 from pathlib import Path
+
+import pytest
 
 from bench.bench_um import Budget, StatusPoller, gemini_run, run_jobs
 from bench.harness import free_port_base
@@ -111,3 +114,22 @@ def test_status_samples_record_when_gem_schd_does_not_answer():
     assert poller.samples
     assert all("no answer from gem-schd" in s["error"] and s["took_s"] >= 0.3 for s in poller.samples), \
         poller.samples
+
+
+def test_slot_shares_reads_each_groups_slot_time_between_two_moments(tmp_path):
+    """bench_um's per-job share: slot time in gem-schd's trace, lined up with the jobs' monotonic clock through
+    the trace's start event (unix_time_at_ts0), clipped to the span asked for."""
+    from bench.bench_um import slot_shares
+    mono_to_unix = time.time() - time.monotonic()
+    first = time.monotonic() - 100.0                 # the span: 10 s, starting 100 s ago ...
+    ts0 = first + mono_to_unix - 5.0                 # ... 5 s after the daemon's ts 0
+    events = [{"ph": "i", "name": "config", "cat": "config", "ts": 0.0, "args": {"unix_time_at_ts0": ts0}},
+              # a: 2 s inside the span, 1 s before it (not counted); b: 3 s, of which 1 s past the end
+              {"ph": "X", "name": "a", "cat": "slot", "ts": 4e6, "dur": 3e6},
+              {"ph": "X", "name": "b", "cat": "slot", "ts": 13e6, "dur": 3e6},
+              {"ph": "X", "name": "a", "cat": "claim", "ts": 6e6, "dur": 5e6}]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(events))
+    got = slot_shares(path, ["a", "b", "c"], first, first + 10.0)
+    assert got == pytest.approx({"a": 0.2, "b": 0.2, "c": 0.0}, abs=1e-3)
+    assert "error" in slot_shares(tmp_path / "missing.json", ["a"], first, first + 1)
