@@ -268,6 +268,10 @@ def step_um(ctx) -> dict:
         argv += ["--steps", "150", "--skip", "no_cache"]
     else:
         argv += ["--budget-s", "540"]
+    if ctx.args.um_steps:
+        argv += ["--steps", str(ctx.args.um_steps)]
+    if ctx.args.um_skip is not None:
+        argv += ["--skip", ctx.args.um_skip]
     # bench_um bounds its phases itself (--budget-s, 440 s by default) and prints its JSON even when a phase
     # failed or timed out (exit 1): keep that JSON, it says how far each job got and what gem-schd saw.
     argv = [sys.executable, *argv]
@@ -434,6 +438,8 @@ def main(argv=None) -> int:
                    help="the inference groups' Class in the sharing step, one backend each")
     p.add_argument("--soak-sharing", default="turns,together", help="ProcessSharing modes the soak step runs")
     p.add_argument("--soak-seconds", type=float, default=120)
+    p.add_argument("--um-steps", type=int, default=None, help="steps of each bench_um job (default: bench_um's)")
+    p.add_argument("--um-skip", default=None, help="bench_um runs to skip (no_cache,alone)")
     args = p.parse_args(argv)
     ctx = Ctx()
     ctx.args = args

@@ -119,6 +119,15 @@ class Board:
     def set_counts(self, latency_groups: int, used_slots: int) -> None:
         self._lib.gemhook_board_set_counts(self._b, latency_groups, used_slots)
 
+    def set_groups_waiting(self, waiting: bool) -> None:
+        """gem-schd: whether another group than the holder could be granted now (the holder's hooks then give
+        the token back when their burst ends, not after the idle release)."""
+        self._lib.gemhook_board_set_groups_waiting(self._b, 1 if waiting else 0)
+
+    @property
+    def groups_waiting(self) -> bool:
+        return bool(self._lib.gemhook_board_groups_waiting(self._b))
+
     def publish(self, slot: int, token_seq: int, prev_seq: int, deadline_ns: int) -> None:
         self._lib.gemhook_board_publish(self._b, slot, token_seq, prev_seq, deadline_ns)
 

@@ -1,5 +1,5 @@
 /*
- * board.c -- the board page's protocol: publishing slots (seqlock), claims (atomics), turn waiters.
+ * board.c -- the board page's protocol: publishing slots (seqlock), claims (atomics), turn and group waiters.
  */
 #include <string.h>
 
@@ -105,6 +105,14 @@ GEM_EXPORT void gemhook_board_set_waiters(struct gem_board *b, uint32_t slot, ui
 
 GEM_EXPORT uint32_t gemhook_board_waiters(const struct gem_board *b, uint32_t slot) {
     return slot < GEM_BOARD_GROUPS ? __atomic_load_n(&b->group[slot].turn_waiters, __ATOMIC_ACQUIRE) : 0;
+}
+
+GEM_EXPORT void gemhook_board_set_groups_waiting(struct gem_board *b, uint32_t waiting) {
+    __atomic_store_n(&b->claims.groups_waiting, waiting, __ATOMIC_RELEASE);
+}
+
+GEM_EXPORT uint32_t gemhook_board_groups_waiting(const struct gem_board *b) {
+    return __atomic_load_n(&b->claims.groups_waiting, __ATOMIC_ACQUIRE);
 }
 
 GEM_EXPORT void gemhook_board_request_evict(struct gem_board *b, uint32_t slot, uint64_t evict_seq) {

@@ -26,6 +26,8 @@ GEM_EXPORT void gemhook_board_unclaim(struct gem_board *b, uint32_t slot);
 GEM_EXPORT int64_t gemhook_board_claim_until(const struct gem_board *b);
 GEM_EXPORT void gemhook_board_set_waiters(struct gem_board *b, uint32_t slot, uint32_t waiters);
 GEM_EXPORT uint32_t gemhook_board_waiters(const struct gem_board *b, uint32_t slot);
+GEM_EXPORT void gemhook_board_set_groups_waiting(struct gem_board *b, uint32_t waiting);
+GEM_EXPORT uint32_t gemhook_board_groups_waiting(const struct gem_board *b);
 GEM_EXPORT void gemhook_board_request_evict(struct gem_board *b, uint32_t slot, uint64_t evict_seq);
 GEM_EXPORT uint64_t gemhook_board_evict_seq(const struct gem_board *b, uint32_t slot);
 /* cffi-end */

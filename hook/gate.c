@@ -667,7 +667,12 @@ void gem_gate_on_sync(CUcontext ctx, int whole_context) {
         if (g->latency) {
             release_soon = 1;   /* a claim ends soon after its burst: the watcher must look */
         } else if (g->board && g->board_slot >= 0 && gemhook_board_waiters(g->board, (uint32_t)g->board_slot) > 0) {
-            g->pass_turn = 1;   /* turns: others wait, and this burst is over */
+            g->pass_turn = GEM_PASS_TURN;   /* turns: others of the group wait, and this burst is over */
+            release_soon = 1;
+        } else if (gem_cfg.idle_release_ns > 0 && g->board && gemhook_board_groups_waiting(g->board)) {
+            /* Another group could be granted now: keeping the token through the idle release would leave
+             * the GPU idle for it (5 ms of every step of two jobs with host work between steps). */
+            g->pass_turn = GEM_PASS_GROUP;
             release_soon = 1;
         }
     }
@@ -726,16 +731,31 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
     if (g->slot_deadline_ns < next)
         next = g->slot_deadline_ns;
     /* How long idle before the token goes back: a batch slot after GEMINI_IDLE_RELEASE_MS, a latency
-     * group's claim after GEMINI_CLAIM_IDLE_MS, a turn others wait for once the burst is over by the
-     * estimator's own rule (no launch within the 2 ms merge gap), so back-to-back steps keep their turn. */
+     * group's claim after GEMINI_CLAIM_IDLE_MS, a turn or slot others wait for once the burst is over by
+     * the estimator's own rule (no launch within the 2 ms merge gap), so back-to-back steps keep it. */
     int64_t idle_ns = g->pass_turn ? gem_cfg.burst_merge_ns : g->latency ? gem_cfg.claim_idle_ns
                                                                           : gem_cfg.idle_release_ns;
+    /* A batch holder idle since its burst ended: when gem-schd says on the board that another group could be
+     * granted now, the merge gap is enough; else it looks at the board again every GEM_BOARD_POLL_NS while
+     * it sits idle, because a group that asks during the idle release would otherwise wait all of it. */
+    int poll_board = 0;
+    if (!g->pass_turn && !g->latency && g->board && idle_ns > gem_cfg.burst_merge_ns && /* 0: never early */
+        !atomic_load(&g->in_burst)) {
+        if (gemhook_board_groups_waiting(g->board)) {
+            g->pass_turn = GEM_PASS_GROUP;
+            idle_ns = gem_cfg.burst_merge_ns;
+        } else {
+            poll_board = 1;
+        }
+    }
     if (idle_ns > 0 && atomic_load(&g->in_burst) && now + idle_ns < next)
         next = now + idle_ns; /* look again: the burst may end and the process go idle */
     if (idle_ns > 0 && !atomic_load(&g->in_burst)) {
         int64_t idle_since = atomic_load(&g->last_sync_ns);
         if (idle_since < g->granted_ns)
             idle_since = g->granted_ns;
+        if (poll_board && now + GEM_BOARD_POLL_NS < next)
+            next = now + GEM_BOARD_POLL_NS;
         if (now - idle_since >= idle_ns) {
             /* Take the token from launchers first, then make sure nothing is in flight. */
             g->state = GEM_TOKEN_DRAINING;
@@ -757,8 +777,10 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
             uint64_t seq = g->token_seq;
             int64_t overuse = g->pending_overuse_ns;
             g->pending_overuse_ns = 0;
-            if (g->pass_turn)
+            if (g->pass_turn == GEM_PASS_TURN)
                 atomic_fetch_add(&gem_stats.turn_passes, 1);
+            else if (g->pass_turn == GEM_PASS_GROUP)
+                atomic_fetch_add(&gem_stats.group_passes, 1);
             g->pass_turn = 0;
             release_slot_unlock(g, seq, overuse, used);
             atomic_fetch_add(&gem_stats.early_releases, 1);

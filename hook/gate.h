@@ -76,9 +76,16 @@ struct gem_gate {
     int latency;                /* the group is latency class: its tokens are claims */
     int bound;                  /* the current grant asked for the queue to end with the slot */
     int tight;                  /* ... and to stay GEMINI_INFLIGHT_MS short whatever the time left */
-    int pass_turn;              /* turns: the burst ended while others wait; give the turn back now */
+    int pass_turn;              /* the burst ended while others wait (GEM_PASS_*): give the token back soon */
     struct gem_inflight inflight;
 };
+
+/* Why a holder gives its token back once its burst is over (pass_turn): processes of its own `turns`
+ * group wait for the turn (the pod manager's count on the board), or gem-schd says another group could be
+ * granted now (the board's groups_waiting). */
+enum { GEM_PASS_NONE = 0, GEM_PASS_TURN = 1, GEM_PASS_GROUP = 2 };
+/* How often an idle batch holder's watcher reads the board's groups_waiting during its idle release. */
+#define GEM_BOARD_POLL_NS (1 * GEM_NS_PER_MS)
 
 extern struct gem_gate gem_gates[GEM_MAX_DEVICES];
 

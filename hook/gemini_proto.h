@@ -197,6 +197,8 @@ struct gem_msg {
  *   - continuations: gem-schd publishes each group's current slot (token_seq, the slot it continues,
  *     deadline), so a holder whose slot continues keeps launching at its deadline without draining;
  *   - turn_waiters: a pod manager in turns mode says how many processes wait for the turn;
+ *   - groups_waiting: gem-schd says whether another group could be granted now, so that a holder gives the
+ *     GPU back when its burst ends instead of after the idle release;
  *   - evict_seq: a unified group's pod manager asks its hooks to move their managed memory to the host.
  * Every field is written through the gemhook_board_* functions (hook/board.c), which order the stores
  * (a seqlock for a slot; atomics for claims), so the hook and the Python daemons agree on one protocol.
@@ -222,7 +224,10 @@ struct gem_board_claims {                /* line 1: read on every batch launch *
     int64_t claim_until_ns;              /* batch hooks pause while CLOCK_MONOTONIC < this */
     uint32_t latency_groups;             /* gem-schd: latency groups in the config (0: nothing to bound) */
     uint32_t used_slots;                 /* gem-schd: group lines in use are below this */
-    uint8_t pad[48];
+    uint32_t groups_waiting;             /* gem-schd: 1 while another group than the holder could be granted
+                                          * now (the holder then gives the GPU back when its burst ends);
+                                          * written at most once per scheduling decision */
+    uint8_t pad[44];
 };
 
 struct gem_board_group {                 /* one line per group */

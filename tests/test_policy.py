@@ -549,3 +549,27 @@ def test_a_long_slot_released_early_is_settled_at_the_weight_of_its_grant():
     assert gc.group == "c"                # c has waited longest and not run: it goes before a runs again
     st = p.status(1860.0)
     assert st["a"].grants == 1 and st["c"].grants == 1
+
+
+def test_others_grantable_says_whether_releasing_now_would_let_another_group_run():
+    """What gem-schd publishes on the board (groups_waiting): a waiting group other than the holder whose cap
+    and swap pacing allow a slot now. Not the holder itself, not a capped group whose bucket is empty, not one
+    paced by residency (not_before), and nothing while nobody waits."""
+    p = Policy(config(("a", 0, 1), ("b", 0, 1), ("c", 0, 0.1)), base_quota_ms=100)
+    assert [d.group for d in grants(p.request("a", now=0.0))] == ["a"]
+    assert not p.others_grantable(1.0)                      # only the holder
+    p.request("c", now=2.0)                                 # capped at 0.1, its bucket full: it could run
+    assert p.others_grantable(2.0)
+    seq = p.holder_seq
+    p.release("a", seq, now=3.0)                            # c runs its bucket empty, then a holds again
+    p.request("a", now=3.5)
+    assert p.holder == "c"
+    p.release("c", p.holder_seq, now=40.0, used_ms=37.0)
+    assert p.holder == "a"
+    p.request("c", now=41.0)
+    assert not p.others_grantable(41.0)                     # c waits, but its bucket does not allow a slot
+    p.not_before = {"b": 1000.0}
+    p.request("b", now=42.0)
+    assert not p.others_grantable(42.0)                     # b is paced until 1000 ms
+    p.not_before = {}
+    assert p.others_grantable(43.0)

@@ -219,6 +219,7 @@ class SchedulerDaemon:
         # and latency groups cannot claim).
         self._board_path_arg = board_path
         self.board: Optional[Board] = None
+        self._board_waiting = False     # what the board's groups_waiting says
         self._board_slots: dict[str, int] = {}
         self._peers: dict[bytes, _Peer] = {}
         self._owners: dict[str, bytes] = {}
@@ -632,6 +633,23 @@ class SchedulerDaemon:
         """Carry out the policy's decisions made at `now` (ms; default: now)."""
         if now is None:
             now = self.now_ms()
+        try:
+            self._carry_out(decisions, now)
+        finally:
+            self._publish_waiting(now)
+
+    def _publish_waiting(self, now: float) -> None:
+        """Tell the holder's hooks on the board whether another group could be granted now (after every
+        message and timer, which is when that can change; a capped waiter whose bucket fills up meanwhile is
+        seen at the next one)."""
+        if self.board is None:
+            return
+        waiting = self.policy.others_grantable(now)
+        if waiting != self._board_waiting:
+            self._board_waiting = waiting
+            self.board.set_groups_waiting(waiting)
+
+    def _carry_out(self, decisions: list[Decision], now: float) -> None:
         for d in decisions:
             owner = self._owners.get(d.group)
             if isinstance(d, GrantDecision):

@@ -382,6 +382,17 @@ class Policy:
     def waiting(self) -> list[str]:
         return [n for n, g in self._groups.items() if g.waiting is not None]
 
+    def others_grantable(self, now: float) -> bool:
+        """Could a group other than the holder be granted at `now` (it waits, and its cap and any swap pacing
+        allow a slot)? gem-schd tells the holder's hooks on the board, so that they give the GPU back when
+        their burst ends rather than keep it idle through the idle release. Stops at the first such group."""
+        now = self._now(now)
+        holder = self._holder.group if self._holder is not None else None
+        for name, g in self._groups.items():
+            if name != holder and g.waiting is not None and self._quota(g, now) is not None:
+                return True
+        return False
+
     def initial_decisions(self) -> list[Decision]:
         """Claim rights of the latency groups at the start (the daemon sends them at each Welcome too)."""
         return [ClaimRightDecision(n, g.claim_allowed, self.max_claim_ms)
