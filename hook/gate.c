@@ -198,10 +198,18 @@ static void collect_gap_locked(struct gem_gate *g) {
 }
 
 /* Wait for the process's outstanding work in ctx; returns the time it was done. If the slot's start was
- * marked, *used_ns gets the GPU time from the slot's first kernel to now (0 if unknown), less the idle gaps
- * in between: those after each context-wide synchronisation (slot_idle_ns, timed on the GPU where both of a
- * gap's events were recorded, else on the host) and, when the process has been idle since `idle_from` (0: it
- * was in a burst), the tail from then to the end of the drain. */
+ * marked, *used_ns gets the GPU time from the slot's first kernel to the end of its work (0 if unknown), less
+ * the idle gaps in between: those after each context-wide synchronisation (slot_idle_ns, timed on the GPU
+ * where both of a gap's events were recorded, else on the host) and, when the process has been idle since
+ * `idle_from` (0: it was in a burst), the tail from then to the end of the drain.
+ *
+ * The end is an event recorded on the legacy stream *before* the drain's synchronisation, so it fires when
+ * the process's own queued work ends. Recorded after the drain, it fired only when the GPU next ran this
+ * context -- on an H100, after the next holder's first kernel had run (the next group is granted at the
+ * deadline, while this drain still waits): each slot was reported ~1 ms longer than its work, as long as
+ * its wall time, so none of its idle gaps was forgiven and spin tenants sat 4-5% under their caps. The
+ * legacy stream does not wait for non-blocking streams: what they still run after the event is timed on the
+ * host, from the event's completion to the drain's. */
 static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns, int64_t idle_from) {
     *used_ns = 0;
     int measured = g->slot_measured;
@@ -219,21 +227,26 @@ static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns, int64_
     int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
                     REAL(cuThreadExchangeStreamCaptureMode)(&mode) == CUDA_SUCCESS;
     int pushed = ctx && HAVE_REAL(cuCtxPushCurrent_v2) && REAL(cuCtxPushCurrent_v2)(ctx) == CUDA_SUCCESS;
+    int64_t end_seen = 0; /* when the host saw the end event fire (0: no measure) */
+    if (measured && ctx == g->ev_ctx && HAVE_REAL(cuEventSynchronize) &&
+        REAL(cuEventRecord)(g->ev_end, NULL) == CUDA_SUCCESS &&
+        REAL(cuEventSynchronize)(g->ev_end) == CUDA_SUCCESS)
+        end_seen = gem_now_ns();
     if (HAVE_REAL(cuCtxSynchronize))
         REAL(cuCtxSynchronize)(); /* the real one: the hook's own sync is not a burst boundary */
+    int64_t done = gem_now_ns();
     pthread_mutex_lock(&g->mu);
     if (ctx == g->ev_ctx)
         collect_gap_locked(g);
     g->gap_pending = g->gap_end_ok = 0;
     pthread_mutex_unlock(&g->mu);
-    if (measured && ctx == g->ev_ctx && REAL(cuEventRecord)(g->ev_end, NULL) == CUDA_SUCCESS &&
-        REAL(cuEventSynchronize)(g->ev_end) == CUDA_SUCCESS) {
+    if (end_seen > 0) {
         float ms = 0;
         if (REAL(cuEventElapsedTime)(&ms, g->ev_start, g->ev_end) == CUDA_SUCCESS && ms > 0) {
-            int64_t gpu = (int64_t)((double)ms * 1e6);
+            int64_t gpu = (int64_t)((double)ms * 1e6) + (done > end_seen ? done - end_seen : 0);
             int64_t idle = atomic_exchange(&g->slot_idle_ns, 0);
-            if (mark > 0 && idle_from >= mark)
-                idle += gem_now_ns() - idle_from;
+            if (mark > 0 && idle_from >= mark && done > idle_from)
+                idle += done - idle_from;
             /* never below a tenth of the span: the gaps are partly host times and the span GPU time, and a
              * slot is never reported as unused (the scheduler bounds what it forgives anyway) */
             if (idle > gpu - gpu / 10)
@@ -251,7 +264,6 @@ static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns, int64_
     }
     if (exchanged)
         REAL(cuThreadExchangeStreamCaptureMode)(&mode);
-    int64_t done = gem_now_ns();
     gem_capture_drain_exit();
     return done;
 }

@@ -274,6 +274,25 @@ def test_two_processes_never_overlap_and_share_fairly(shm, tmp_path):
     assert sum(shares) > 0.6  # handoff gaps grow on an overloaded machine
 
 
+def test_an_event_fires_when_its_context_has_the_device(shm, tmp_path):
+    """A GPU processes a context's events only while it runs that context, and then runs what the context has
+    queued: an event queued behind another process's kernel fires after it, and an event pair around a kernel
+    of ours spans that kernel, whatever the other process queued meanwhile. (Recorded after its drain, the
+    hook's end-of-slot event waited for the next holder's first kernel on an H100.) Before this model, events
+    fired as soon as the worker reached them: the pair spanned the wait for the device too (up to 25 ms
+    here) and the lone event fired at once (2 ms)."""
+    env = native.sim_env(shm)
+    other = start("workload-linked", "--seconds", 3, "--kernel-us", 20000, "--json", env=env)
+    try:
+        time.sleep(0.3)    # its 20 ms kernels run back to back
+        d = run_json(PROBE, "events", env=env)
+    finally:
+        finish(other)
+    assert 4.5 <= d["kernel_ms"] <= 6.5, d
+    assert d["around_kernel_ms"] <= d["kernel_ms"] + 1.5, d       # not the wait for the device
+    assert d["alone_after_ms"] >= 10.0, d                          # after the other's 20 ms kernel
+
+
 def test_devices_are_independent(shm, tmp_path):
     trace = tmp_path / "kernels.trace"
     env = native.sim_env(shm, trace=trace, devices=2)

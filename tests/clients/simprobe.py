@@ -12,6 +12,7 @@ driver itself:
     simprobe.py handles              bad handles and NULL out-pointers
     simprobe.py memory               every allocation kind: charge, release, attributes
     simprobe.py prefetch             managed memory: both cuMemPrefetchAsync ABIs, residency, bandwidth
+    simprobe.py events               event times while another process's long kernels hold the device
 
 QUERIES is a JSON list of [symbol, cudaVersion, flags, exact name or null].
 """
@@ -699,9 +700,36 @@ def cmd_prefetch(_args: list[str]) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------- events
+
+
+def cmd_events(_args: list[str]) -> dict:
+    """Another process keeps the device busy with long kernels (started by the test). An event pair around a
+    5 ms kernel of ours, and an event recorded alone while the other process's kernel runs: their spans in
+    ms, and the kernel's own on-chip span."""
+    _dev, _ctx = setup()
+    spin = Spin(2)
+    e0, e1, e2 = c_void_p(), c_void_p(), c_void_p()
+    for e in (e0, e1, e2):
+        check(lib.cuEventCreate(byref(e), 0), "cuEventCreate")
+    check(lib.cuEventRecord(e0, None), "cuEventRecord")
+    check(spin.launch(None, 0, 5_000_000), "cuLaunchKernel")
+    check(lib.cuEventRecord(e1, None), "cuEventRecord")
+    check(lib.cuCtxSynchronize(), "cuCtxSynchronize")
+    import time
+    time.sleep(0.002)              # the other process's next kernel runs now
+    check(lib.cuEventRecord(e2, None), "cuEventRecord")
+    check(lib.cuEventSynchronize(e2), "cuEventSynchronize")
+    ms01, ms12 = ctypes.c_float(), ctypes.c_float()
+    check(lib.cuEventElapsedTime(byref(ms01), e0, e1), "cuEventElapsedTime")
+    check(lib.cuEventElapsedTime(byref(ms12), e1, e2), "cuEventElapsedTime")
+    onchip, start, end = spin.read()[0]
+    return {"around_kernel_ms": ms01.value, "alone_after_ms": ms12.value, "kernel_ms": (end - start) / 1e6}
+
+
 def main() -> int:
     cmds = {"info": cmd_info, "procaddr": cmd_procaddr, "table": cmd_table, "capture": cmd_capture,
-            "handles": cmd_handles, "memory": cmd_memory, "prefetch": cmd_prefetch}
+            "handles": cmd_handles, "memory": cmd_memory, "prefetch": cmd_prefetch, "events": cmd_events}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__, file=sys.stderr)
         return 2

@@ -18,16 +18,39 @@
 
 /* ------------------------------------------------------------------ worker */
 
-static void exec_op(struct sim_ctx *c, struct sim_op *op)
+/* A turn on the device (its cross-process lock) normally lasts one kernel. An event shares the turn of the
+ * kernel next to it in the context's queue: a GPU timestamps an event when it processes it, and it processes
+ * a context's work only while that context has the GPU, but once it has, it runs what the context's channel
+ * holds. So an event queued behind another process's kernel fires after it (on an H100 an event recorded
+ * just after a slot's drain fired after the next holder's first 1 ms kernel), an event right behind this
+ * context's running kernel fires when that kernel ends, and a kernel right behind an event that had to wait
+ * for the device runs at once. `*held` says which kind of item a turn was kept for (0: none). */
+enum { HELD_NONE, HELD_FOR_KERNEL, HELD_FOR_EVENT };
+
+/* The kind of the item queued after item `seq` (-1: none yet). */
+static int next_kind(struct sim_ctx *c, uint64_t seq)
 {
+    pthread_mutex_lock(&c->qlock);
+    int kind = c->enq_seq > seq ? c->ring[(seq + 1) % SIM_QUEUE_LEN].op.kind : -1;
+    pthread_mutex_unlock(&c->qlock);
+    return kind;
+}
+
+static void exec_op(struct sim_ctx *c, struct sim_op *op, int *held, uint64_t seq)
+{
+    if (*held && op->kind != (*held == HELD_FOR_KERNEL ? OP_KERNEL : OP_EVENT)) { /* discarded meanwhile */
+        sim_dev_release_counted(c->dev, *held == HELD_FOR_EVENT);
+        *held = HELD_NONE;
+    }
     switch (op->kind) {
     case OP_KERNEL: {
         uint64_t dur = op->u.k.spin ? op->u.k.dur_ns : sim_cfg.kernel_ns;
-        sim_dev_acquire(c->dev);
+        if (*held == HELD_NONE) sim_dev_acquire(c->dev);
         uint64_t t0 = sim_now_ns();
         if (dur) sim_sleep_until(t0 + dur);
         uint64_t t1 = sim_now_ns();
-        sim_dev_release(c->dev);
+        *held = next_kind(c, seq) == OP_EVENT ? HELD_FOR_EVENT : HELD_NONE; /* queued while it ran */
+        if (*held == HELD_NONE) sim_dev_release(c->dev);
         if (op->u.k.spin && op->u.k.out && sim_mem_valid(op->u.k.out, 3 * sizeof(uint64_t))) {
             op->u.k.out[0] = t1 - t0; /* on-chip ns: the device was ours throughout */
             op->u.k.out[1] = t0;
@@ -51,10 +74,16 @@ static void exec_op(struct sim_ctx *c, struct sim_op *op)
     case OP_HOSTFN:
         op->u.host.fn(op->u.host.data);
         break;
-    case OP_EVENT:
+    case OP_EVENT: {
+        int after_kernel = *held == HELD_FOR_EVENT;
+        if (*held == HELD_NONE) sim_dev_acquire(c->dev);
         sim_event_fired(op->u.ev.ev, sim_now_ns());
+        /* a turn taken for this event goes on to the kernel behind it; a kernel's turn ends here */
+        *held = !after_kernel && next_kind(c, seq) == OP_KERNEL ? HELD_FOR_KERNEL : HELD_NONE;
+        if (*held == HELD_NONE) sim_dev_release_counted(c->dev, after_kernel);
         sim_event_unref(op->u.ev.ev);
         break;
+    }
     case OP_WAIT:
         sim_wait_seq(op->u.wait.ctx, op->u.wait.seq);
         break;
@@ -85,6 +114,7 @@ static void *worker_main(void *arg)
     struct sim_ctx *c = arg;
     prctl(PR_SET_TIMERSLACK, 1UL); /* kernel durations to a few us, not the default 50 us slack */
     prctl(PR_SET_NAME, "simcuda-worker");
+    int held = HELD_NONE; /* the device's turn, kept for the next item (exec_op) */
     pthread_mutex_lock(&c->qlock);
     for (;;) {
         while (c->done_seq == c->enq_seq && !c->stop) pthread_cond_wait(&c->nonempty, &c->qlock);
@@ -92,13 +122,14 @@ static void *worker_main(void *arg)
         uint64_t seq = c->done_seq + 1;
         struct sim_item it = c->ring[seq % SIM_QUEUE_LEN];
         pthread_mutex_unlock(&c->qlock);
-        exec_op(c, &it.op);
+        exec_op(c, &it.op, &held, seq);
         pthread_mutex_lock(&c->qlock);
         c->done_seq = seq;
         pthread_cond_broadcast(&c->done);
         pthread_cond_broadcast(&c->nonfull);
     }
     pthread_mutex_unlock(&c->qlock);
+    if (held != HELD_NONE) sim_dev_release_counted(c->dev, held == HELD_FOR_EVENT);
     return NULL;
 }
 

@@ -57,6 +57,7 @@ CUresult sim_check_device(CUdevice dev);
 /* Cross-process FIFO execution lock of a device. */
 void sim_dev_acquire(int dev);
 void sim_dev_release(int dev);
+void sim_dev_release_counted(int dev, int kernel); /* kernel 0: an event held it (not counted) */
 
 /* Cross-process memory accounting of a device (this pid's entry). */
 CUresult sim_mem_charge(int dev, uint64_t bytes);

@@ -359,11 +359,16 @@ void sim_dev_acquire(int dev)
 
 void sim_dev_release(int dev)
 {
+    sim_dev_release_counted(dev, 1);
+}
+
+void sim_dev_release_counted(int dev, int kernel)
+{
     struct sim_shdev *d = &sh->dev[dev];
     robust_lock(&d->lock);
     if (d->owner_pid == (int32_t)getpid() && d->owner_tid == (int32_t)sim_gettid()) {
         d->owner_pid = d->owner_tid = 0;
-        d->kernels++;
+        if (kernel) d->kernels++;
     }
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->lock);
