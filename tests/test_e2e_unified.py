@@ -18,6 +18,8 @@ import time
 import pytest
 
 from bench.harness import Group
+from gemini.scheduler.trace import SchedulerTrace
+from gemini.scheduler.trace import read_trace as read_sched_trace
 from tests.e2e_fixtures import MiB, client_argv, finish, start, wait_for
 
 import native
@@ -250,3 +252,40 @@ def test_bench_shaped_jobs_evicted_while_starting_all_finish(sim, backends, tmp_
         assert r.rc == 0 and r.json["steps"] == 30, r
     assert sum(g.get("evictions", 0) for g in status(be).values()) >= 1     # they did not fit: swapped
     assert polls
+
+
+def test_gem_schd_traces_evictions_and_swaps(traced_sim, backends, tmp_path):
+    """gem-schd --trace shows the swaps on each unified group's track: an instant when it asks a group to evict
+    (the bytes it counted resident), and a complete event per move the hooks reported, as long as the move took
+    and ending when the report came (cat "swap"). gem-ctl plot's reader takes them in."""
+    sim = traced_sim
+    schd_trace = tmp_path / "schd-trace.json"
+    be = backends([Group(n, 0.0, 1.0, "1GiB", memory_mode="unified") for n in ("a", "b", "c")], quota_ms=20,
+                  extra_args=["--device-memory", str(CAPACITY), f"--schd-arg=--trace={schd_trace}"])
+    pids, trace = run_three(sim, be, SIMCUDA_MIGRATE_GBPS=4)
+    outs_sim = [m for m in prefetches(trace) if m[4] == "host" and m[5] > 0]
+    assert outs_sim      # the simulator saw evictions: the trace must show them
+    events = read_sched_trace(schd_trace)
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    swaps = [e for e in events if e.get("cat") == "swap"]
+    asks = [e for e in swaps if e["ph"] == "i"]
+    outs = [e for e in swaps if e["ph"] == "X" and e["args"]["direction"] == "host"]
+    ins = [e for e in swaps if e["ph"] == "X" and e["args"]["direction"] == "device"]
+    assert asks and outs and ins, swaps
+    for e in swaps:
+        group = e["name"].split(" ")[0]
+        assert tracks[e["tid"]] == f"group {group}", (e, tracks)     # on the group's own track
+    assert all(e["args"]["bytes"] >= SIZE for e in asks), asks
+    assert any(e["args"]["bytes"] >= SIZE for e in outs) and all(e["args"]["bytes"] >= SIZE for e in ins), swaps
+    for e in outs + ins:
+        assert e["dur"] == pytest.approx(e["args"]["took_ms"] * 1000, abs=0.01), e
+        assert e["dur"] > 0 or e["args"]["bytes"] == 0, e
+    # 128 MiB at the simulator's 4 GB/s: ~34 ms per move, as the hooks timed it
+    assert all(20 <= e["args"]["took_ms"] <= 1000 for e in ins if e["args"]["bytes"] >= SIZE), ins
+    # every answer follows its request, on the same track
+    for e in outs:
+        ask = [a for a in asks if a["tid"] == e["tid"] and a["args"]["seq"] == e["args"]["seq"]]
+        assert ask and ask[0]["ts"] <= e["ts"] + e["dur"], (e, asks)
+    loaded = SchedulerTrace.load(schd_trace)
+    assert {s.direction for s in loaded.swaps} == {"host", "device"} and set(loaded.groups) == {"a", "b", "c"}
+    assert sum(s.bytes for s in loaded.swaps if s.direction == "host") == sum(e["args"]["bytes"] for e in outs)

@@ -728,10 +728,11 @@ class SchedulerDaemon:
         self._residency_update(msg.group, msg.managed)
         if msg.direction == "device":
             self.residency.prefetched(msg.group, msg.moved_bytes, msg.took_ms)
-            self._notify("on_swap", msg.group, "device", msg.moved_bytes, msg.took_ms, self.now_ms())
+            self._notify("on_swap", msg.group, "device", 0, msg.moved_bytes, msg.took_ms, self.now_ms(), True)
             return
         answered = self.residency.evicted(msg.group, msg.seq, msg.moved_bytes, msg.took_ms)
-        self._notify("on_swap", msg.group, "host", msg.moved_bytes, msg.took_ms, self.now_ms())
+        self._notify("on_swap", msg.group, "host", msg.seq, msg.moved_bytes, msg.took_ms, self.now_ms(),
+                     msg.complete)
         if not msg.complete:
             log.warning("group %s: eviction %d incomplete (a process did not answer): the driver's page faults "
                         "make the rest of the room", msg.group, msg.seq)
