@@ -201,7 +201,15 @@ def unified_lines(reply: StatusReply) -> list[str]:
     unified = [g for g in reply.groups if g.get("memory_mode") == "unified"]
     if not unified:
         return []
-    capacity = format_bytes(reply.device_memory) if reply.device_memory else "not managed (no --device-memory)"
+    if not reply.device_memory:
+        capacity = "not managed (no --device-memory, and the GPU's memory could not be read: see gem-schd's log)"
+    elif reply.device_memory_source == "probe":
+        capacity = (f"{format_bytes(reply.device_memory)} (the GPU's {format_bytes(reply.device_memory_total)} less "
+                    f"a reserve of {format_bytes(reply.device_memory_total - reply.device_memory)})")
+    elif reply.device_memory_source == "flag":
+        capacity = f"{format_bytes(reply.device_memory)} (--device-memory)"
+    else:
+        capacity = format_bytes(reply.device_memory)
     speed = f"{reply.swap_gbps:.1f} GB/s" if reply.swap_gbps else "not measured yet"
     rows = [(g["name"], "unified", format_bytes(g.get("managed_bytes", 0)), format_bytes(g.get("resident_bytes", 0)),
              format_bytes(g.get("swapped_in_bytes", 0)), format_bytes(g.get("swapped_out_bytes", 0)),

@@ -2,7 +2,7 @@
 
 Top panel: each group's share of GPU time over the sliding window, sampled over the trace, against its MinUtil
 (dotted) and MaxUtil (dashed) as configured at each moment (reloads included). Bottom panel: who held the token
-when (one row per group).
+when (one row per group), and, hatched over a unified group's row, when its memory was moving (swap events).
 
 The share curves are gem-schd's own share samples in the trace: what `gem-ctl status` reported at each moment
 (gemini/scheduler/share.py). A trace without them (an older gem-schd), or `--window` asking for another window, gets
@@ -85,6 +85,10 @@ def plot_trace(path: str | os.PathLike, output: str | os.PathLike, points: int =
         ranges = [(s.start_s, max(s.dur_s, end * 1e-4)) for s in by_group[group]]   # a 0 ms slot stays visible
         if ranges:
             ax_token.broken_barh(ranges, (k - 0.4, 0.8), facecolors=color)
+        swaps = [(s.start_s, max(s.dur_s, end * 1e-4)) for s in trace.swaps if s.group == group]
+        if swaps:       # unified groups' memory moving (to the host or back): hatched, over the row
+            ax_token.broken_barh(swaps, (k - 0.4, 0.8), facecolors="none", edgecolors="black", hatch="////",
+                                 lw=0.5)
     for c in trace.configs[1:]:
         ax_share.axvline(c.t_s, color="grey", lw=0.6, alpha=0.6)
     ax_share.set_ylabel(f"share over {window:g} s window")

@@ -840,6 +840,11 @@ static void *watcher_main(void *arg) {
     return NULL;
 }
 
+void gem_gate_watch_residency(void) {
+    ensure_gates(); /* the watcher polls the gates' devices */
+    start_watcher(); /* (a running one looks at the board every 2 ms anyway) */
+}
+
 /* ---- lifecycle ------------------------------------------------------------------------------- */
 
 void gem_gate_after_fork(void) {

@@ -137,6 +137,10 @@ void gem_gate_before_sync(CUcontext ctx);
 /* A context was destroyed or reset: forget the events and the context the gate measured and drained with. */
 void gem_gate_context_gone(CUcontext ctx);
 
+/* A unified group's process recorded managed memory: its pod manager may ask it to evict before the process
+ * was ever granted the token (a job still starting), so the watcher, which answers those requests, must run
+ * now rather than from the first grant. */
+void gem_gate_watch_residency(void);
 void gem_gate_after_fork(void);          /* the child holds no token and has no watcher */
 void gem_gate_shutdown(void);            /* at exit: stop the watcher */
 

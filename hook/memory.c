@@ -20,6 +20,7 @@
 
 #include "client.h"
 #include "device.h"
+#include "gate.h"
 #include "hook_exports.h"
 #include "memory.h"
 #include "real.h"
@@ -224,6 +225,7 @@ static CUresult alloc_unified(struct gem_device *d, CUdeviceptr *dptr, size_t by
         return rc;
     }
     track(SPACE_PTR, *dptr, bytes, d->ordinal, GEM_MEM_MANAGED);
+    gem_gate_watch_residency(); /* answer evictions from now on, granted or not */
     return rc;
 }
 
@@ -243,8 +245,10 @@ static CUresult alloc_plain(CUresult (*call)(CUdeviceptr *, size_t, void *, void
         return rc;
     }
     track(SPACE_PTR, *dptr, bytes, d->ordinal, kind);
-    if (unified)
+    if (unified) {
         gem_residency_record(d, *dptr, bytes); /* the program's own managed memory moves with the group too */
+        gem_gate_watch_residency();
+    }
     return rc;
 }
 

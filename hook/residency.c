@@ -39,6 +39,10 @@ struct residency_dev {
     uint64_t managed;           /* bytes recorded on this device */
     uint64_t resident;          /* of which on the GPU (as far as the hook moved them) */
     uint64_t handled_evict;     /* the last evict_seq answered */
+    int armed;                  /* handled_evict starts from the board's evict_seq when the process first
+                                 * allocates (older requests were not for its memory) */
+    CUcontext alloc_ctx;        /* the context of the last recorded allocation: where a process that was never
+                                 * granted the GPU (so has no gate context) moves its memory from */
     CUstream stream;            /* the hook's own stream for moves, in stream_ctx */
     CUcontext stream_ctx;
     int support;                /* 0 unknown, 1 concurrent managed access, -1 none */
@@ -122,7 +126,22 @@ int gem_residency_unified(struct gem_device *d) {
         gemhook_msg_init(&req, GEM_MSG_MEM_INFO, 0);
         gem_conn_call(&d->conn, &req, &reply, 10 * GEM_NS_PER_S);
     }
-    return (__atomic_load_n(&d->conn.ack_flags, __ATOMIC_ACQUIRE) & GEM_ACK_UNIFIED) != 0;
+    if (!(__atomic_load_n(&d->conn.ack_flags, __ATOMIC_ACQUIRE) & GEM_ACK_UNIFIED))
+        return 0;
+    /* Before the first allocation is counted (memory.c reserves after asking here): every eviction request
+     * from now on may wait for this process's memory, and the watcher answers it even before a grant; the ones
+     * before were made when the pod manager counted nothing of it. */
+    struct residency_dev *r = &devs[d->ordinal];
+    pthread_mutex_lock(&mu);
+    if (!r->armed) {
+        const struct gem_board *b = gem_device_board(d);
+        uint64_t seq = b && d->conn.board_slot >= 0 ? gemhook_board_evict_seq(b, (uint32_t)d->conn.board_slot) : 0;
+        if (seq > r->handled_evict)
+            __atomic_store_n(&r->handled_evict, seq, __ATOMIC_RELEASE);
+        r->armed = 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return 1;
 }
 
 /* Managed memory that can live on the GPU and be moved there needs concurrent managed access; without it
@@ -148,7 +167,12 @@ static int device_supported(struct gem_device *d) {
 /* ---- the record ------------------------------------------------------------------------------- */
 
 static void record(struct gem_device *d, CUdeviceptr p, uint64_t bytes, int async) {
+    CUcontext ctx = NULL;
+    if (HAVE_REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS)
+        ctx = NULL;
     pthread_mutex_lock(&mu);
+    if (ctx)
+        devs[d->ordinal].alloc_ctx = ctx;
     if (nentries == capentries) {
         size_t cap = capentries ? capentries * 2 : 256;
         struct managed_entry *e = realloc(entries, cap * sizeof *e);
@@ -230,11 +254,16 @@ void gem_residency_context_gone(CUcontext ctx) {
     if (!ctx)
         return;
     pthread_mutex_lock(&move_mu);   /* not while a move uses the stream */
-    for (int i = 0; i < GEM_MAX_DEVICES; i++)
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < GEM_MAX_DEVICES; i++) {
         if (devs[i].stream_ctx == ctx) { /* the stream went with the context: make a new one next time */
             devs[i].stream = NULL;
             devs[i].stream_ctx = NULL;
         }
+        if (devs[i].alloc_ctx == ctx)
+            devs[i].alloc_ctx = NULL;
+    }
+    pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&move_mu);
 }
 
@@ -253,6 +282,10 @@ static uint64_t move_all(struct gem_device *d, int to_device, int64_t *took_ns) 
             todo[n++] = entries[i];
     uint64_t before = r->resident, managed = r->managed;
     pthread_mutex_unlock(&mu);
+    if (n == 0 && managed == 0) { /* nothing recorded here (yet): nothing to move, nothing to warn about */
+        free(todo);
+        return 0;
+    }
     if (!s || (!todo && n == 0 && managed > 0)) {
         free(todo);
         GEM_LOG(GEM_LOG_WARN, "GPU %d: cannot move the group's managed memory (no context or stream)", d->ordinal);
@@ -344,6 +377,11 @@ int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now) {
     if (want <= __atomic_load_n(&r->handled_evict, __ATOMIC_ACQUIRE))
         return now + POLL_NS;
     pthread_mutex_lock(&move_mu);
+    if (!ctx) { /* never granted (still starting): the context it allocated in */
+        pthread_mutex_lock(&mu);
+        ctx = r->alloc_ctx;
+        pthread_mutex_unlock(&mu);
+    }
     int64_t took = 0;
     uint64_t moved = 0;
     int pushed = ctx && HAVE_REAL(cuCtxPushCurrent_v2) && REAL(cuCtxPushCurrent_v2)(ctx) == CUDA_SUCCESS;

@@ -15,7 +15,9 @@
 #include "cuda_types.h"
 #include "device.h"
 
-/* Is the device's group unified? Connects to the pod manager first if the process has not yet. */
+/* Is the device's group unified? Connects to the pod manager first if the process has not yet. The first
+ * time it says yes, the eviction requests already on the board are taken as answered (they came before any of
+ * this process's memory was counted); memory.c asks before it reserves an allocation. */
 int gem_residency_unified(struct gem_device *d);
 
 /* Allocate `bytes` of managed memory for a unified group and record it. `async`: it stands in for a
@@ -36,7 +38,9 @@ void gem_residency_on_grant(struct gem_device *d);
 /* Is there anything on_grant would move (cheap)? */
 int gem_residency_wants_grant(struct gem_device *d);
 /* From the watcher: if the pod manager asked (board), move the managed allocations to the host in `ctx`
- * (the context launches were made in) and report it. Returns when to look again (CLOCK_MONOTONIC ns). */
+ * (the context launches were made in; NULL for a process never granted the GPU: then the context of its last
+ * allocation) and report it. Returns when to look again (CLOCK_MONOTONIC ns). The watcher runs from the
+ * process's first managed allocation (memory.c: gem_gate_watch_residency), granted or not. */
 int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now);
 
 /* A context was destroyed or reset: the hook's move stream in it is gone too. */

@@ -18,6 +18,8 @@ import time
 import pytest
 
 from bench.harness import Group
+from gemini.scheduler.trace import SchedulerTrace
+from gemini.scheduler.trace import read_trace as read_sched_trace
 from tests.e2e_fixtures import MiB, client_argv, finish, start, wait_for
 
 import native
@@ -250,3 +252,106 @@ def test_bench_shaped_jobs_evicted_while_starting_all_finish(sim, backends, tmp_
         assert r.rc == 0 and r.json["steps"] == 30, r
     assert sum(g.get("evictions", 0) for g in status(be).values()) >= 1     # they did not fit: swapped
     assert polls
+
+
+def test_gem_schd_traces_evictions_and_swaps(traced_sim, backends, tmp_path):
+    """gem-schd --trace shows the swaps on each unified group's track: an instant when it asks a group to evict
+    (the bytes it counted resident), and a complete event per move the hooks reported, as long as the move took
+    and ending when the report came (cat "swap"). gem-ctl plot's reader takes them in."""
+    sim = traced_sim
+    schd_trace = tmp_path / "schd-trace.json"
+    be = backends([Group(n, 0.0, 1.0, "1GiB", memory_mode="unified") for n in ("a", "b", "c")], quota_ms=20,
+                  extra_args=["--device-memory", str(CAPACITY), f"--schd-arg=--trace={schd_trace}"])
+    pids, trace = run_three(sim, be, SIMCUDA_MIGRATE_GBPS=4)
+    outs_sim = [m for m in prefetches(trace) if m[4] == "host" and m[5] > 0]
+    assert outs_sim      # the simulator saw evictions: the trace must show them
+    events = read_sched_trace(schd_trace)
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    swaps = [e for e in events if e.get("cat") == "swap"]
+    asks = [e for e in swaps if e["ph"] == "i"]
+    outs = [e for e in swaps if e["ph"] == "X" and e["args"]["direction"] == "host"]
+    ins = [e for e in swaps if e["ph"] == "X" and e["args"]["direction"] == "device"]
+    assert asks and outs and ins, swaps
+    for e in swaps:
+        group = e["name"].split(" ")[0]
+        assert tracks[e["tid"]] == f"group {group}", (e, tracks)     # on the group's own track
+    assert all(e["args"]["bytes"] >= SIZE for e in asks), asks
+    assert any(e["args"]["bytes"] >= SIZE for e in outs) and all(e["args"]["bytes"] >= SIZE for e in ins), swaps
+    for e in outs + ins:
+        assert e["dur"] == pytest.approx(e["args"]["took_ms"] * 1000, abs=0.01), e
+        assert e["dur"] > 0 or e["args"]["bytes"] == 0, e
+    # 128 MiB at the simulator's 4 GB/s: ~34 ms per move, as the hooks timed it
+    assert all(20 <= e["args"]["took_ms"] <= 1000 for e in ins if e["args"]["bytes"] >= SIZE), ins
+    # every answer follows its request, on the same track
+    for e in outs:
+        ask = [a for a in asks if a["tid"] == e["tid"] and a["args"]["seq"] == e["args"]["seq"]]
+        assert ask and ask[0]["ts"] <= e["ts"] + e["dur"], (e, asks)
+    loaded = SchedulerTrace.load(schd_trace)
+    assert {s.direction for s in loaded.swaps} == {"host", "device"} and set(loaded.groups) == {"a", "b", "c"}
+    assert sum(s.bytes for s in loaded.swaps if s.direction == "host") == sum(e["args"]["bytes"] for e in outs)
+
+
+STARTING_JOB = r'''
+"""A process of a unified group that is still starting: a context, and (with an allocation size > 0) managed
+memory, but no kernel yet, so it never held the token. It says "ready" and waits for stdin to close."""
+import ctypes, os, sys
+cu = ctypes.CDLL("libcuda.so.1")
+byref, vp = ctypes.byref, ctypes.c_void_p
+def check(rc, what):
+    if rc != 0:
+        sys.exit(f"starting job: {what} failed: {rc}")
+nbytes = int(sys.argv[1])
+dev, ctx = ctypes.c_int(), vp()
+check(cu.cuInit(0), "cuInit")
+check(cu.cuDeviceGet(byref(dev), 0), "cuDeviceGet")
+check(cu.cuDevicePrimaryCtxRetain(byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+check(cu.cuMemGetInfo_v2(byref(free), byref(total)), "cuMemGetInfo_v2")      # connects to the pod manager
+if nbytes:
+    p = ctypes.c_ulonglong()
+    check(cu.cuMemAlloc_v2(byref(p), ctypes.c_size_t(nbytes)), "cuMemAlloc_v2")
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+'''
+
+
+@pytest.mark.parametrize("starting_bytes", [0, 64 * MiB], ids=["connected", "allocated"])
+def test_a_starting_process_does_not_hold_up_an_eviction(traced_sim, backends, tmp_path, starting_bytes):
+    """gem-schd asks group a to evict while one of a's processes is still starting (connected, with or without
+    managed memory, never granted the token) and another runs: the eviction is answered at once, so b's grant
+    goes out well within the pod manager's 10 s wait for a process that does not answer (and gem-schd's 15 s),
+    and the starting process's memory goes to the host with the rest of a's. (Before the fix, a process with
+    managed memory answered only once it had been granted the token: b's grant waited, and every new request
+    replaced the unanswered one, so b never ran.)"""
+    sim = traced_sim
+    script = tmp_path / "starting.py"
+    script.write_text(STARTING_JOB)
+    be = unified_backend(backends, names=("a", "b"), capacity=200 * MiB)
+    starting = subprocess.Popen([sys.executable, str(script), str(starting_bytes)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env=sim.hooked(be, "a"))
+    running = None
+    try:
+        ready, starting_pid = starting.stdout.readline().split()
+        assert ready == "ready"
+        # a's other process runs and stays (its memory resident); then b needs room: a must be evicted
+        running = job(sim, be, "a", kernels=100000)
+        wait_for(lambda: status(be)["a"].get("resident_bytes", 0) >= SIZE + starting_bytes, timeout=20,
+                 what="a resident")
+        t0 = time.monotonic()
+        run_b = finish(job(sim, be, "b", kernels=5), timeout=30)
+        took = time.monotonic() - t0
+        assert run_b.rc == 0, run_b
+        assert status(be)["a"]["evictions"] >= 1
+        assert took < 5.0, (took, status(be))
+        if starting_bytes:
+            # its hook moved its memory to the host, in the context it allocated in (the simulator counts the
+            # bytes that were on the GPU: none, as it never touched them, but the call was made)
+            outs = [m for m in prefetches(native.read_trace(sim.trace)) if m[0] == int(starting_pid)]
+            assert outs and {m[4] for m in outs} == {"host"}, outs
+    finally:
+        if running is not None:
+            running.send_signal(signal.SIGKILL)
+            running.wait(timeout=10)
+        starting.stdin.close()
+        starting.wait(timeout=20)

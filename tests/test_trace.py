@@ -201,3 +201,35 @@ def test_plot_bad_trace_is_a_clear_error(tmp_path):
     bad.write_text("not a trace\n")
     r = CliRunner().invoke(ctl_main, ["plot", str(bad), "-o", str(tmp_path / "x.png")])
     assert r.exit_code == 1 and "cannot plot" in r.output and "not a trace" in r.output
+
+
+def test_swap_events_are_read_and_plotted(tmp_path):
+    """A trace with a unified group's swaps (as gem-schd writes them: an eviction asked, the moves reported):
+    read_trace and SchedulerTrace take them in, and gem-ctl plot draws the file."""
+    from tests.test_share import FakeDaemon
+    from gemini.scheduler.trace import TraceWriter
+    path = tmp_path / "swaps.json"
+    writer = TraceWriter(path, FakeDaemon())
+    writer.on_slot_end("a", 1, 100.0, 0.0, 100.0, 0.0, "deadline")
+    writer.on_evict("a", 3, 128 << 20, 100.0)
+    writer.on_swap("a", "host", 3, 128 << 20, 30.0, 131.0, True)
+    writer.on_swap("b", "device", 0, 64 << 20, 15.5, 150.0, True)
+    writer.on_slot_end("b", 2, 100.0, 131.0, 231.0, 31.0, "deadline")
+    writer.on_stop(240.0)
+    events = [e for e in read_trace(path) if e.get("cat") == "swap"]
+    ask, out, into = events
+    assert (ask["ph"], ask["name"], ask["ts"], ask["args"]) == ("i", "a evict", 100_000.0,
+                                                               {"seq": 3, "bytes": 128 << 20})
+    assert (out["ph"], out["name"], out["ts"], out["dur"]) == ("X", "a swap out", 101_000.0, 30_000.0)
+    assert out["args"] == {"direction": "host", "bytes": 128 << 20, "took_ms": 30.0, "seq": 3, "complete": True}
+    assert (into["name"], into["ts"], into["dur"], into["args"]["direction"]) == ("b swap in", 134_500.0, 15_500.0,
+                                                                                 "device")
+    assert out["tid"] == ask["tid"] != into["tid"]
+    trace = SchedulerTrace.load(path)
+    assert [(s.group, s.direction, s.bytes, s.start_s) for s in trace.swaps] == \
+        [("a", "host", 128 << 20, 0.101), ("b", "device", 64 << 20, 0.1345)]
+    assert len(trace.slots) == 2
+    pytest.importorskip("matplotlib")
+    r = CliRunner().invoke(ctl_main, ["plot", str(path), "-o", str(tmp_path / "swaps.png"), "--points", "50"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "swaps.png").read_bytes()[:4] == b"\x89PNG"

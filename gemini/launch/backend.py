@@ -568,7 +568,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gem-schd's sliding window in ms (default: gem-schd's)")
     p.add_argument("--device-memory", default=None, metavar="SIZE",
                    help="GPU memory the groups may hold resident, e.g. 24GiB: unified groups are swapped to the host "
-                        "to stay within it (gem-schd's --device-memory; default: not managed)")
+                        "to stay within it (gem-schd's --device-memory). Default: the GPU's memory less a reserve "
+                        "of max(1 GiB, 5%%), read through NVML when a unified group is configured (the "
+                        "--device-uuid GPU, else CUDA_VISIBLE_DEVICES's first, else GPU 0); where NVML cannot be "
+                        "read, not managed (unified groups run on page faults; gem-schd's log says so)")
     p.add_argument("--schd-path", default=None, help="gem-schd executable (default: the installed one)")
     p.add_argument("--pmgr-path", default=None, help="gem-pmgr executable (default: the installed one)")
     p.add_argument("--log-dir", default=None, help="write each daemon's log to DIR/<daemon>.log")

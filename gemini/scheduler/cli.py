@@ -15,6 +15,7 @@ import click
 
 from gemini.config import ConfigError, load_config, parse_size
 from gemini.logs import LEVEL_NAMES, level_from_flags, setup_logging
+from gemini.scheduler.capacity import NvmlProbe
 from gemini.scheduler.daemon import DEFAULT_PORT, BindError, SchedulerDaemon
 from gemini.scheduler.policy import DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS
 
@@ -25,6 +26,14 @@ def _positive(ctx, param, value):
     if value is not None and not (math.isfinite(value) and value > 0):
         raise click.BadParameter(f"must be a positive number of milliseconds, got {value}")
     return value
+
+
+def _memory_probe(device_uuid: str | None) -> NvmlProbe:
+    """NVML for the GPU this gem-schd serves: its --device-uuid when that is a UUID (it may be any directory name),
+    else the first GPU of CUDA_VISIBLE_DEVICES, else GPU 0."""
+    if device_uuid and device_uuid.startswith(("GPU-", "MIG-")):
+        return NvmlProbe(uuid=device_uuid)
+    return NvmlProbe()
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,8 +72,10 @@ def _positive(ctx, param, value):
               help="With --ipc-dir: the GPU's UUID, which names its subdirectory (default: 'default').")
 @click.option("--device-memory", "device_memory", default=None, metavar="SIZE",
               help="GPU memory the groups may hold resident (e.g. 24GiB): unified groups (MemoryMode = unified) "
-                   "are swapped to the host to stay within it. Default: not managed (unified groups run on the "
-                   "driver's page faults).")
+                   "are swapped to the host to stay within it. Default: the GPU's memory (read through NVML when a "
+                   "unified group is configured: the --device-uuid GPU, else CUDA_VISIBLE_DEVICES's first, else "
+                   "GPU 0) less a reserve of max(1 GiB, 5%); if it cannot be read, not managed (unified groups "
+                   "run on the driver's page faults).")
 def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_file_dir, verbose, log_level,
          metrics_port, trace_path, ipc_dir, device_uuid, device_memory):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
@@ -106,7 +117,8 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
                              window_ms=window, bucket_ms=bucket, config_path=str(path),
                              metrics_port=metrics_port, trace_path=trace_path,
                              board_path=None if board.lower() == "none" else board, ipc_dir=ipc_dir,
-                             device_uuid=device_uuid, device_memory=capacity)
+                             device_uuid=device_uuid, device_memory=capacity,
+                             memory_probe=None if capacity is not None else _memory_probe(device_uuid))
 
     async def run() -> int:
         # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.

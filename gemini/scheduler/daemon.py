@@ -43,6 +43,7 @@ import zmq.asyncio
 from gemini import transport
 from gemini.board import Board, BoardError
 from gemini.config import Config
+from gemini.scheduler.capacity import DeviceMemoryProbe, ProbeError, capacity_for, reserve_for
 from gemini.scheduler.connections import HELLO_TIMEOUT_S, MAX_CONNECTIONS, ConnectionGuard
 from gemini.scheduler.observers import SchedulerObserver
 from gemini.scheduler.residency import ResidencyPolicy
@@ -187,7 +188,8 @@ class SchedulerDaemon:
                  metrics_port: Optional[int] = None, trace_path: Optional[str] = None,
                  board_path: Optional[str] = "", ipc_dir: Optional[str] = None, device_uuid: Optional[str] = None,
                  hello_timeout_s: float = HELLO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
-                 device_memory: Optional[int] = None, evict_timeout_s: float = EVICT_TIMEOUT_S):
+                 device_memory: Optional[int] = None, evict_timeout_s: float = EVICT_TIMEOUT_S,
+                 memory_probe: Optional[DeviceMemoryProbe] = None):
         self.config = config
         self.ip = ip
         self.port = port
@@ -213,6 +215,13 @@ class SchedulerDaemon:
         # evictions first is held until the evicted groups' pod managers answer (or evict_timeout_s passes).
         self.residency = ResidencyPolicy(device_memory)
         self.residency.configure({g.name: g.unified for g in config.groups})
+        # Without --device-memory the capacity is the card's memory less a reserve (capacity.py), read through
+        # memory_probe (NVML in gem-schd) the first time a unified group is configured; None: no way to read it.
+        self.memory_probe = memory_probe
+        self.capacity_source = "flag" if device_memory is not None else ""   # "flag", "probe" or "": none
+        self.device_total: int = 0        # the card's memory as the probe read it (0: not read)
+        self._probe_state = "done" if device_memory is not None else "untried"   # untried, running, done
+        self._probe_task: Optional[asyncio.Task] = None
         self.evict_timeout_s = evict_timeout_s
         self._held: Optional[_HeldGrant] = None
         # The board page: "" = a fresh file in /dev/shm, None = no board (hooks then drain at every deadline
@@ -327,6 +336,9 @@ class SchedulerDaemon:
                  self.policy.window_ms, ", ".join(self.config.names))
         for warning in self.config.warnings:
             log.warning("%s", warning)
+        if self._needs_probe():
+            # before the first message: the first grants already have the capacity
+            await self._probe_capacity()
         self._recv_task = asyncio.create_task(self._recv_loop(), name="gem-schd-recv")
         self._sweep_handle = self._loop.call_later(1.0, self._sweep)
         if self.config_path:
@@ -421,6 +433,8 @@ class SchedulerDaemon:
             self._sweep_handle.cancel()
         if self._recv_task is not None:
             self._recv_task.cancel()
+        if self._probe_task is not None:
+            self._probe_task.cancel()
         now = self.now_ms()
         self._dispatch(self.policy.stop(now), now)
         self._notify("on_stop", now)
@@ -703,6 +717,49 @@ class SchedulerDaemon:
 
     # --- residency (unified groups) -------------------------------------------------------------------------------
 
+    def _needs_probe(self) -> bool:
+        """No capacity yet, none asked for, and a unified group to manage."""
+        return self._probe_state == "untried" and any(g.unified for g in self.config.groups)
+
+    async def _probe_capacity(self) -> None:
+        """Read the card's memory off the event loop (NVML may take a while to start) and take the capacity."""
+        self._probe_state = "running"
+        probe = self.memory_probe
+        if probe is None:
+            self._probe_done(None, "no way to read the GPU's memory here")
+            return
+        assert self._loop is not None
+        try:
+            total: Optional[int] = await self._loop.run_in_executor(None, probe.total_bytes)
+            why = ""
+        except ProbeError as exc:
+            total, why = None, str(exc)
+        except Exception as exc:    # a probe's bug must not take the scheduler down
+            log.exception("device memory probe failed")
+            total, why = None, f"{type(exc).__name__}: {exc}"
+        self._probe_done(total, why, probe.describe())
+
+    def _probe_done(self, total: Optional[int], why: str, where: str = "") -> None:
+        self._probe_state = "done"
+        if self.residency.capacity is not None:     # (cannot happen: the flag skips the probe)
+            return
+        capacity = capacity_for(total) if total else 0
+        if capacity <= 0:
+            if total:
+                why = f"the GPU has {total} bytes, no more than the reserve of {reserve_for(total)} bytes"
+            log.warning("unified groups are configured but gem-schd cannot take the GPU's memory as their capacity "
+                        "(%s): nothing is swapped, unified groups run on the driver's page faults. Give gem-schd "
+                        "(or launch-backend) --device-memory SIZE, e.g. --device-memory 24GiB", why)
+            return
+        self.device_total = total or 0
+        self.residency.capacity = capacity
+        self.capacity_source = "probe"
+        log.info("unified memory: capacity %d bytes (%.1f GiB): the GPU's %d bytes (%s) less a reserve of %d "
+                 "bytes; --device-memory sets it", capacity, capacity / 2**30, self.device_total, where,
+                 self.device_total - capacity)
+        self._residency_to_policy()
+        self._arm_timer()
+
     def _residency_update(self, group: str, managed: int, mem_used: Optional[int] = None) -> None:
         self.residency.update(group, managed, mem_used)
         self._residency_to_policy()
@@ -746,10 +803,11 @@ class SchedulerDaemon:
         self._residency_update(msg.group, msg.managed)
         if msg.direction == "device":
             self.residency.prefetched(msg.group, msg.moved_bytes, msg.took_ms)
-            self._notify("on_swap", msg.group, "device", msg.moved_bytes, msg.took_ms, self.now_ms())
+            self._notify("on_swap", msg.group, "device", 0, msg.moved_bytes, msg.took_ms, self.now_ms(), True)
             return
         answered = self.residency.evicted(msg.group, msg.seq, msg.moved_bytes, msg.took_ms)
-        self._notify("on_swap", msg.group, "host", msg.moved_bytes, msg.took_ms, self.now_ms())
+        self._notify("on_swap", msg.group, "host", msg.seq, msg.moved_bytes, msg.took_ms, self.now_ms(),
+                     msg.complete)
         if not msg.complete:
             log.warning("group %s: eviction %d incomplete (a process did not answer): the driver's page faults "
                         "make the rest of the room", msg.group, msg.seq)
@@ -873,6 +931,10 @@ class SchedulerDaemon:
         self._assign_board_slots(config)
         self.residency.configure({g.name: g.unified for g in config.groups})
         self._residency_to_policy()
+        if self._needs_probe() and self._loop is not None:
+            # the first unified group: take the capacity as soon as the probe answers (off the loop)
+            self._probe_state = "running"
+            self._probe_task = self._loop.create_task(self._probe_capacity(), name="gem-schd-memory-probe")
         now = self.now_ms()
         decisions = self.policy.apply_config(config, now)
         # Refusals go to the owners of removed groups: dispatch them before forgetting those owners.
@@ -926,7 +988,8 @@ class SchedulerDaemon:
         holder = next((g["name"] for g in groups if g["holding"]), "")
         rejected = self.reloader.rejected if self.reloader is not None else None
         return StatusReply(self.scheduler_id, self.policy.window_ms, holder, groups, rejected or "",
-                           self.residency.capacity or 0, self.residency.measured_gbps)
+                           self.residency.capacity or 0, self.residency.measured_gbps,
+                           self.capacity_source if self.residency.capacity else "", self.device_total)
 
     def _residency_status(self, group: str) -> dict:
         t = self.residency.tenants.get(group)

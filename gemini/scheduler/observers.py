@@ -1,4 +1,5 @@
-"""What gem-schd tells its observers (the trace writer, the metrics server): slots, claims, reloads, the stop.
+"""What gem-schd tells its observers (the trace writer, the metrics server): slots, claims, swaps of unified
+groups' memory, reloads, the stop.
 
 The daemon calls them on its event loop after it has carried out a decision (a grant is sent before anyone is
 told about it). An observer's exception is logged and never reaches the daemon.
@@ -22,6 +23,16 @@ class SchedulerObserver(Protocol):
     def on_claim(self, group: str, start_ms: float, end_ms: float) -> None:
         """A latency group reported a claim it made (times on the daemon's clock)."""
 
+    def on_evict(self, group: str, seq: int, nbytes: int, now_ms: float) -> None:
+        """gem-schd asked a unified group to move its memory to the host (eviction `seq`, `nbytes` resident), to
+        make room for another group's grant."""
+
+    def on_swap(self, group: str, direction: str, seq: int, moved_bytes: int, took_ms: float, end_ms: float,
+                complete: bool) -> None:
+        """A unified group's hooks reported a move of its memory that ended at end_ms (the report's arrival) and
+        took took_ms: direction "host" answers eviction `seq` (`complete` false: given up on a process that did
+        not answer), "device" is a prefetch at a grant (seq 0)."""
+
     def on_config(self, config: Config, diff: Any, now_ms: float) -> None:
         """A reload was applied."""
 
@@ -40,6 +51,13 @@ class ObserverBase:
         pass
 
     def on_claim(self, group: str, start_ms: float, end_ms: float) -> None:
+        pass
+
+    def on_evict(self, group: str, seq: int, nbytes: int, now_ms: float) -> None:
+        pass
+
+    def on_swap(self, group: str, direction: str, seq: int, moved_bytes: int, took_ms: float, end_ms: float,
+                complete: bool) -> None:
         pass
 
     def on_config(self, config: Config, diff: Any, now_ms: float) -> None:

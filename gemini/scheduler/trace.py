@@ -16,6 +16,13 @@ Format: the Trace Event "JSON array" format, one event per line, the separating 
   "continued": the holder kept the GPU in a new slot that starts where this one ends; "stop": the daemon
   stopped);
 * one "X" event (cat "claim") per claim a latency group reported, on its track;
+* unified groups' swaps (MemoryMode = unified), cat "swap", on the group's track: an instant "<group> evict"
+  when gem-schd asks the group to move its memory to the host to make room for another group's grant (args:
+  seq, bytes: what gem-schd counted resident), and an "X" event "<group> swap out" when the group's hooks answer
+  that eviction, or "<group> swap in" when they report the prefetch at a grant (args: direction "host" or
+  "device", bytes moved, took_ms; for swap out also seq and complete: false when the pod manager gave up on a
+  process that did not answer). Its dur is took_ms, ending when the report reached gem-schd. A prefetch that
+  moved nothing is not reported, so not written; an eviction that moved nothing is (bytes 0);
 * a counter event "share" on the scheduler's track 50 times a window, args {group: share}: each group's share
   as gem-ctl status reported it at that moment (gemini/scheduler/share.py); Perfetto draws it as a counter track,
   gem-ctl plot as the share curves. While every share stays 0 (an idle scheduler) only the first 0 is written;
@@ -100,6 +107,22 @@ class TraceWriter(ObserverBase):
     def on_claim(self, group: str, start_ms: float, end_ms: float) -> None:
         self._event({"ph": "X", "name": f"{group} claim", "cat": "claim", "ts": _us(start_ms),
                      "dur": _us(max(0.0, end_ms - start_ms)), "tid": self._tid(group), "args": {}})
+
+    def on_evict(self, group: str, seq: int, nbytes: int, now_ms: float) -> None:
+        # An instant: the request. What it moved and how long it took come with the hooks' answer (on_swap).
+        self._event({"ph": "i", "s": "t", "name": f"{group} evict", "cat": "swap", "ts": _us(now_ms),
+                     "tid": self._tid(group), "args": {"seq": seq, "bytes": nbytes}})
+
+    def on_swap(self, group: str, direction: str, seq: int, moved_bytes: int, took_ms: float, end_ms: float,
+                complete: bool) -> None:
+        # The hooks time their moves; the report arrives when they are done, so the move ends at end_ms.
+        took = round(max(0.0, took_ms), 3)
+        args: dict[str, Any] = {"direction": direction, "bytes": moved_bytes, "took_ms": took}
+        if direction == "host":
+            args.update(seq=seq, complete=complete)
+        name = f"{group} swap out" if direction == "host" else f"{group} swap in"
+        self._event({"ph": "X", "name": name, "cat": "swap", "ts": _us(end_ms - took), "dur": _us(took),
+                     "tid": self._tid(group), "args": args})
 
     def on_config(self, config: Config, diff: Any, now_ms: float) -> None:
         for name in config.names:
@@ -239,6 +262,16 @@ class SlotEvent:
 
 
 @dataclass(frozen=True)
+class SwapEvent:
+    """A unified group's memory moved: direction "host" (an eviction) or "device" (a prefetch at a grant)."""
+    group: str
+    start_s: float
+    dur_s: float
+    direction: str
+    bytes: int
+
+
+@dataclass(frozen=True)
 class ShareSample:
     """Each group's share as gem-schd reported it at t_s."""
     t_s: float
@@ -253,10 +286,11 @@ class ConfigEvent:
 
 @dataclass
 class SchedulerTrace:
-    """A trace file's slots (sorted by start), config changes and window, in seconds since the daemon started."""
+    """A trace file's slots (sorted by start), swaps, config changes and window, in seconds since the daemon started."""
     slots: list[SlotEvent] = field(default_factory=list)
     configs: list[ConfigEvent] = field(default_factory=list)
     samples: list[ShareSample] = field(default_factory=list)     # sorted by time
+    swaps: list[SwapEvent] = field(default_factory=list)         # sorted by start
     window_s: float = 10.0
     end_s: float = 0.0
     groups: list[str] = field(default_factory=list)   # every group seen, in order of first appearance
@@ -278,6 +312,16 @@ class SchedulerTrace:
                 trace.slots.append(slot)
                 seen.setdefault(slot.group)
                 trace.end_s = max(trace.end_s, slot.start_s + slot.dur_s)
+            elif ph == "X" and e.get("cat") == "swap":
+                try:
+                    group = str(e["name"]).rsplit(" swap ", 1)[0]     # "<group> swap in|out" (no spaces in names)
+                    swap = SwapEvent(group, float(e["ts"]) / 1e6, float(e["dur"]) / 1e6,
+                                     str(args.get("direction", "")), int(args.get("bytes", 0)))
+                except (KeyError, TypeError, ValueError):
+                    raise TraceFormatError(f"{path}: bad swap event {e!r}") from None
+                trace.swaps.append(swap)
+                seen.setdefault(swap.group)
+                trace.end_s = max(trace.end_s, swap.start_s + swap.dur_s)
             elif ph == "i" and e.get("cat") == "config" and isinstance(args.get("groups"), dict):
                 t = float(e.get("ts", 0.0)) / 1e6
                 trace.configs.append(ConfigEvent(t, args["groups"]))
@@ -297,6 +341,7 @@ class SchedulerTrace:
                 trace.end_s = max(trace.end_s, float(e["ts"]) / 1e6)
         trace.slots.sort(key=lambda s: s.start_s)
         trace.samples.sort(key=lambda s: s.t_s)
+        trace.swaps.sort(key=lambda s: s.start_s)
         trace.configs.sort(key=lambda c: c.t_s)
         trace.groups = list(seen)
         return trace

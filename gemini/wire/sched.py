@@ -222,6 +222,9 @@ class StatusReply:
     config_rejected: str = ""   # why the config file's current content is not in force (last edit rejected)
     device_memory: int = 0      # the capacity unified groups' resident memory must fit in (0: not managed)
     swap_gbps: float = 0.0      # measured speed of the moves (GB/s; 0: none measured yet)
+    device_memory_source: str = ""   # where device_memory came from: "flag" (--device-memory), "probe" (the
+                                     # GPU's memory less a reserve), "" (not managed)
+    device_memory_total: int = 0     # with "probe": the GPU's memory as read
 
 
 Message = Union[Hello, TokenRequest, TokenRelease, ClaimReport, Heartbeat, Swapped, StatusRequest, Welcome, Grant,
