@@ -388,3 +388,17 @@ def test_a_client_that_goes_is_not_waited_for_and_one_that_hangs_is_given_up():
     g.evict(2, now=20.0)
     done = g.gone(1)                                       # the last one holding memory went
     assert done is not None and done.complete and g.managed_bytes == 0
+
+
+def test_a_hook_that_never_answers_times_out_however_often_gem_schd_asks_again():
+    """gem-schd asks again at each retry of the held grant (every slot deadline): a newer request replaces the
+    older one but keeps its start, so a client that never answers is given up 10 s after the first request.
+    (Restarting the clock at every request, the timeout never fired: found by the um5 helper.)"""
+    g = GroupResidency(timeout_s=10.0)
+    g.allocated(1, GiB)
+    for k, t in enumerate((0.0, 3.0, 6.0, 9.0)):
+        assert g.evict(k + 1, now=t) is None
+    assert g.expire(9.9) is None
+    late = g.expire(10.0)
+    assert late is not None and not late.complete and late.seq == 4       # answered for the latest request
+    assert g.evict(5, now=30.0) is None and g.expire(39.0) is None          # a fresh request: a fresh clock

@@ -73,10 +73,13 @@ class GroupResidency:
 
     def evict(self, seq: int, now: float) -> Report | None:
         """gem-schd asks for eviction `seq`: wait for the clients holding managed memory (a Report at once if
-        there are none). A newer request replaces an older one still running."""
+        there are none). A newer request replaces an older one still running, but keeps its start: gem-schd asks
+        again at each of its own retries, and a hook that never answers must still time out (restarting the
+        clock at every request, the timeout never fired and the other groups waited forever)."""
         self.last_seq = max(self.last_seq, seq)
         waiting = {cid for cid, n in self.managed.items() if n > 0}
-        self.evicting = _Eviction(seq, now, waiting)
+        started = self.evicting.started if self.evicting is not None else now
+        self.evicting = _Eviction(seq, started, waiting)
         return self._finish_if_done()
 
     def on_report(self, client_id: int, msg: hp.Residency) -> list[Report]:
