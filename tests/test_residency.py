@@ -28,9 +28,9 @@ from tests.schd_inproc import DaemonThread, FakePodManager
 GiB = 1 << 30
 
 
-def residency(capacity=24 * GiB, **groups: int) -> ResidencyPolicy:
-    """A ResidencyPolicy with unified groups holding the given managed bytes."""
-    r = ResidencyPolicy(capacity)
+def residency(capacity=24 * GiB, gbps=None, **groups: int) -> ResidencyPolicy:
+    """A ResidencyPolicy with unified groups holding the given managed bytes (and a default GB/s)."""
+    r = ResidencyPolicy(capacity) if gbps is None else ResidencyPolicy(capacity, default_gbps=gbps)
     r.configure({name: True for name in groups})
     for name, managed in groups.items():
         r.update(name, managed, managed)
@@ -76,24 +76,37 @@ def test_a_group_larger_than_the_capacity_runs_alone():
 
 def test_an_eviction_is_answered_once_and_moves_measure_the_bandwidth():
     r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB)
-    assert r.bytes_per_ms == pytest.approx(10e6)           # the default until something was measured
+    assert r.bytes_per_ms("host") == r.bytes_per_ms("device") == pytest.approx(10e6)   # defaults until measured
     r.before_grant("a", 0.0)
     r.before_grant("b", 1.0)
     (ev,) = r.before_grant("c", 2.0)
     assert not r.evicted("a", ev.seq + 1, 0, 0.0)          # not the one asked for
     assert r.evicted("a", ev.seq, 10 * GiB, 500.0)
     assert not r.evicted("a", ev.seq, 0, 0.0)              # answered already
-    r.prefetched("c", 10 * GiB, 500.0)
-    r.prefetched("c", MIN_MEASURED_BYTES - 1, 1000.0)      # small moves are latency, not bandwidth
-    assert r.bytes_per_ms == pytest.approx(10 * GiB / 500.0)
-    assert r.tenants["c"].swapped_in == 10 * GiB + MIN_MEASURED_BYTES - 1
+    assert r.bytes_per_ms("host") == pytest.approx(10 * GiB / 500.0)
+    # c's first prefetch finds its pages on the GPU (a new job's memory): not a measure of anything
+    r.prefetched("c", 10 * GiB, 13.0)
+    assert r.bytes_per_ms("device") == pytest.approx(10e6)
+    # a comes back: its memory really moves to the GPU; small moves are latency, not bandwidth
+    r.prefetched("a", 10 * GiB, 250.0)
+    r.prefetched("a", MIN_MEASURED_BYTES - 1, 1000.0)
+    assert r.bytes_per_ms("device") == pytest.approx(10 * GiB / 250.0)
+    assert r.tenants["c"].swapped_in == 10 * GiB and r.tenants["a"].swapped_in == 10 * GiB + MIN_MEASURED_BYTES - 1
+    assert r.measured_gbps == pytest.approx(20 * GiB / 750.0 / 1e6)
 
 
 def test_the_slot_floor_makes_swapping_a_tenth_of_a_slot():
+    """Out and in at their own measured speeds (an H100 moved 12.5 GB to the host at ~2.4 GB/s and back at
+    43 GB/s), and a first prefetch that moved nothing does not make the floor shorter."""
     r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB)
-    r.prefetched("a", 10 * GiB, 1000.0)                    # 10 GiB a second
+    r.prefetched("b", 10 * GiB, 10.0)                      # b's pages were on the GPU already
+    r.before_grant("a", 0.0)
+    r.before_grant("b", 1.0)
+    (ev,) = r.before_grant("c", 2.0)
+    r.evicted(ev.group, ev.seq, 10 * GiB, 4000.0)          # 10 GiB to the host in 4 s
+    r.prefetched(ev.group, 10 * GiB, 250.0)                # and back in 0.25 s
     floors = r.quota_floor_ms()
-    assert floors["a"] == pytest.approx(2 * 1000.0 / 0.1)  # 10 GiB out and 10 GiB in: 2 s, a tenth of 20 s
+    assert floors["a"] == pytest.approx((4000.0 + 250.0) / 0.1)   # a tenth of 42.5 s
 
 
 def test_a_killed_groups_memory_leaves_the_count():
@@ -107,14 +120,13 @@ def test_a_killed_groups_memory_leaves_the_count():
 
 
 def test_grants_that_evict_are_paced_to_one_per_slot_floor():
-    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB)
-    r.prefetched("a", 10 * GiB, 1000.0)                    # floor: 20 s
-    r.before_grant("a", 0.0)
+    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB, gbps=GiB / 1e9)   # 1 GiB/s each way
+    r.before_grant("a", 0.0)                               # floor: 10 x (10 s out + 10 s in)
     r.before_grant("b", 1.0)
     assert r.swap_gate() == {}                             # nothing evicted yet: c may come at once
     assert r.before_grant("c", 2.0)                        # evicts a
     gate = r.swap_gate()
-    assert gate == {"a": pytest.approx(2.0 + 20_000.0)}    # a would evict: not before c's floor has passed
+    assert gate == {"a": pytest.approx(2.0 + 200_000.0)}   # a would evict: not before c's floor has passed
     # b and c are resident: switching between them needs no eviction, so they are not held back
     assert not r.needs_eviction("b") and not r.needs_eviction("c")
     r.update("c", 0)                                       # c finished: a fits again, nothing to pace

@@ -9,8 +9,12 @@ than the GPU has. gem-schd keeps their *resident sets* within the GPU's configur
   (their hooks prefetch everything to the host) until it does; the grant goes out when they have answered, and
   the granted group's hooks prefetch its memory before their first kernel. So a grant and the memory it needs
   arrive together, and the GPU never holds more than the capacity (page-fault thrashing never starts).
-* A swap costs (bytes out + bytes in) / bandwidth. The bandwidth is measured from the hooks' reports (an
-  average weighted by bytes moved; `default_gbps` until a large move was measured). While the unified groups
+* A swap costs bytes out / the measured bandwidth to the host + bytes in / the measured bandwidth to the GPU.
+  Each direction is measured apart from the hooks' reports (an average weighted by bytes moved; `default_gbps`
+  until a large move was measured), because they differ by an order of magnitude: on an H100 a 12.5 GB set
+  went to the host at 1.8-3.8 GB/s and came back at 43 GB/s. A move to the GPU counts only when the group's
+  memory had been moved to the host: a new job's first prefetch finds its pages on the GPU already (10 GB "in
+  13 ms"), and counting it made the bandwidth look 8 GB/s and the floors too short for 10%. While the unified groups
   do not all fit, each one's slot is made at least `swap / swap_fraction` long (`quota_floor_ms`), so swapping
   takes at most that fraction (10%) of the GPU's time.
 * A slot that ends early (its hooks went idle: host work between steps) must not start a swap each time:
@@ -44,6 +48,7 @@ class Tenant:
     resident: bool = False      # counted on the GPU
     last_run: float = -math.inf
     evict_seq: int = 0          # an eviction asked for and not answered yet (0: none)
+    on_host: bool = False       # its memory was moved to the host and not back yet (its next prefetch moves it)
     # totals, for status / metrics
     swapped_in: int = 0
     swapped_out: int = 0
@@ -71,8 +76,8 @@ class ResidencyPolicy:
     tenants: dict[str, Tenant] = field(default_factory=dict)
     _seq: int = 0
     _epoch: Optional[tuple[float, str]] = None    # (when, group): the last grant that needed evictions
-    _measured_bytes: float = 0.0
-    _measured_ms: float = 0.0
+    # bytes and ms of the moves measured so far, per direction ("host": evictions, "device": prefetches)
+    _measured: dict[str, list[float]] = field(default_factory=lambda: {"host": [0.0, 0.0], "device": [0.0, 0.0]})
 
     # --- what the groups are and hold -------------------------------------------------------
 
@@ -95,14 +100,14 @@ class ResidencyPolicy:
         if mem_used is not None:
             t.mem_used = max(0, mem_used)
         if t.managed == 0 and t.unified:
-            t.resident = False      # nothing to keep (a killed process's memory is gone)
+            t.resident = t.on_host = False      # nothing to keep (a killed process's memory is gone)
 
     def disconnected(self, group: str) -> None:
         """The group's pod manager went away: its processes' memory went with them."""
         t = self.tenants.get(group)
         if t is not None:
             t.managed = t.mem_used = 0
-            t.resident, t.evict_seq = False, 0
+            t.resident, t.evict_seq, t.on_host = False, 0, False
 
     # --- decisions ----------------------------------------------------------------------------
 
@@ -181,7 +186,9 @@ class ResidencyPolicy:
             return False
         t.swapped_out += moved
         t.swap_ms += took_ms
-        self._measure(moved, took_ms)
+        self._measure("host", moved, took_ms)
+        if moved > 0:
+            t.on_host = True
         if t.evict_seq == 0 or seq != t.evict_seq:
             return False
         t.evict_seq = 0
@@ -205,22 +212,31 @@ class ResidencyPolicy:
             return
         t.swapped_in += moved
         t.swap_ms += took_ms
-        self._measure(moved, took_ms)
+        if t.on_host:           # else the pages were on the GPU already: nothing was really moved
+            self._measure("device", moved, took_ms)
+        t.on_host = False
 
-    def _measure(self, moved: int, took_ms: float) -> None:
+    def _measure(self, direction: str, moved: int, took_ms: float) -> None:
         if moved >= MIN_MEASURED_BYTES and took_ms > 0:
-            self._measured_bytes += moved
-            self._measured_ms += took_ms
+            m = self._measured[direction]
+            m[0] += moved
+            m[1] += took_ms
 
-    @property
-    def bytes_per_ms(self) -> float:
-        if self._measured_ms > 0:
-            return self._measured_bytes / self._measured_ms
-        return self.default_gbps * 1e6
+    def bytes_per_ms(self, direction: str) -> float:
+        """Measured speed of moves to the host ("host") or to the GPU ("device"), bytes per ms."""
+        moved, ms = self._measured[direction]
+        return moved / ms if ms > 0 else self.default_gbps * 1e6
+
+    def swap_ms(self, nbytes: int) -> float:
+        """What moving `nbytes` out and as many in costs."""
+        return nbytes / self.bytes_per_ms("host") + nbytes / self.bytes_per_ms("device")
 
     @property
     def measured_gbps(self) -> float:
-        return self._measured_bytes / self._measured_ms / 1e6 if self._measured_ms > 0 else 0.0
+        """Both directions' measured moves together (gem-ctl status); 0 before any."""
+        moved = sum(m[0] for m in self._measured.values())
+        ms = sum(m[1] for m in self._measured.values())
+        return moved / ms / 1e6 if ms > 0 else 0.0
 
     def oversubscribed(self) -> bool:
         """Do the unified groups' memories not all fit at once (so slots end in swaps)?"""
@@ -236,6 +252,5 @@ class ResidencyPolicy:
         floors = {}
         for name, t in self.tenants.items():
             if t.unified and t.managed > 0:
-                swap_ms = 2 * t.managed / self.bytes_per_ms
-                floors[name] = swap_ms / self.swap_fraction
+                floors[name] = self.swap_ms(t.managed) / self.swap_fraction
         return floors
