@@ -681,7 +681,8 @@ void gem_gate_on_sync(CUcontext ctx, int whole_context) {
         } else if (g->board && g->board_slot >= 0 && gemhook_board_waiters(g->board, (uint32_t)g->board_slot) > 0) {
             g->pass_turn = GEM_PASS_TURN;   /* turns: others of the group wait, and this burst is over */
             release_soon = 1;
-        } else if (gem_cfg.idle_release_ns > 0 && g->board && gemhook_board_groups_waiting(g->board)) {
+        } else if (gem_cfg.idle_release_ns > gem_cfg.burst_merge_ns && g->board &&
+                   gemhook_board_groups_waiting(g->board)) {
             /* Another group could be granted now: keeping the token through the idle release would leave
              * the GPU idle for it (5 ms of every step of two jobs with host work between steps). */
             g->pass_turn = GEM_PASS_GROUP;
@@ -751,6 +752,8 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
      * granted now, the merge gap is enough; else it looks at the board again every GEM_BOARD_POLL_NS while
      * it sits idle, because a group that asks during the idle release would otherwise wait all of it. */
     int poll_board = 0;
+    if (g->pass_turn == GEM_PASS_GROUP && !gemhook_board_groups_waiting(g->board))
+        g->pass_turn = GEM_PASS_NONE; /* the waiter went (cancelled, gone, or capped now): keep the slot */
     if (!g->pass_turn && !g->latency && g->board && idle_ns > gem_cfg.burst_merge_ns && /* 0: never early */
         !atomic_load(&g->in_burst)) {
         if (gemhook_board_groups_waiting(g->board)) {

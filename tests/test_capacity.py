@@ -107,6 +107,24 @@ def test_no_probe_answer_warns_once_and_manages_nothing(daemons, caplog):
         assert probe is None or probe.calls == 1
 
 
+def test_a_probe_that_never_answers_does_not_hold_up_gem_schd(daemons, caplog, monkeypatch):
+    """A wedged driver can block nvmlInit for good: gem-schd waits PROBE_TIMEOUT_S at most, then serves with
+    nothing managed (the warning says why), and its stop does not wait for the probe's thread either."""
+    import gemini.scheduler.daemon as daemon_mod
+    monkeypatch.setattr(daemon_mod, "PROBE_TIMEOUT_S", 0.3)
+    caplog.set_level(logging.WARNING, logger="gemini.scheduler")
+    t0 = time.monotonic()
+    d = daemons(UNIFIED, memory_probe=FakeProbe(80 * GiB, delay_s=60.0))
+    reply = status(d)
+    assert time.monotonic() - t0 < 10.0
+    assert d.daemon.residency.capacity is None and reply.device_memory_source == ""
+    warnings = [r.getMessage() for r in caplog.records if "--device-memory" in r.getMessage()]
+    assert len(warnings) == 1 and "no answer within 0.3 s" in warnings[0], warnings
+    t1 = time.monotonic()
+    d.stop()
+    assert time.monotonic() - t1 < 10.0
+
+
 def test_no_unified_group_no_probe_until_a_reload_adds_one(daemons):
     probe = FakeProbe(40 * GiB, delay_s=0.05)
     d = daemons(DEVICE_ONLY, memory_probe=probe)

@@ -390,12 +390,12 @@ def test_an_eviction_with_nothing_to_move_is_answered_at_once():
 
 def test_a_client_that_goes_is_not_waited_for_and_one_that_hangs_is_given_up():
     g = GroupResidency(timeout_s=10.0)
-    g.allocated(1, GiB)
-    g.allocated(2, GiB)
+    g.allocated(1, 1 << 20)
+    g.allocated(2, 1 << 20)
     g.evict(1, now=0.0)
     assert g.gone(2) is None                               # 1 still to answer
     assert g.expire(9.9) is None
-    late = g.expire(10.0)                                  # 1 never answered: gem-schd goes on without it
+    late = g.expire(10.01)                                 # 1 never answered: gem-schd goes on without it
     assert late is not None and not late.complete and late.seq == 1
     g.evict(2, now=20.0)
     done = g.gone(1)                                       # the last one holding memory went
@@ -403,14 +403,24 @@ def test_a_client_that_goes_is_not_waited_for_and_one_that_hangs_is_given_up():
 
 
 def test_a_hook_that_never_answers_times_out_however_often_gem_schd_asks_again():
-    """gem-schd asks again at each retry of the held grant (every slot deadline): a newer request replaces the
-    older one but keeps its start, so a client that never answers is given up 10 s after the first request.
-    (Restarting the clock at every request, the timeout never fired: found by the um5 helper.)"""
+    """A newer request replaces the older one but keeps its start, so a client that never answers is given up
+    10 s (plus a second per GB it holds) after the first request however often gem-schd asks again (e.g. after
+    a pod manager's reconnection). Restarting the clock at every request, repeated requests kept it from firing."""
     g = GroupResidency(timeout_s=10.0)
-    g.allocated(1, GiB)
+    g.allocated(1, 1 << 20)
     for k, t in enumerate((0.0, 3.0, 6.0, 9.0)):
         assert g.evict(k + 1, now=t) is None
     assert g.expire(9.9) is None
-    late = g.expire(10.0)
+    late = g.expire(10.01)
     assert late is not None and not late.complete and late.seq == 4       # answered for the latest request
     assert g.evict(5, now=30.0) is None and g.expire(39.0) is None          # a fresh request: a fresh clock
+
+
+def test_the_eviction_timeout_grows_with_the_bytes_to_move():
+    """An H100 moved 12.5 GB to the host in up to 7 s: a larger group must not be given up while it moves."""
+    g = GroupResidency(timeout_s=10.0)
+    g.allocated(1, 20 * 10**9)
+    g.evict(1, now=0.0)
+    assert g.expire(29.9) is None
+    late = g.expire(30.0)
+    assert late is not None and not late.complete

@@ -6,8 +6,8 @@ host when gem-schd asks (`Evict`): the pod manager raises the group's `evict_seq
 watcher sees it, moves its memory to the host and reports. When every client that holds managed memory has
 answered (or gone: a dead process's memory is gone with it), the pod manager tells gem-schd (`Swapped`,
 direction "host"), which only then lets the next holder prefetch. A client that does not answer within
-`timeout_s` is not waited for: the report says `complete=False` and gem-schd goes on (the driver's page
-faults then make room, slowly) -- a broken hook must never stop the GPU.
+`timeout_s` (plus a second per GB it holds) is not waited for: the report says `complete=False` and gem-schd
+goes on (the driver's page faults then make room, slowly) -- a broken hook must never stop the GPU.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from gemini.wire import hook as hp
 
 EVICT_TIMEOUT_S = 10.0
+EVICT_BYTES_PER_S = 1e9     # ... plus a second per GB to move (an H100 moved 12.5 GB to the host in up to 7 s)
 
 
 @dataclass
@@ -32,6 +33,7 @@ class _Eviction:
     seq: int
     started: float
     waiting: set[int]           # client ids still to answer
+    limit_s: float = EVICT_TIMEOUT_S    # given up this long after `started`
     moved: int = 0
     took_s: float = 0.0
 
@@ -73,13 +75,14 @@ class GroupResidency:
 
     def evict(self, seq: int, now: float) -> Report | None:
         """gem-schd asks for eviction `seq`: wait for the clients holding managed memory (a Report at once if
-        there are none). A newer request replaces an older one still running, but keeps its start: gem-schd asks
-        again at each of its own retries, and a hook that never answers must still time out (restarting the
-        clock at every request, the timeout never fired and the other groups waited forever)."""
+        there are none). A newer request replaces an older one still running, but keeps its start, so that
+        a hook that never answers times out however often gem-schd asks again (restarting the clock at each
+        request would let repeated requests keep it from ever firing). The limit grows with the bytes to move."""
         self.last_seq = max(self.last_seq, seq)
         waiting = {cid for cid, n in self.managed.items() if n > 0}
         started = self.evicting.started if self.evicting is not None else now
-        self.evicting = _Eviction(seq, started, waiting)
+        limit = self.timeout_s + sum(self.managed[c] for c in waiting) / EVICT_BYTES_PER_S
+        self.evicting = _Eviction(seq, started, waiting, limit)
         return self._finish_if_done()
 
     def on_report(self, client_id: int, msg: hp.Residency) -> list[Report]:
@@ -115,7 +118,7 @@ class GroupResidency:
 
     def expire(self, now: float) -> Report | None:
         ev = self.evicting
-        if ev is None or now - ev.started < self.timeout_s:
+        if ev is None or now - ev.started < ev.limit_s:
             return None
         self.evicting = None
         return Report("host", ev.seq, ev.moved, ev.took_s, complete=False)

@@ -62,6 +62,8 @@ DEFAULT_PORT = transport.DEFAULT_SCHEDULER_PORT
 HEARTBEAT_TIMEOUT_S = 5.0
 MAX_BYTES = 2**63 - 1
 EVICT_TIMEOUT_S = 15.0          # a grant waits at most this long for the evictions it needs
+EVICT_BYTES_PER_S = 1e9         # ... plus a second per GB to move (the pod managers wait 5 s less)
+PROBE_TIMEOUT_S = 10.0          # how long gem-schd's start waits for the card's memory (NVML) at most
 MAX_CLIENTS = 1 << 20
 MEMBERS_SHOWN = 32              # [pid, uid] pairs kept per group for the status reply
 
@@ -729,9 +731,28 @@ class SchedulerDaemon:
             self._probe_done(None, "no way to read the GPU's memory here")
             return
         assert self._loop is not None
+        # A daemon thread, not the loop's executor: a wedged driver can block nvmlInit for good, and neither
+        # gem-schd's start nor its exit (asyncio joins the executor's threads) may wait for it.
+        fut: asyncio.Future = self._loop.create_future()
+        loop = self._loop
+
+        def run_probe() -> None:
+            try:
+                result: tuple = (probe.total_bytes(), None)
+            except Exception as exc:  # noqa: BLE001 -- handed to the loop, which sorts it out
+                result = (None, exc)
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(lambda: None if fut.done() else fut.set_result(result))
+
+        threading.Thread(target=run_probe, name="gem-schd-memory-probe", daemon=True).start()
         try:
-            total: Optional[int] = await self._loop.run_in_executor(None, probe.total_bytes)
+            total: Optional[int]
+            total, error = await asyncio.wait_for(fut, PROBE_TIMEOUT_S)
+            if error is not None:
+                raise error
             why = ""
+        except asyncio.TimeoutError:
+            total, why = None, f"no answer within {PROBE_TIMEOUT_S:g} s"
         except ProbeError as exc:
             total, why = None, str(exc)
         except Exception as exc:    # a probe's bug must not take the scheduler down
@@ -769,6 +790,7 @@ class SchedulerDaemon:
         evict paced to one per slot floor (a timer wakes the policy when a paced group becomes eligible)."""
         self.policy.quota_floor = self.residency.quota_floor_ms()
         self.policy.not_before = self.residency.swap_gate()
+        self._publish_waiting(self.now_ms())    # the pacing decides who could be granted now
 
     def _hold_for_evictions(self, d: GrantDecision, now: float) -> bool:
         """A unified group's grant: ask the least recently run groups to evict first if its memory does not fit;
@@ -796,7 +818,10 @@ class SchedulerDaemon:
             self._drop_held("a newer grant", now, requeue=self._held.decision.group != d.group)
         self._held = _HeldGrant(d, waiting)
         if self._loop is not None:
-            self._held.timer = self._loop.call_later(self.evict_timeout_s, self._evict_timed_out, self._held)
+            # plus a second per GB being moved: an H100 moved 12.5 GB to the host in up to 7 s (1.8 GB/s)
+            moving = sum(self.residency.tenants[g].managed for g in waiting if g in self.residency.tenants)
+            self._held.timer = self._loop.call_later(self.evict_timeout_s + moving / EVICT_BYTES_PER_S,
+                                                     self._evict_timed_out, self._held)
         return True
 
     def _on_swapped(self, msg: Swapped) -> None:

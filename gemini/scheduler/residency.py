@@ -12,11 +12,11 @@ than the GPU has. gem-schd keeps their *resident sets* within the GPU's configur
 * A swap costs bytes out / the measured bandwidth to the host + bytes in / the measured bandwidth to the GPU.
   Each direction is measured apart from the hooks' reports (an average weighted by bytes moved; `default_gbps`
   until a large move was measured), because they differ by an order of magnitude: on an H100 a 12.5 GB set
-  went to the host at 1.8-3.8 GB/s and came back at 43 GB/s. A move to the GPU counts only when the group's
-  memory had been moved to the host: a new job's first prefetch finds its pages on the GPU already (10 GB "in
-  13 ms"), and counting it made the bandwidth look 8 GB/s and the floors too short for 10%. While the unified groups
-  do not all fit, each one's slot is made at least `swap / swap_fraction` long (`quota_floor_ms`), so swapping
-  takes at most that fraction (10%) of the GPU's time.
+  went to the host at 1.8-22 GB/s (varying a lot) and came back at 43 GB/s. A move to the GPU counts only when
+  the group's memory had been moved to the host: a new job's first prefetch finds its pages on the GPU already
+  (10 GB "in 13 ms"), and counting it made the bandwidth look 8 GB/s and the floors too short for 10%. While
+  the unified groups do not all fit, each one's slot is made at least `swap / swap_fraction` long
+  (`quota_floor_ms`), so swapping takes at most that fraction (10%) of the GPU's time.
 * A slot that ends early (its hooks went idle: host work between steps) must not start a swap each time:
   a grant that needs an eviction is *paced*: after one, the next may not come before the swapped-in group's
   slot floor has passed (`swap_gate`, the earliest time each group whose grant would evict may be granted;
