@@ -746,14 +746,14 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
     /* How long idle before the token goes back: a batch slot after GEMINI_IDLE_RELEASE_MS, a latency
      * group's claim after GEMINI_CLAIM_IDLE_MS, a turn or slot others wait for once the burst is over by
      * the estimator's own rule (no launch within the 2 ms merge gap), so back-to-back steps keep it. */
+    if (g->pass_turn == GEM_PASS_GROUP && !gemhook_board_groups_waiting(g->board))
+        g->pass_turn = GEM_PASS_NONE; /* the waiter went (cancelled, gone, or capped now): keep the slot */
     int64_t idle_ns = g->pass_turn ? gem_cfg.burst_merge_ns : g->latency ? gem_cfg.claim_idle_ns
                                                                           : gem_cfg.idle_release_ns;
     /* A batch holder idle since its burst ended: when gem-schd says on the board that another group could be
      * granted now, the merge gap is enough; else it looks at the board again every GEM_BOARD_POLL_NS while
      * it sits idle, because a group that asks during the idle release would otherwise wait all of it. */
     int poll_board = 0;
-    if (g->pass_turn == GEM_PASS_GROUP && !gemhook_board_groups_waiting(g->board))
-        g->pass_turn = GEM_PASS_NONE; /* the waiter went (cancelled, gone, or capped now): keep the slot */
     if (!g->pass_turn && !g->latency && g->board && idle_ns > gem_cfg.burst_merge_ns && /* 0: never early */
         !atomic_load(&g->in_burst)) {
         if (gemhook_board_groups_waiting(g->board)) {
