@@ -8,7 +8,8 @@ and the ceiling in slots/s at 2, 16, 64 and 256 groups on one core. This drives 
 (gemini/scheduler/policy.py) on simulated time with every group always busy: a quarter of the groups capped
 (MaxUtil 0.05), a quarter with a floor, the rest plain. At each deadline the daemon calls `tick`; the holder's
 pod manager then asks again (its clients still have work) -- both are timed together as one decision, as gem-schd
-makes them on one event-loop turn. The process is pinned to one CPU (`--cpu`) when the OS allows it.
+makes them on one event-loop turn, each followed by `others_grantable` (what gem-schd then writes on the board).
+The process is pinned to one CPU (`--cpu`) when the OS allows it.
 
 The ceiling (slots/s) is 1 / mean decision time: what one core could sustain with nothing else to do, so it
 leaves out the messaging (pyzmq, JSON) that the scale benchmark (bench/bench_scale.py) includes.
@@ -56,9 +57,11 @@ def measure(n: int, slots: int) -> dict:
         now = max(now, wake)
         t0 = time.perf_counter_ns()
         decisions = pol.tick(now)
+        pol.others_grantable(now)                  # gem-schd publishes groups_waiting after each dispatch
         for d in list(decisions):
             if isinstance(d, SlotEndDecision):     # always busy: its group asks again at once
                 decisions += pol.request(d.group, now=now)
+                pol.others_grantable(now)
         t1 = time.perf_counter_ns()
         if any(isinstance(d, GrantDecision) for d in decisions):
             samples.append(t1 - t0)
