@@ -1,14 +1,18 @@
 """Unified groups on a real GPU: more training jobs than fit in gemini's configured capacity, swapped by gem-schd.
 
     python bench/bench_um.py [--jobs 3] [--job-gib 10] [--capacity-gib 24] [--steps 300] [--cpu-ms 40]
-                             [--budget-s 440] [--skip no_cache,alone]
+                             [--budget-s 440] [--skip no_cache,alone] [--cached-gib N --torch-cache]
 
 Each job (written to a temp file, PyTorch) trains an MLP whose weights, gradients and Adam state take about
 --job-gib GiB, with --cpu-ms of host work per step (an input pipeline), printing a line per step. Runs:
   1. sequential: the jobs natively, one after another (what a user must do without this);
   2. gemini: one unified group per job (MaxUtil 1), all at once, gem-schd --device-memory CAPACITY;
   3. no_cache: as 2 with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (cached-but-unused blocks are not swapped);
-  4. alone: one job in a device-mode group, then in a unified group (nothing to swap: the cost of managed memory).
+  4. alone: one job in a device-mode group, then in a unified group (nothing to swap: the cost of managed memory);
+  (2b. torch_cache, only with --torch-cache: as 2 with launch-command --torch-empty-cache-on-evict, PyTorch's cache
+  emptied before each eviction; with --cached-gib N each job also leaves an N GiB temporary in PyTorch's cache, so
+  "torch_cache_saved_gib_per_switch" -- the gemini phase's bytes per switch less this one's -- shows what was not
+  swapped: about 2N GiB, N not moved out and N not moved back in, plus whatever else was cached at the eviction.)
 Reports throughput of all jobs together relative to sequential: `throughput_vs_sequential` counts steps only (the
 jobs' step phases one after another, against the span from the first step of any job to the last), and
 `wall_vs_sequential` whole runs with their start-ups (which the gemini phase overlaps); each job's share of the
@@ -25,7 +29,7 @@ and how long gem-ctl waited) show when gem-schd stopped granting or answering. T
 happened; the exit status is 1 if a phase failed.
 
 SAFETY (the lent GPU hangs if managed memory exceeds what the card has free): before anything runs, the card's
-free memory is read (nvidia-smi) and the run aborts unless jobs x (job-gib + 1 GiB of slack) stays below
+free memory is read (nvidia-smi) and the run aborts unless jobs x (job-gib + cached-gib + 1 GiB of slack) stays below
 --max-fraction (0.8) of it, and the capacity below that too. Oversubscription is only against gemini's capacity.
 Prints one JSON object (its keys: docs/benchmarks.md, "Unified memory").
 """
@@ -60,6 +64,7 @@ PROGRESS_EVERY = 10     # steps between two progress lines in the log
 JOB = r'''
 import json, sys, time, torch
 gib, steps, cpu_ms = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+cached_gib = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 width = 4096
 layer_bytes = width * width * 4 * 4           # fp32 weight + grad + two Adam moments
 layers = max(1, int(gib * (1 << 30) * 0.9 // layer_bytes))
@@ -72,9 +77,15 @@ def cpu_work(ms):
         pass
 for i in range(3):
     opt.zero_grad(set_to_none=True); model(x).square().mean().backward(); opt.step()
+if cached_gib > 0:       # a temporary freed at once: PyTorch keeps it cached (--cached-gib)
+    tmp = torch.empty(int(cached_gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+    tmp.fill_(1)
+    del tmp
 torch.cuda.synchronize()
 t0 = time.monotonic()
-print(json.dumps({"ready": True, "layers": layers, "t0": t0}), flush=True)
+print(json.dumps({"ready": True, "layers": layers, "t0": t0,
+                  "cached_gib": (torch.cuda.memory_reserved() - torch.cuda.memory_allocated()) / (1 << 30)}),
+      flush=True)
 for i in range(steps):
     cpu_work(cpu_ms)
     opt.zero_grad(set_to_none=True)
@@ -309,10 +320,14 @@ def slot_shares(trace_path: Path, groups: list[str], first_s: float, last_s: flo
     return {g: v / (hi - lo) for g, v in used.items()} if hi > lo else {}
 
 
-def gemini_run(job_argv: list[str], args, work: Path, env: dict, tag: str, limit_s: float) -> dict:
+def gemini_run(job_argv: list[str], args, work: Path, env: dict, tag: str, limit_s: float,
+               torch_cache: bool = False) -> dict:
     """All jobs at once, one unified group each. Always returns a dict: the measures when every job finished,
-    else "ok": False with the steps done, gem-ctl status, the swap counters and the backend's log tail."""
-    groups = [Group(f"j{i}", 0.0, 1.0, f"{int(args.job_gib + 2)}GiB", memory_mode="unified")
+    else "ok": False with the steps done, gem-ctl status, the swap counters and the backend's log tail.
+    torch_cache: the jobs run with launch-command --torch-empty-cache-on-evict (PyTorch's cache emptied before
+    each eviction)."""
+    groups = [Group(f"j{i}", 0.0, 1.0, f"{int(args.job_gib + getattr(args, 'cached_gib', 0.0) + 2)}GiB",
+                    memory_mode="unified")
               for i in range(args.jobs)]
     trace_dir = Path(args.trace_dir) if getattr(args, "trace_dir", None) else work
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -324,7 +339,11 @@ def gemini_run(job_argv: list[str], args, work: Path, env: dict, tag: str, limit
         left = limit_s - (time.monotonic() - t_start)
         t0 = time.monotonic()
         with StatusPoller(be, getattr(args, "status_every_s", STATUS_EVERY_S)) as poller:
-            ran = run_jobs({g.name: be.command(g.name, job_argv) for g in groups}, env, left, tag, args.stall_s)
+            commands = {g.name: be.command(g.name, job_argv) for g in groups}
+            if torch_cache:
+                for cmd in commands.values():
+                    cmd.insert(cmd.index("--"), "--torch-empty-cache-on-evict")
+            ran = run_jobs(commands, env, left, tag, args.stall_s)
         span = time.monotonic() - t0
         try:
             status: dict = ctl_status(be)
@@ -388,12 +407,18 @@ def main(argv=None) -> int:
     p.add_argument("--status-every-s", type=float, default=STATUS_EVERY_S,
                    help="a gemini phase samples gem-ctl status this often (its status_samples)")
     p.add_argument("--skip", default="", help="comma list of runs to skip: no_cache,alone")
+    p.add_argument("--cached-gib", type=float, default=0.0,
+                   help="each job allocates and frees a temporary of this size after building its model, so "
+                        "PyTorch keeps it cached (counted in the safety check and the groups' MemoryLimit)")
+    p.add_argument("--torch-cache", action="store_true",
+                   help="also run the phase torch_cache: the gemini phase with PyTorch's cache emptied before each "
+                        "eviction (launch-command --torch-empty-cache-on-evict), against the gemini phase")
     p.add_argument("--trace-dir", default=None, help="keep gem-schd's trace of each gemini phase here "
                                                      "(um-<phase>-trace.json; default: the run's temp dir)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     free = free_gib()
-    managed = args.jobs * (args.job_gib + 1.0)
+    managed = args.jobs * (args.job_gib + args.cached_gib + 1.0)
     if managed > args.max_fraction * free or args.capacity_gib > args.max_fraction * free:
         print(json.dumps({"aborted": f"the jobs would hold {managed:.1f} GiB of managed memory (capacity "
                                      f"{args.capacity_gib} GiB) but the GPU has {free:.1f} GiB free: above "
@@ -403,9 +428,11 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-um-"))
     job_file = work / "job.py"
     job_file.write_text(JOB)
-    job_argv = [sys.executable, str(job_file), str(args.job_gib), str(args.steps), str(args.cpu_ms)]
+    job_argv = [sys.executable, str(job_file), str(args.job_gib), str(args.steps), str(args.cpu_ms),
+                str(args.cached_gib)]
     env = dict(os.environ)
     out: dict = {"free_gib": free, "jobs": args.jobs, "job_gib": args.job_gib, "capacity_gib": args.capacity_gib,
+                 "cached_gib": args.cached_gib,
                  "steps": args.steps, "cpu_ms": args.cpu_ms, "budget_s": args.budget_s}
     t_run = time.monotonic()
 
@@ -435,17 +462,24 @@ def main(argv=None) -> int:
 
     # 2. (and 3.) gemini: the jobs at once in unified groups
     runs = [("gemini", env)]
+    if args.torch_cache:
+        runs.append(("torch_cache", env))
     if "no_cache" not in args.skip:
         runs.append(("no_cache", dict(env, PYTORCH_NO_CUDA_MEMORY_CACHING="1")))
     for tag, run_env in runs:
         limit = budget.limit(args.gemini_s)
-        out[tag] = skipped() if limit is None else gemini_run(job_argv, args, work, run_env, tag, limit)
+        out[tag] = skipped() if limit is None else \
+            gemini_run(job_argv, args, work, run_env, tag, limit, torch_cache=tag == "torch_cache")
         if out["sequential"].get("ok") and out[tag].get("ok"):
             # Steps only (each job's start-up left out on both sides): the sum of the jobs' step phases run one
             # after another, against the span from the first job's first step to the last job's last step.
             out[tag]["throughput_vs_sequential"] = out["sequential"]["work_s"] / out[tag]["measured_span_s"]
             # Whole runs, start-ups included (the gemini phase overlaps them, the sequential one cannot).
             out[tag]["wall_vs_sequential"] = out["sequential"]["span_s"] / out[tag]["span_s"]
+    if args.torch_cache and out["gemini"].get("ok") and out["torch_cache"].get("ok"):
+        # what emptying the cache before each eviction saved: bytes moved per switch (out and back in)
+        plain, emptied = out["gemini"]["bytes_per_switch"], out["torch_cache"]["bytes_per_switch"]
+        out["torch_cache_saved_gib_per_switch"] = (plain - emptied) / GiB
     out["throughput_vs_sequential"] = out["gemini"].get("throughput_vs_sequential")
     out["wall_vs_sequential"] = out["gemini"].get("wall_vs_sequential")
 

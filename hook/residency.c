@@ -16,6 +16,7 @@
  * _v2 would pass a CUmemLocation as a device number.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,8 @@ struct residency_dev {
     CUstream stream;            /* the hook's own stream for moves, in stream_ctx */
     CUcontext stream_ctx;
     int support;                /* 0 unknown, 1 concurrent managed access, -1 none */
+    uint64_t hold_ticket;       /* an eviction held for the delegate (0: none); the watcher's alone */
+    int64_t hold_since;
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -365,6 +368,107 @@ void gem_residency_on_grant(struct gem_device *d) {
 
 #define POLL_NS (2 * GEM_NS_PER_MS) /* how often a unified group's watcher looks for an eviction request */
 
+/* ---- the eviction delegate ----------------------------------------------------------------------
+ * Why a wait of GEM_DELEGATE_WAIT_NS (1 s): PyTorch's empty_cache frees each cached segment with a
+ * synchronising cudaFree, tens of milliseconds for a few GB; a second is ample for that, and short next to
+ * what the eviction itself takes (0.5-7 s for 12.5 GB on an H100) and to the waits around it (the pod manager
+ * waits 10 s + 1 s per GB for its processes' answers, gem-schd 15 s +), so a delegate that hangs or died with
+ * its thread delays the next holder's grant by at most a second and never makes the eviction fail. Only the
+ * watcher holds evictions (hold_ticket, hold_since); the delegate's thread only reads and raises the two
+ * counters. Nothing here is on the launch path. */
+static int delegate_on;
+static uint64_t delegate_asked;     /* tickets handed out */
+static uint64_t delegate_done;      /* the highest ticket released (or withdrawn) */
+static pthread_mutex_t delegate_mu = PTHREAD_MUTEX_INITIALIZER;    /* only for gemhook_residency_wait's sleep */
+static pthread_cond_t delegate_cv = PTHREAD_COND_INITIALIZER;
+
+int gemhook_residency_delegate(int on) {
+    __atomic_store_n(&delegate_on, on ? 1 : 0, __ATOMIC_RELEASE);
+    GEM_LOG(GEM_LOG_DEBUG, "eviction delegate %s", on ? "registered" : "unregistered");
+    return 0;
+}
+
+uint64_t gemhook_residency_pending(void) {
+    uint64_t asked = __atomic_load_n(&delegate_asked, __ATOMIC_ACQUIRE);
+    return asked > __atomic_load_n(&delegate_done, __ATOMIC_ACQUIRE) ? asked : 0;
+}
+
+uint64_t gemhook_residency_wait(int64_t timeout_ns) {
+    uint64_t ticket = gemhook_residency_pending();
+    if (ticket || timeout_ns <= 0)
+        return ticket;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);    /* the condition variable's clock; a jump only ends one wait early */
+    int64_t until = (int64_t)ts.tv_sec * GEM_NS_PER_S + ts.tv_nsec + timeout_ns;
+    ts.tv_sec = until / GEM_NS_PER_S;
+    ts.tv_nsec = until % GEM_NS_PER_S;
+    pthread_mutex_lock(&delegate_mu);
+    while (!(ticket = gemhook_residency_pending()))
+        if (pthread_cond_timedwait(&delegate_cv, &delegate_mu, &ts) == ETIMEDOUT) {
+            ticket = gemhook_residency_pending();
+            break;
+        }
+    pthread_mutex_unlock(&delegate_mu);
+    return ticket;
+}
+
+void gemhook_residency_release(uint64_t ticket) {
+    uint64_t done = __atomic_load_n(&delegate_done, __ATOMIC_ACQUIRE);
+    while (ticket > done &&
+           !__atomic_compare_exchange_n(&delegate_done, &done, ticket, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+}
+
+/* A new eviction to hold: a ticket, and the delegate's thread woken (under the mutex, so a waiter that just
+ * found nothing pending cannot miss it). */
+static uint64_t delegate_ask(void) {
+    pthread_mutex_lock(&delegate_mu);
+    uint64_t ticket = __atomic_add_fetch(&delegate_asked, 1, __ATOMIC_ACQ_REL);
+    pthread_cond_broadcast(&delegate_cv);
+    pthread_mutex_unlock(&delegate_mu);
+    return ticket;
+}
+
+/* Device `ordinal` stops holding: its ticket is no longer pending (a grant superseded the request, or the
+ * wait ran out), unless another GPU's eviction still waits for an earlier one, which releasing this one would
+ * release too (tickets are released in order). */
+static void delegate_stop_holding(int ordinal) {
+    uint64_t ticket = devs[ordinal].hold_ticket;
+    devs[ordinal].hold_ticket = 0;
+    for (int i = 0; i < GEM_MAX_DEVICES; i++)
+        if (devs[i].hold_ticket)
+            return;
+    gemhook_residency_release(ticket);
+}
+
+/* Hold the eviction of device `ordinal` for the delegate? Returns when to look again, or 0 to move now. */
+static int64_t delegate_hold(int ordinal, int64_t now) {
+    struct residency_dev *r = &devs[ordinal];
+    if (!__atomic_load_n(&delegate_on, __ATOMIC_ACQUIRE)) {
+        if (r->hold_ticket) /* unregistered while holding */
+            delegate_stop_holding(ordinal);
+        return 0;
+    }
+    if (!r->hold_ticket) {
+        r->hold_ticket = delegate_ask();
+        r->hold_since = now;
+        GEM_LOG(GEM_LOG_DEBUG, "GPU %d: eviction held for the delegate (ticket %llu)", ordinal,
+                (unsigned long long)r->hold_ticket);
+    }
+    int released = __atomic_load_n(&delegate_done, __ATOMIC_ACQUIRE) >= r->hold_ticket;
+    int64_t until = r->hold_since + GEM_DELEGATE_WAIT_NS;
+    if (!released && now < until)
+        return now + POLL_NS < until ? now + POLL_NS : until;
+    if (released)
+        GEM_LOG(GEM_LOG_DEBUG, "GPU %d: the delegate released the eviction after %.3f ms", ordinal,
+                (double)(now - r->hold_since) / 1e6);
+    else
+        GEM_LOG(GEM_LOG_WARN, "GPU %d: the eviction delegate did not answer within %lld ms: moving the memory "
+                "without it", ordinal, (long long)(GEM_DELEGATE_WAIT_NS / GEM_NS_PER_MS));
+    delegate_stop_holding(ordinal);
+    return 0;
+}
+
 int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now) {
     if (!d || !(__atomic_load_n(&d->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED))
         return now + 100 * GEM_NS_PER_MS;
@@ -374,8 +478,14 @@ int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now) {
         return now + 100 * GEM_NS_PER_MS;
     uint64_t want = gemhook_board_evict_seq(b, (uint32_t)slot);
     struct residency_dev *r = &devs[d->ordinal];
-    if (want <= __atomic_load_n(&r->handled_evict, __ATOMIC_ACQUIRE))
+    if (want <= __atomic_load_n(&r->handled_evict, __ATOMIC_ACQUIRE)) {
+        if (r->hold_ticket) /* a grant superseded the request the delegate was asked about */
+            delegate_stop_holding(d->ordinal);
         return now + POLL_NS;
+    }
+    int64_t later = delegate_hold(d->ordinal, now);
+    if (later)
+        return later;
     pthread_mutex_lock(&move_mu);
     if (!ctx) { /* never granted (still starting): the context it allocated in */
         pthread_mutex_lock(&mu);
@@ -405,4 +515,9 @@ void gem_residency_after_fork(void) {
     pthread_mutex_init(&move_mu, NULL);
     nentries = 0;
     memset(devs, 0, sizeof devs);
+    /* the delegate's thread is the parent's: the child has none until it registers its own */
+    pthread_mutex_init(&delegate_mu, NULL);
+    pthread_cond_init(&delegate_cv, NULL);
+    delegate_on = 0;
+    delegate_asked = delegate_done = 0;
 }

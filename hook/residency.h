@@ -14,6 +14,7 @@
 
 #include "cuda_types.h"
 #include "device.h"
+#include "util.h"
 
 /* Is the device's group unified? Connects to the pod manager first if the process has not yet. The first
  * time it says yes, the eviction requests already on the board are taken as answered (they came before any of
@@ -42,6 +43,25 @@ int gem_residency_wants_grant(struct gem_device *d);
  * allocation) and report it. Returns when to look again (CLOCK_MONOTONIC ns). The watcher runs from the
  * process's first managed allocation (memory.c: gem_gate_watch_residency), granted or not. */
 int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now);
+
+/* ---- an eviction delegate (exported: called from the process itself, e.g. gemini/unified_torch.py) ----
+ * A process whose framework keeps freed memory cached (PyTorch's caching allocator) can register a delegate
+ * that frees that cache before an eviction, so that only memory in use is moved to the host and back. While
+ * one is registered, the watcher that sees a new eviction request hands out a ticket and moves nothing until
+ * the delegate releases that ticket (or a later one) or GEM_DELEGATE_WAIT_NS have passed; then it moves what
+ * is still allocated, as without a delegate. Nothing changes while none is registered. The value handed out is
+ * a ticket, not the board's evict_seq: evict_seqs are counted per GPU and cannot be compared across them, the
+ * tickets are the process's and increase. */
+#define GEM_DELEGATE_WAIT_NS (1 * GEM_NS_PER_S)
+/* on = 1 registers the delegate, 0 unregisters it (a held eviction then goes ahead at the next poll). 0. */
+GEM_EXPORT int gemhook_residency_delegate(int on);
+/* The ticket of an eviction held for the delegate, 0 if none. */
+GEM_EXPORT uint64_t gemhook_residency_pending(void);
+/* Wait up to timeout_ns for a held eviction; its ticket, or 0 (so a delegate thread sleeps in here and costs
+ * nothing between evictions; ctypes releases the GIL for the call). */
+GEM_EXPORT uint64_t gemhook_residency_wait(int64_t timeout_ns);
+/* The delegate is done with `ticket` and every earlier one: the evictions they held go ahead. */
+GEM_EXPORT void gemhook_residency_release(uint64_t ticket);
 
 /* A context was destroyed or reset: the hook's move stream in it is gone too. */
 void gem_residency_context_gone(CUcontext ctx);

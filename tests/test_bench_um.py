@@ -133,3 +133,31 @@ def test_slot_shares_reads_each_groups_slot_time_between_two_moments(tmp_path):
     got = slot_shares(path, ["a", "b", "c"], first, first + 10.0)
     assert got == pytest.approx({"a": 0.2, "b": 0.2, "c": 0.0}, abs=1e-3)
     assert "error" in slot_shares(tmp_path / "missing.json", ["a"], first, first + 1)
+
+
+ENV_JOB = r'''
+import json, os, sys, time
+t0 = time.monotonic()
+print(json.dumps({"ready": True, "t0": t0}), flush=True)
+print(json.dumps({"step": 1, "t": time.monotonic()}), flush=True)
+t1 = time.monotonic()
+print(json.dumps({"done": True, "steps": 1, "t0": t0, "t1": t1, "seconds": t1 - t0, "steps_per_s": 1.0,
+                  "delegate": os.environ.get("GEMINI_TORCH_EMPTY_CACHE_ON_EVICT"),
+                  "site_first": os.environ.get("PYTHONPATH", "").split(os.pathsep)[0].endswith("torch_site")}),
+      flush=True)
+'''
+
+
+@pytest.mark.parametrize("torch_cache", [False, True])
+def test_the_torch_cache_phase_runs_the_jobs_with_the_eviction_delegate(tmp_path, torch_cache):
+    """--torch-cache's phase is the gemini phase with launch-command --torch-empty-cache-on-evict: the jobs get
+    gemini's sitecustomize first on PYTHONPATH and the variable that turns it on; the plain phase gets neither."""
+    job = tmp_path / "env_job.py"
+    job.write_text(ENV_JOB)
+    args = Namespace(jobs=1, job_gib=0.1, cached_gib=0.5, capacity_gib=1.0, stall_s=30.0, status_every_s=1.0)
+    env = dict(clean_env(), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    out = gemini_run([sys.executable, str(job)], args, tmp_path, env, "torch_cache", limit_s=30.0,
+                     torch_cache=torch_cache)
+    assert out["ok"], out
+    assert [(j["delegate"], j["site_first"]) for j in out["jobs"]] == \
+        ([("1", True)] if torch_cache else [(None, False)])

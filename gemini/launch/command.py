@@ -1,6 +1,7 @@
 """launch-command: run a program as a member of a group, with the gemini hook preloaded.
 
-    launch-command --name NAME [--ipc-dir DIR | --port PORT [--ip IP]] [--timeout S] [--shell] -- CMD ARGS...
+    launch-command --name NAME [--ipc-dir DIR | --port PORT [--ip IP]] [--timeout S] [--shell]
+                   [--torch-empty-cache-on-evict] -- CMD ARGS...
 
 The group's pod manager is reached on the socket transport (the default: --ipc-dir or $GEMINI_IPC_DIR, default
 /tmp/gemini/ipc; the program gets GEMINI_IPC_DIR and GEMINI_GROUP_NAME, and its hook finds each GPU's socket
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between SIGTERM and SIGKILL when ending the program (default %(default)s)")
     p.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S, metavar="S",
                    help="give up on the pod manager after S seconds (default %(default)s)")
+    p.add_argument("--torch-empty-cache-on-evict", action="store_true",
+                   help="unified groups: a Python program that imports torch empties PyTorch's cache before each "
+                        "eviction, so cached memory is not swapped (gemini/torch_site/sitecustomize.py)")
     p.add_argument("--shell", action="store_true",
                    help="run CMD ARGS... joined by spaces through /bin/sh -c")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments, after --")
@@ -237,12 +241,27 @@ def handshake(ip: str, port: int, name: str, timeout: float = HANDSHAKE_TIMEOUT_
     raise LaunchError(f"{where} answered HELLO with {type(reply).__name__}")
 
 
+TORCH_SITE_DIR = Path(__file__).resolve().parent.parent / "torch_site"
+ENV_TORCH_EMPTY_CACHE = "GEMINI_TORCH_EMPTY_CACHE_ON_EVICT"
+
+
+def torch_delegate_env(env: dict) -> None:
+    """Load gemini's eviction delegate into the program's Python once it imports torch: its sitecustomize directory
+    first on PYTHONPATH (it runs the program's own sitecustomize too) and the variable that turns it on."""
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(TORCH_SITE_DIR)]
+    env["PYTHONPATH"] = os.pathsep.join([str(TORCH_SITE_DIR)] + rest)
+    env[ENV_TORCH_EMPTY_CACHE] = "1"
+
+
 def child_env(name: str, ip: str | None, port: int | None, hook: str, base: dict | None = None,
-              ipc_dir: str | None = None) -> dict:
+              ipc_dir: str | None = None, torch_empty_cache: bool = False) -> dict:
     """The program's environment: the hook first in LD_PRELOAD, and where its pod manager is (GEMINI_IPC_DIR and
     GEMINI_GROUP_NAME on the socket transport, POD_MANAGER_IP/PORT on TCP; the other transport's variables are
-    removed, so the hook cannot be pointed elsewhere by what the caller had set)."""
+    removed, so the hook cannot be pointed elsewhere by what the caller had set); with torch_empty_cache, the
+    eviction delegate's sitecustomize (torch_delegate_env)."""
     env = dict(os.environ if base is None else base)
+    if torch_empty_cache:
+        torch_delegate_env(env)
     existing = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = f"{hook}:{existing}" if existing else hook
     for var in ENV_POD_NAME + (transport.ENV_GROUP_NAME,):
@@ -387,5 +406,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     program = ["/bin/sh", "-c", " ".join(ns.command)] if ns.shell else ns.command
-    return run_program(program, child_env(ns.name, ns.ip, ns.port, hook, ipc_dir=ns.ipc_dir), ns.timeout,
-                       ns.kill_grace)
+    env = child_env(ns.name, ns.ip, ns.port, hook, ipc_dir=ns.ipc_dir,
+                    torch_empty_cache=ns.torch_empty_cache_on_evict)
+    return run_program(program, env, ns.timeout, ns.kill_grace)
