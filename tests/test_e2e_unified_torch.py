@@ -164,6 +164,8 @@ def run_a_evicted_by_b(sim, backends, tmp_path, mode, env_of=lambda env: env):
             delays.append((out["ts"] - first) / 1e6)
         after = out["ts"] + out["dur"]
     assert delays, swaps
+    first_out = min((e["ts"] for e in swaps if e["ph"] == "X" and e["args"]["direction"] == "host"), default=None)
+    report["asks_before_first_move"] = sum(1 for t in asks if first_out is None or t <= first_out)
     return report, moves, delays
 
 
@@ -196,6 +198,9 @@ def test_a_delegate_that_never_answers_holds_the_eviction_for_the_time_limit_onl
     assert CACHED in {m[5] for m in outs}, moves        # not freed: moved with the rest, after the time limit
     assert outs[0][1] - report["called_ns"] >= 0.8 * DELEGATE_WAIT_S * 1e9, (report, outs)
     assert all(DELEGATE_WAIT_S * 0.9 <= d <= DELEGATE_WAIT_S + 0.5 for d in delays), delays
+    # b's slot outlasts the hold (SLOT_FLOOR_MIN_MS): a is asked once. With slots as short as the small groups'
+    # swaps (268 ms), b's slot ended first, a was granted and evicted b, and they alternated: 5 asks of a.
+    assert report["asks_before_first_move"] == 1, report
 
 
 def test_launch_command_sitecustomize_installs_the_delegate_when_torch_is_imported(sim, backends, tmp_path):

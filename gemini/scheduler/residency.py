@@ -38,6 +38,12 @@ from typing import Optional
 DEFAULT_GBPS = 10.0           # a PCIe 4 x16 host link, roughly; replaced by measurements
 SWAP_FRACTION = 0.1           # swapping takes at most this part of a unified group's slot
 MIN_MEASURED_BYTES = 64 << 20  # smaller moves are dominated by latency: not used to measure bandwidth
+# The shortest unified slot while swapping: small groups' swaps are fast by bandwidth, but an eviction also waits
+# for the hooks' 2 ms polls, the messages, and an eviction delegate's hold (up to 1 s, hook/residency.c). A held
+# grant's slot runs while its evictions are answered; shorter than that, it ended before they were, the other
+# group was granted and evicted the first in turn, and the two alternated, neither running (on the simulator:
+# 268 ms floors against a 1 s hold, ten evictions in 2.4 s).
+SLOT_FLOOR_MIN_MS = 2000.0
 
 
 @dataclass
@@ -252,5 +258,5 @@ class ResidencyPolicy:
         floors = {}
         for name, t in self.tenants.items():
             if t.unified and t.managed > 0:
-                floors[name] = self.swap_ms(t.managed) / self.swap_fraction
+                floors[name] = max(SLOT_FLOOR_MIN_MS, self.swap_ms(t.managed) / self.swap_fraction)
         return floors
