@@ -186,36 +186,17 @@ BENCH_SHAPED_JOB = r'''
 """bench_um's job, scaled to the simulator: a start-up (importing torch), the model allocated in several steps
 with warm-up kernels between them (so a group can be evicted while it is still allocating), then steps of host
 work and GPU work."""
-import ctypes, json, os, sys, time
+import json, os, sys, time
 sys.path.insert(0, os.environ["E2E_CLIENTS_DIR"])
-from pyclient import GEM_SPIN_PTX
+from pyclient import SpinJob
 delay, chunks, chunk, steps, host_ms = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
     float(sys.argv[5])
 time.sleep(delay)
-cu = ctypes.CDLL("libcuda.so.1")
-byref, vp = ctypes.byref, ctypes.c_void_p
-def check(rc, what):
-    if rc != 0:
-        sys.exit(f"job: {what} failed: {rc}")
-dev, ctx, mod, fn, ring = ctypes.c_int(), vp(), vp(), vp(), ctypes.c_ulonglong()
-check(cu.cuInit(0), "cuInit")
-check(cu.cuDeviceGet(byref(dev), 0), "cuDeviceGet")
-check(cu.cuDevicePrimaryCtxRetain(byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-check(cu.cuModuleLoadData(byref(mod), GEM_SPIN_PTX.encode() + b"\0"), "cuModuleLoadData")
-check(cu.cuModuleGetFunction(byref(fn), mod, b"gem_spin"), "cuModuleGetFunction")
-check(cu.cuMemAlloc_v2(byref(ring), ctypes.c_size_t(24)), "cuMemAlloc_v2")
-def work(kernels=5, us=1000):
-    out, dur = ctypes.c_ulonglong(ring.value), ctypes.c_uint64(us * 1000)
-    params = (vp * 2)(ctypes.cast(byref(out), vp), ctypes.cast(byref(dur), vp))
-    for _ in range(kernels):
-        check(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, None, params, None), "cuLaunchKernel")
-    check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+job = SpinJob()
+work = job.work
 held = []
 for i in range(chunks):
-    p = ctypes.c_ulonglong()
-    check(cu.cuMemAlloc_v2(byref(p), ctypes.c_size_t(chunk)), "cuMemAlloc_v2")
-    held.append(p)
+    held.append(job.alloc(chunk))
     if i % 3 == 2:
         work()
     time.sleep(0.15)

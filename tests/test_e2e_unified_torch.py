@@ -34,26 +34,13 @@ CACHED_JOB = r'''
 release_cache that frees the cached block, "never" one that never returns, "none" installs nothing, "torch"
 imports the fake torch package (the delegate comes from gemini's sitecustomize, unasked by this program). Runs
 kernels until stdin closes, then prints what happened."""
-import ctypes, json, os, sys, threading, time
+import json, os, sys, threading, time
 sys.path.insert(0, os.environ["E2E_CLIENTS_DIR"])
-from pyclient import GEM_SPIN_PTX
+from pyclient import SpinJob
 live, cached, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-cu = ctypes.CDLL("libcuda.so.1")
-byref, vp = ctypes.byref, ctypes.c_void_p
-def check(rc, what):
-    if rc != 0:
-        sys.exit(f"job: {what} failed: {rc}")
-dev, ctx, mod, fn, ring = ctypes.c_int(), vp(), vp(), vp(), ctypes.c_ulonglong()
-check(cu.cuInit(0), "cuInit")
-check(cu.cuDeviceGet(byref(dev), 0), "cuDeviceGet")
-check(cu.cuDevicePrimaryCtxRetain(byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-check(cu.cuModuleLoadData(byref(mod), GEM_SPIN_PTX.encode() + b"\0"), "cuModuleLoadData")
-check(cu.cuModuleGetFunction(byref(fn), mod, b"gem_spin"), "cuModuleGetFunction")
-check(cu.cuMemAlloc_v2(byref(ring), ctypes.c_size_t(24)), "cuMemAlloc_v2")
-blocks = {"live": ctypes.c_ulonglong(), "cached": ctypes.c_ulonglong()}
-for name, size in (("live", live), ("cached", cached)):
-    check(cu.cuMemAlloc_v2(byref(blocks[name]), ctypes.c_size_t(size)), "cuMemAlloc_v2")
+job = SpinJob()
+cu, ctx, work = job.cu.lib, job.ctx, job.work
+blocks = {"live": job.alloc(live), "cached": job.alloc(cached)}
 seen = {"calls": 0, "called_ns": None, "freed_ns": None, "free_rc": None}
 def release_cache():
     seen["calls"] += 1
@@ -75,12 +62,6 @@ elif mode == "torch":
     import torch
     torch.cuda._init()
     installed = "_gemini_unified_torch" in sys.modules
-def work(kernels=5, us=1000):
-    out, dur = ctypes.c_ulonglong(ring.value), ctypes.c_uint64(us * 1000)
-    params = (vp * 2)(ctypes.cast(byref(out), vp), ctypes.cast(byref(dur), vp))
-    for _ in range(kernels):
-        check(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, None, params, None), "cuLaunchKernel")
-    check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 work()

@@ -102,6 +102,39 @@ class Driver:
             raise CudaError(fn, rc, self.name(rc))
 
 
+class SpinJob:
+    """What a small job script (a test's stand-in for a framework) needs: device 0's primary context current,
+    the spin kernel and a result ring, and `work()`: `kernels` spin kernels of `us` each, then a context-wide
+    synchronisation. Every call is checked (CudaError)."""
+
+    def __init__(self, cu: "Driver | None" = None) -> None:
+        self.cu = cu or Driver()
+        byref = ctypes.byref
+        self.cu("cuInit", 0)
+        dev = ctypes.c_int()
+        self.cu("cuDeviceGet", byref(dev), 0)
+        self.ctx = ctypes.c_void_p()
+        self.cu("cuDevicePrimaryCtxRetain", byref(self.ctx), dev)
+        self.cu("cuCtxSetCurrent", self.ctx)
+        mod, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
+        self.cu("cuModuleLoadData", byref(mod), GEM_SPIN_PTX.encode() + b"\0")
+        self.cu("cuModuleGetFunction", byref(self.fn), mod, b"gem_spin")
+        self.ring = self.alloc(SLOT * 8)
+
+    def alloc(self, nbytes: int) -> CUdeviceptr:
+        ptr = CUdeviceptr(0)
+        self.cu("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+        return ptr
+
+    def work(self, kernels: int = 5, us: int = 1000) -> None:
+        out, dur = CUdeviceptr(self.ring.value), ctypes.c_uint64(us * 1000)
+        params = (ctypes.c_void_p * 2)(ctypes.cast(ctypes.byref(out), ctypes.c_void_p),
+                                       ctypes.cast(ctypes.byref(dur), ctypes.c_void_p))
+        for _ in range(kernels):
+            self.cu("cuLaunchKernel", self.fn, 1, 1, 1, 32, 1, 1, 0, None, params, None)
+        self.cu("cuCtxSynchronize")
+
+
 def parse_bytes(s: str) -> int:
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     s = s.strip().rstrip("bB").rstrip("iI")
