@@ -53,7 +53,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import Backend, Group, children_of, cmdline  # noqa: E402
-from gemini.scheduler.trace import TraceFormatError, read_trace  # noqa: E402
+from gemini.scheduler.trace import SchedulerTrace, TraceFormatError  # noqa: E402
 
 log = logging.getLogger("bench.um")
 
@@ -303,20 +303,17 @@ def slot_shares(trace_path: Path, groups: list[str], first_s: float, last_s: flo
     fraction of that span. The trace's start event gives the wall-clock time of its ts 0; the offset between
     this host's wall clock and its monotonic clock lines the two up."""
     try:
-        events = read_trace(trace_path)
+        trace = SchedulerTrace.load(trace_path)
     except (OSError, TraceFormatError) as exc:
         return {"error": str(exc)}
-    ts0 = next((e["args"]["unix_time_at_ts0"] for e in events
-                if e.get("name") == "config" and "unix_time_at_ts0" in e.get("args", {})), None)
-    if ts0 is None:
+    if trace.unix_t0 is None:
         return {"error": f"{trace_path}: no start event"}
     mono_to_unix = time.time() - time.monotonic()
-    lo, hi = (first_s + mono_to_unix - ts0) * 1e6, (last_s + mono_to_unix - ts0) * 1e6
+    lo, hi = first_s + mono_to_unix - trace.unix_t0, last_s + mono_to_unix - trace.unix_t0
     used = dict.fromkeys(groups, 0.0)
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "slot" and e.get("name") in used:
-            a, b = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
-            used[e["name"]] += max(0.0, min(b, hi) - max(a, lo))
+    for slot in trace.slots:
+        if slot.group in used:
+            used[slot.group] += max(0.0, min(slot.start_s + slot.dur_s, hi) - max(slot.start_s, lo))
     return {g: v / (hi - lo) for g, v in used.items()} if hi > lo else {}
 
 

@@ -294,6 +294,7 @@ class SchedulerTrace:
     window_s: float = 10.0
     end_s: float = 0.0
     groups: list[str] = field(default_factory=list)   # every group seen, in order of first appearance
+    unix_t0: Optional[float] = None     # wall-clock time of ts 0 (the start event's unix_time_at_ts0)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SchedulerTrace":
@@ -302,6 +303,8 @@ class SchedulerTrace:
         seen: dict[str, None] = {}
         for e in events:
             ph, args = e.get("ph"), e.get("args") or {}
+            if ph == "i" and e.get("cat") == "config" and trace.unix_t0 is None and "unix_time_at_ts0" in args:
+                trace.unix_t0 = float(args["unix_time_at_ts0"])
             if ph == "X" and e.get("cat") == "slot":
                 try:
                     slot = SlotEvent(str(e["name"]), float(e["ts"]) / 1e6, float(e["dur"]) / 1e6,
