@@ -272,6 +272,8 @@ def step_um(ctx) -> dict:
         argv += ["--steps", str(ctx.args.um_steps)]
     if ctx.args.um_skip is not None:
         argv += ["--skip", ctx.args.um_skip]
+    if ctx.args.um_extra:
+        argv += shlex.split(ctx.args.um_extra)
     # bench_um bounds its phases itself (--budget-s, 440 s by default) and prints its JSON even when a phase
     # failed or timed out (exit 1): keep that JSON, it says how far each job got and what gem-schd saw.
     argv = [sys.executable, *argv]
@@ -440,6 +442,8 @@ def main(argv=None) -> int:
     p.add_argument("--soak-seconds", type=float, default=120)
     p.add_argument("--um-steps", type=int, default=None, help="steps of each bench_um job (default: bench_um's)")
     p.add_argument("--um-skip", default=None, help="bench_um runs to skip (no_cache,alone)")
+    p.add_argument("--um-extra", default="", help="more bench_um arguments, one shell-quoted string "
+                                                   "(e.g. '--cached-gib 2 --torch-cache')")
     args = p.parse_args(argv)
     ctx = Ctx()
     ctx.args = args
