@@ -336,3 +336,43 @@ def test_a_starting_process_does_not_hold_up_an_eviction(traced_sim, backends, t
             running.wait(timeout=10)
         starting.stdin.close()
         starting.wait(timeout=20)
+
+
+GROWING_JOB = r'''
+"""A unified group's process that allocates more after its first grant (as PyTorch builds its model in its first
+steps): 16 MiB, kernels (granted: its memory prefetched), 128 MiB more, kernels; then "ready", and it waits."""
+import os, sys
+sys.path.insert(0, os.environ["E2E_CLIENTS_DIR"])
+from pyclient import SpinJob
+job = SpinJob()
+held = [job.alloc(16 << 20)]
+job.work()
+held.append(job.alloc(128 << 20))
+job.work()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+'''
+
+
+def test_memory_allocated_in_a_slot_counts_as_moved_when_evicted(traced_sim, backends, tmp_path):
+    """Issue 19, H100: a job granted with 2.4 GB allocated 12 GB more in its slot; its eviction moved 14.6 GB in
+    4.7 s but reported 2.4 GB (only what the grant's prefetch had moved), so gem-schd took the host link for
+    0.5 GB/s and made slots of 107 s. Memory allocated while the group's memory is on the GPU is first touched
+    there: the hook counts it resident, and the eviction reports it."""
+    sim = traced_sim
+    script = tmp_path / "growing.py"
+    script.write_text(GROWING_JOB)
+    be = unified_backend(backends, names=("a", "b"), capacity=200 * MiB)
+    growing = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, env=sim.hooked(be, "a"))
+    try:
+        assert growing.stdout.readline().split()[0] == "ready"
+        wait_for(lambda: status(be)["a"].get("managed_bytes", 0) >= 144 * MiB, timeout=20, what="a's report")
+        run_b = finish(job(sim, be, "b", kernels=5), timeout=30)        # 128 MiB: a must make room
+        assert run_b.rc == 0, run_b
+        a = status(be)["a"]
+        assert a["evictions"] >= 1, a
+        assert a["swapped_out_bytes"] >= 144 * MiB, a
+    finally:
+        growing.stdin.close()
+        growing.wait(timeout=20)

@@ -18,14 +18,16 @@ import pytest
 from gemini.config import parse_config
 from gemini.podmgr.residency import GroupResidency
 from gemini.scheduler.policy import GrantDecision, Policy, SlotEndDecision
-from gemini.scheduler.residency import MIN_MEASURED_BYTES, ResidencyPolicy
+from gemini.scheduler.residency import (MIN_MEASURED_BYTES, SLOT_FLOOR_MAX_MS, SLOT_FLOOR_MIN_MS,
+                                        ResidencyPolicy)
 from gemini.wire import hook as hp
-from gemini.wire.sched import Evict, Grant, Hello, Swapped, TokenRelease, TokenRequest, Welcome
+from gemini.wire.sched import Evict, Grant, Heartbeat, Hello, Swapped, TokenRelease, TokenRequest, Welcome
 from tests.e2e_fixtures import wait_for
 from tests.policy_sim import config
 from tests.schd_inproc import DaemonThread, FakePodManager
 
 GiB = 1 << 30
+MiB = 1 << 20
 
 
 def residency(capacity=24 * GiB, gbps=None, **groups: int) -> ResidencyPolicy:
@@ -103,10 +105,38 @@ def test_the_slot_floor_makes_swapping_a_tenth_of_a_slot():
     r.before_grant("a", 0.0)
     r.before_grant("b", 1.0)
     (ev,) = r.before_grant("c", 2.0)
-    r.evicted(ev.group, ev.seq, 10 * GiB, 4000.0)          # 10 GiB to the host in 4 s
+    r.evicted(ev.group, ev.seq, 10 * GiB, 2000.0)          # 10 GiB to the host in 2 s
     r.prefetched(ev.group, 10 * GiB, 250.0)                # and back in 0.25 s
     floors = r.quota_floor_ms()
-    assert floors["a"] == pytest.approx((4000.0 + 250.0) / 0.1)   # a tenth of 42.5 s
+    assert floors["a"] == pytest.approx((2000.0 + 250.0) / 0.1)   # a tenth of 22.5 s
+
+
+def test_a_slow_or_mismeasured_move_does_not_make_slots_of_minutes():
+    """H100: a hook that counted 2.4 of the 14.6 GB it moved made the host link look 0.5 GB/s and the floor
+    107 s; each group then waited minutes for its turn. Floors stop at SLOT_FLOOR_MAX_MS (and start at
+    SLOT_FLOOR_MIN_MS)."""
+    r = residency(a=14 * GiB, b=14 * GiB)
+    (ev,) = [e for g in ("a", "b") for e in r.before_grant(g, 1.0)]
+    r.evicted(ev.group, ev.seq, 2 * GiB, 4700.0)
+    assert r.swap_ms(14 * GiB) / r.swap_fraction > 100_000
+    assert r.quota_floor_ms() == {"a": SLOT_FLOOR_MAX_MS, "b": SLOT_FLOOR_MAX_MS}
+    small = residency(a=20 * MiB, b=20 * MiB, capacity=30 * MiB)
+    assert small.quota_floor_ms() == {"a": SLOT_FLOOR_MIN_MS, "b": SLOT_FLOOR_MIN_MS}
+
+
+def test_a_group_that_grows_past_the_capacity_pushes_the_least_recently_run_out():
+    """The holder allocating in its slot (PyTorch builds its model there) takes the resident sets past the
+    capacity: the least recently run residents other than the holder are evicted at once, not at the next
+    grant (meanwhile the driver would make room by page faults)."""
+    r = residency(a=10 * GiB, b=10 * GiB, c=2 * GiB)
+    r.before_grant("a", 0.0)
+    r.before_grant("b", 1.0)
+    r.before_grant("c", 2.0)
+    assert r.overflow("c") == []                           # 22 GiB: fits
+    r.update("c", 12 * GiB, 12 * GiB)                      # c grew in its slot: 32 GiB
+    (ev,) = r.overflow("c")
+    assert (ev.group, ev.bytes) == ("a", 10 * GiB) and r.in_use() <= r.capacity
+    assert r.overflow("c") == [] and r.outstanding() == {"a"}
 
 
 def test_a_killed_groups_memory_leaves_the_count():
@@ -120,13 +150,13 @@ def test_a_killed_groups_memory_leaves_the_count():
 
 
 def test_grants_that_evict_are_paced_to_one_per_slot_floor():
-    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB, gbps=GiB / 1e9)   # 1 GiB/s each way
-    r.before_grant("a", 0.0)                               # floor: 10 x (10 s out + 10 s in)
+    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB, gbps=10 * GiB / 1e9)   # 10 GiB/s each way
+    r.before_grant("a", 0.0)                               # floor: 10 x (1 s out + 1 s in)
     r.before_grant("b", 1.0)
     assert r.swap_gate() == {}                             # nothing evicted yet: c may come at once
     assert r.before_grant("c", 2.0)                        # evicts a
     gate = r.swap_gate()
-    assert gate == {"a": pytest.approx(2.0 + 200_000.0)}   # a would evict: not before c's floor has passed
+    assert gate == {"a": pytest.approx(2.0 + 20_000.0)}    # a would evict: not before c's floor has passed
     # b and c are resident: switching between them needs no eviction, so they are not held back
     assert not r.needs_eviction("b") and not r.needs_eviction("c")
     r.update("c", 0)                                       # c finished: a fits again, nothing to pace
@@ -163,23 +193,28 @@ class _Job:
 
 def run_jobs(pace: bool, jobs: int = 3, job_bytes: int = 10 * GiB, capacity: int = 24 * GiB, steps: int = 80,
              gpu_ms: float = 30.0, host_ms: float = 40.0, idle_release_ms: float = 5.0,
-             gbps: float = 12.0) -> dict:
+             gbps: float = 12.0, start_bytes: int = 0) -> dict:
     """Jobs of `steps` steps (gpu_ms of GPU work, then host_ms of host work, the token given back after
     idle_release_ms) in unified groups, driven as gem-schd drives the two policies. `pace` False leaves
-    Policy.not_before empty (the behaviour before swap pacing). Returns the span, evictions and the time spent
-    on swaps (moves after each job's first prefetch)."""
+    Policy.not_before empty (the behaviour before swap pacing). A job holds `start_bytes` (default: job_bytes)
+    until its first step ends, then job_bytes: a PyTorch job allocates most of its memory in its first slot.
+    Returns the span, evictions, the time spent on swaps (moves after each job's first prefetch) and the longest
+    time the GPU sat idle while a job waited for it."""
+    start_bytes = start_bytes or job_bytes
     names = [f"j{i}" for i in range(jobs)]
     policy = Policy(config(*[(n, 0.0, 1.0) for n in names]), base_quota_ms=100.0)
     res = ResidencyPolicy(capacity)
     res.configure({n: True for n in names})
     for n in names:
-        res.update(n, job_bytes, job_bytes)
+        res.update(n, start_bytes, start_bytes)
     bw = gbps * 1e6                                         # bytes per ms
     state = {n: _Job(steps) for n in names}
     events: list = []
     counter = [0]
-    out = {"evictions": 0, "swap_ms": 0.0}
+    out = {"evictions": 0, "swap_ms": 0.0, "idle_waiting_ms": 0.0}
     started: set = set()
+    waiting: set = set()                                    # jobs that asked and were not granted yet
+    idle_since = [math.nan]
 
     def at(t, kind, *args):
         counter[0] += 1
@@ -210,9 +245,11 @@ def run_jobs(pace: bool, jobs: int = 3, job_bytes: int = 10 * GiB, capacity: int
                     res.evicted(ev.group, ev.seq, ev.bytes, took)
                     moved_ms += took
                     out["evictions"] += 1
+                waiting.discard(d.group)
                 if not was_resident:
-                    took = job_bytes / bw
-                    res.prefetched(d.group, job_bytes, took)
+                    managed = res.tenants[d.group].managed
+                    took = managed / bw
+                    res.prefetched(d.group, managed, took)
                     moved_ms += took
                     if d.group not in started:           # a job's first prefetch is no swap
                         started.add(d.group)
@@ -234,6 +271,7 @@ def run_jobs(pace: bool, jobs: int = 3, job_bytes: int = 10 * GiB, capacity: int
     while events:
         now, _, kind, args = heapq.heappop(events)
         if kind == "request":
+            waiting.add(args[0])
             carry_out(policy.request(args[0], now=now), now)
         elif kind == "gpu_done":
             n, work = args
@@ -242,6 +280,9 @@ def run_jobs(pace: bool, jobs: int = 3, job_bytes: int = 10 * GiB, capacity: int
                 continue
             job.working = 0
             job.steps_left -= 1
+            if res.tenants[n].managed != job_bytes:             # its first step allocated the rest (resident)
+                res.update(n, job_bytes, job_bytes)
+                to_policy()
             if job.steps_left == 0:
                 job.end_ms = now
                 res.update(n, 0, 0)                         # the process exits: its memory is gone
@@ -258,6 +299,12 @@ def run_jobs(pace: bool, jobs: int = 3, job_bytes: int = 10 * GiB, capacity: int
         if policy.holder is not None and state[policy.holder].working == 0 and kind == "request" \
                 and args[0] == policy.holder and state[policy.holder].steps_left > 0:
             start_work(policy.holder, now)                  # granted without a swap: runs at once
+        idle = policy.holder is None and bool(waiting)
+        if idle and math.isnan(idle_since[0]):
+            idle_since[0] = now
+        elif not idle and not math.isnan(idle_since[0]):
+            out["idle_waiting_ms"] = max(out["idle_waiting_ms"], now - idle_since[0])
+            idle_since[0] = math.nan
         wake = policy.next_wakeup(now)
         if wake is not None and not any(k == "tick" and t == wake for t, _, k, _ in events):
             at(max(wake, now), "tick")
@@ -284,10 +331,20 @@ def test_early_releases_do_not_swap_at_every_step():
     assert paced["span_ms"] < sequential_ms, (paced, sequential_ms)
 
 
+def test_a_group_that_grows_past_the_capacity_in_its_slot_is_not_held_back_by_its_own_pacing():
+    """Issue 19, H100 (bench_um --cached-gib 2: three jobs of 13.6 GiB against 24 GiB): j1 was granted with
+    2.3 GiB, grew to 13.6 GiB in its slot, so j0 and j1 were both resident and over the capacity. Every group's
+    grant would now evict, the swap gate paced all of them, j1 (whose grant opened the gate) included, and the
+    GPU sat idle with three groups waiting for 105 s, until the gate opened. The group swapped in is never paced
+    by its own gate: it runs on, and its next grant evicts what no longer fits."""
+    out = run_jobs(pace=True, job_bytes=int(13.6 * GiB), start_bytes=int(2.3 * GiB), steps=60)
+    assert out["idle_waiting_ms"] < 1_000.0, out
+    floor_ms = 10 * 2 * 13.6 * GiB / 12e6
+    assert out["span_ms"] < 3 * 60 * 70.0 + 3 * floor_ms, out
+
+
 
 # --- gem-schd: a grant held for evictions is never lost ---------------------------------------------------------
-
-MiB = 1 << 20
 
 
 def _held_grant_setup(dt: DaemonThread) -> tuple[dict, int, int]:
@@ -424,3 +481,26 @@ def test_the_eviction_timeout_grows_with_the_bytes_to_move():
     assert g.expire(29.9) is None
     late = g.expire(30.0)
     assert late is not None and not late.complete
+
+
+def test_gem_schd_evicts_at_once_when_the_holder_grows_past_the_capacity():
+    """The daemon path of `overflow`: j1, holding, reports in a heartbeat that it grew from 50 to 200 MiB next to
+    resident j0 (100 MiB) against 240 MiB: j0 is asked to evict without waiting for the next grant."""
+    cfg = parse_config("".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n" for i in range(2)))
+    with DaemonThread(cfg, device_memory=240 * MiB, board_path=None, base_quota_ms=5000.0) as dt:
+        pms = {n: FakePodManager(dt.endpoint, identity=n.encode()) for n in ("j0", "j1")}
+        for name, pm in pms.items():
+            pm.send(Hello(name, 1000 + int(name[1]), managed=100 * MiB if name == "j0" else 50 * MiB))
+            assert pm.recv_type(Welcome) is not None
+        pms["j0"].send(TokenRequest("j0", managed=100 * MiB))
+        grant = pms["j0"].recv_type(Grant)
+        assert isinstance(grant, Grant)
+        pms["j0"].send(TokenRelease("j0", grant.token_seq))
+        pms["j1"].send(TokenRequest("j1", managed=50 * MiB))
+        assert isinstance(pms["j1"].recv_type(Grant), Grant)          # 150 MiB: fits, nobody evicted
+        assert pms["j0"].recv_type(Evict, timeout=0.05) is None
+        pms["j1"].send(Heartbeat("j1", mem_used=200 * MiB, clients=1, managed=200 * MiB))
+        evict = pms["j0"].recv_type(Evict)
+        assert isinstance(evict, Evict) and evict.group == "j0"
+        for pm in pms.values():
+            pm.close()

@@ -46,7 +46,7 @@ from gemini.config import Config
 from gemini.scheduler.capacity import DeviceMemoryProbe, ProbeError, capacity_for, reserve_for
 from gemini.scheduler.connections import HELLO_TIMEOUT_S, MAX_CONNECTIONS, ConnectionGuard
 from gemini.scheduler.observers import SchedulerObserver
-from gemini.scheduler.residency import ResidencyPolicy
+from gemini.scheduler.residency import Eviction, ResidencyPolicy
 from gemini.scheduler.share import reported_share
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS,
                                      DEFAULT_WINDOW_MS, ClaimRightDecision, Decision, GrantDecision, Policy,
@@ -783,6 +783,10 @@ class SchedulerDaemon:
 
     def _residency_update(self, group: str, managed: int, mem_used: Optional[int] = None) -> None:
         self.residency.update(group, managed, mem_used)
+        # A group that grew past the capacity (the holder allocating in its slot) pushes the least recently run
+        # out now, rather than at the next grant: meanwhile the driver would make room by page faults.
+        holder = self.policy.holder
+        self._ask_evictions(self.residency.overflow(holder), holder or "a group that grew", self.now_ms())
         self._residency_to_policy()
 
     def _residency_to_policy(self) -> None:
@@ -800,14 +804,7 @@ class SchedulerDaemon:
             log.warning("group %s: its memory does not fit in --device-memory %d bytes even with every other "
                         "unified group evicted: it runs on the driver's page faults", d.group,
                         self.residency.capacity or 0)
-        for ev in evictions:
-            owner = self._owners.get(ev.group)
-            log.info("group %s evicted (%d bytes) to make room for %s", ev.group, ev.bytes, d.group)
-            self._notify("on_evict", ev.group, ev.seq, ev.bytes, now)
-            if owner is None:
-                self.residency.evicted(ev.group, ev.seq, 0, 0.0)
-                continue
-            self._send(owner, Evict(ev.group, ev.seq))
+        self._ask_evictions(evictions, d.group, now)
         # Evictions asked for an earlier grant and not answered yet count too: that memory may still be on the GPU.
         waiting = {g for g in self.residency.outstanding() if g in self._owners}
         self._residency_to_policy()
@@ -823,6 +820,16 @@ class SchedulerDaemon:
             self._held.timer = self._loop.call_later(self.evict_timeout_s + moving / EVICT_BYTES_PER_S,
                                                      self._evict_timed_out, self._held)
         return True
+
+    def _ask_evictions(self, evictions: list[Eviction], for_group: str, now: float) -> None:
+        for ev in evictions:
+            owner = self._owners.get(ev.group)
+            log.info("group %s evicted (%d bytes) to make room for %s", ev.group, ev.bytes, for_group)
+            self._notify("on_evict", ev.group, ev.seq, ev.bytes, now)
+            if owner is None:
+                self.residency.evicted(ev.group, ev.seq, 0, 0.0)
+                continue
+            self._send(owner, Evict(ev.group, ev.seq))
 
     def _on_swapped(self, msg: Swapped) -> None:
         self._residency_update(msg.group, msg.managed)

@@ -44,6 +44,10 @@ MIN_MEASURED_BYTES = 64 << 20  # smaller moves are dominated by latency: not use
 # group was granted and evicted the first in turn, and the two alternated, neither running (on the simulator:
 # 268 ms floors against a 1 s hold, ten evictions in 2.4 s).
 SLOT_FLOOR_MIN_MS = 2000.0
+# The longest: a floor follows the measured bandwidth, and one slow or mismeasured move (an H100 once moved
+# 12.5 GB to the host at 1.8 GB/s; a hook that under-counted what it moved made it look 0.5 GB/s) made floors of
+# 107 s, so each group waited minutes for its turn. Above this, swapping may take more than swap_fraction.
+SLOT_FLOOR_MAX_MS = 30_000.0
 
 
 @dataclass
@@ -145,9 +149,18 @@ class ResidencyPolicy:
             t.resident = True
             return []
         t.resident = True
+        out = self._evict_least_recent(keep=group)
+        if out:
+            self._epoch = (now, group)
+        return out
+
+    def _evict_least_recent(self, keep: Optional[str]) -> list[Eviction]:
+        """Mark the resident unified groups other than `keep` evicted, least recently run first, until the
+        resident sets fit the capacity (an evicted group is no longer resident: it is not asked twice)."""
+        assert self.capacity is not None
         out: list[Eviction] = []
         victims = sorted((v.last_run, name) for name, v in self.tenants.items()
-                         if name != group and v.unified and v.resident and v.managed > 0)
+                         if name != keep and v.unified and v.resident and v.managed > 0)
         for _, name in victims:
             if self.in_use() <= self.capacity:
                 break
@@ -156,9 +169,16 @@ class ResidencyPolicy:
             v.resident, v.evict_seq = False, self._seq
             v.evictions += 1
             out.append(Eviction(name, self._seq, v.managed))
-        if out:
-            self._epoch = (now, group)
         return out
+
+    def overflow(self, holder: Optional[str]) -> list[Eviction]:
+        """The evictions that bring the resident sets back within the capacity after a group grew past it (the
+        holder allocating in its slot): the least recently run residents other than the holder. While they
+        stay resident, the driver makes room by page faults, which is what explicit
+        residency is there to avoid."""
+        if self.capacity is None or self.in_use() <= self.capacity:
+            return []
+        return self._evict_least_recent(keep=holder)
 
     def needs_eviction(self, group: str) -> bool:
         """Would granting `group` now evict another unified group (what `before_grant` would do)?"""
@@ -172,14 +192,18 @@ class ResidencyPolicy:
 
     def swap_gate(self) -> dict[str, float]:
         """The earliest time (ms) each group whose grant would need an eviction may be granted: the last such
-        grant's time plus its group's slot floor (10x its swap). Groups that fit without one are not listed."""
+        grant's time plus its group's slot floor (10x its swap). Groups that fit without one are not listed, nor
+        is the group that grant swapped in: its floor is its own time on the GPU. It needs an eviction again only
+        when it grew past the capacity in its slot (a PyTorch job allocates most of its memory in its first
+        steps); pacing it then left every group paced and the GPU idle until the gate opened (105 s on an
+        H100); its next grant evicts what no longer fits instead."""
         if self._epoch is None:
             return {}
         since, owner = self._epoch
         floor = self.quota_floor_ms().get(owner, 0.0)
         if floor <= 0:
             return {}
-        return {name: since + floor for name in self.tenants if self.needs_eviction(name)}
+        return {name: since + floor for name in self.tenants if name != owner and self.needs_eviction(name)}
 
     def fits_alone(self, group: str) -> bool:
         t = self.tenants.get(group)
@@ -258,5 +282,6 @@ class ResidencyPolicy:
         floors = {}
         for name, t in self.tenants.items():
             if t.unified and t.managed > 0:
-                floors[name] = max(SLOT_FLOOR_MIN_MS, self.swap_ms(t.managed) / self.swap_fraction)
+                floors[name] = min(SLOT_FLOOR_MAX_MS,
+                                   max(SLOT_FLOOR_MIN_MS, self.swap_ms(t.managed) / self.swap_fraction))
         return floors
