@@ -785,8 +785,8 @@ class SchedulerDaemon:
         self.residency.update(group, managed, mem_used)
         # A group that grew past the capacity (the holder allocating in its slot) pushes the least recently run
         # out now, rather than at the next grant: meanwhile the driver would make room by page faults.
-        holder = self.policy.holder
-        self._ask_evictions(self.residency.overflow(holder), holder or "a group that grew", self.now_ms())
+        holder, now = self.policy.holder, self.now_ms()
+        self._ask_evictions(self.residency.overflow(holder, now), holder or "a group that grew", now)
         self._residency_to_policy()
 
     def _residency_to_policy(self) -> None:

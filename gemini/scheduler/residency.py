@@ -171,14 +171,19 @@ class ResidencyPolicy:
             out.append(Eviction(name, self._seq, v.managed))
         return out
 
-    def overflow(self, holder: Optional[str]) -> list[Eviction]:
+    def overflow(self, holder: Optional[str], now: float) -> list[Eviction]:
         """The evictions that bring the resident sets back within the capacity after a group grew past it (the
         holder allocating in its slot): the least recently run residents other than the holder. While they
         stay resident, the driver makes room by page faults, which is what explicit
         residency is there to avoid."""
         if self.capacity is None or self.in_use() <= self.capacity:
             return []
-        return self._evict_least_recent(keep=holder)
+        out = self._evict_least_recent(keep=holder)
+        if out and holder is not None:
+            # the holder's growth swapped the others out as a grant would have: pace their way back the same
+            # way (else the group it pushed out, if the last grant's, came straight back and evicted it)
+            self._epoch = (now, holder)
+        return out
 
     def needs_eviction(self, group: str) -> bool:
         """Would granting `group` now evict another unified group (what `before_grant` would do)?"""
@@ -196,14 +201,16 @@ class ResidencyPolicy:
         is the group that grant swapped in: its floor is its own time on the GPU. It needs an eviction again only
         when it grew past the capacity in its slot (a PyTorch job allocates most of its memory in its first
         steps); pacing it then left every group paced and the GPU idle until the gate opened (105 s on an
-        H100); its next grant evicts what no longer fits instead."""
+        H100); its next grant evicts what no longer fits instead. Once evicted itself, it is paced like any."""
         if self._epoch is None:
             return {}
         since, owner = self._epoch
         floor = self.quota_floor_ms().get(owner, 0.0)
         if floor <= 0:
             return {}
-        return {name: since + floor for name in self.tenants if name != owner and self.needs_eviction(name)}
+        owner_resident = owner in self.tenants and self.tenants[owner].resident
+        return {name: since + floor for name in self.tenants
+                if (name != owner or not owner_resident) and self.needs_eviction(name)}
 
     def fits_alone(self, group: str) -> bool:
         t = self.tenants.get(group)
