@@ -161,6 +161,22 @@ def test_a_group_pushed_out_by_a_growing_holder_is_paced_back():
     assert "j1" not in gate
 
 
+def test_a_group_swapped_back_into_free_room_gets_its_floor_before_it_is_pushed_out():
+    """H100 (bench_um --cached-gib 2): j1 finished, j2's memory came back from the host into the room j1 left
+    (no eviction needed), and 0.4 s later j0's grant evicted j2 again: 29 GB moved for 0.4 s of work. A grant
+    that brings a group's memory back from the host opens the swap gate like one that evicts."""
+    r = residency(j0=14 * GiB, j1=14 * GiB, j2=14 * GiB)
+    r.before_grant("j0", 0.0)
+    (ev,) = r.before_grant("j2", 1.0)                      # evicts j0
+    r.evicted(ev.group, ev.seq, 14 * GiB, 2000.0)
+    (ev,) = r.before_grant("j1", 40_000.0)                 # evicts j2 (its memory to the host)
+    r.evicted(ev.group, ev.seq, 14 * GiB, 2000.0)
+    r.update("j1", 0, 0)                                   # j1 finished
+    assert r.before_grant("j2", 70_000.0) == []            # back into free room
+    gate = r.swap_gate()
+    assert gate.get("j0") == pytest.approx(70_000.0 + r.quota_floor_ms()["j2"]), gate
+
+
 # --- Policy.not_before ------------------------------------------------------------------------------------------
 
 def test_the_policy_does_not_grant_a_group_before_its_gate():

@@ -148,9 +148,12 @@ class ResidencyPolicy:
         if self.capacity is None or (t.resident and self.in_use() <= self.capacity):
             t.resident = True
             return []
+        swapped_in = not t.resident and t.on_host      # its memory comes back from the host
         t.resident = True
         out = self._evict_least_recent(keep=group)
-        if out:
+        if out or swapped_in:
+            # A group swapped in gets its floor before a grant may push it out again, whether or not it needed
+            # an eviction (on an H100 a job brought back into room a finished job left was evicted 0.4 s later).
             self._epoch = (now, group)
         return out
 
