@@ -65,6 +65,7 @@ class _Tenant:
     local_deadline: float = -math.inf
     granted_at: float = -math.inf        # when the grant reached it
     first_run: float = -math.inf         # when its slot's first work ran on the GPU
+    measure_from: float = -math.inf      # when its hooks' measurement of the slot began (its start event ran)
     work_end: float = -math.inf          # when the work it launched in its slot (and continuations) ends
     asked: bool = False                  # a request is on its way or waiting at gem-schd
     # requests (latency or batch-with-requests)
@@ -210,6 +211,10 @@ class Model:
         if isinstance(t.kind, Busy):
             # It launches until its deadline; at the deadline `inflight` ms are still queued.
             t.first_run, t.work_end = self.run_on_gpu(n, self.now, t.local_deadline + self.inflight)
+            # The hook's start event runs as soon as the GPU switches to it: while the previous holder still
+            # drains, the GPU time-slices the two, so the event runs before this tenant's first work ends that
+            # drain (the model runs the drain first, whole; see `_on_deadline`).
+            t.measure_from = min(t.first_run, self.now + self.switch)
             self.push(t.local_deadline, "deadline", n, seq)
         elif isinstance(t.kind, Requests):
             self._serve_requests(n)
@@ -233,7 +238,9 @@ class Model:
         overuse = e - self.now
         if self.gpu_free > e + 1e-9:
             overuse *= 2
-        used = e - t.first_run
+        # The hook's measure: from its start event to the end of its drain as it saw it (twice as long when the
+        # next tenant's first work time-sliced with it), as gem-schd receives it.
+        used = self.now + overuse - t.measure_from
         self.push(e, "drained", n, overuse, used)
 
     def _on_drained(self, n, overuse, used):

@@ -238,6 +238,47 @@ def test_misreported_use_moves_a_share_by_at_most_the_credit(used_factor):
         assert share <= 0.3 + DEFAULT_BUCKET_MS / charged
 
 
+def test_measured_use_is_compared_without_the_overlaps_the_charges_split():
+    """A busy holder's hooks measure from its slot's first kernel to the end of its drain, so the measurement holds
+    the whole overrun, of which its charge holds only half; the next holder's start event runs while that drain
+    runs (the GPU time-slices the two), so its measurement holds the overlap too. Half of each overlap comes off a
+    measurement before it is compared with the charge. Compared whole, a busy spin tenant's measurement was
+    above its charge and none of its idle gaps was forgiven (1.5-2 pp under its cap on the simulated driver)."""
+    p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 20.0, 5.0, 10_000.0, continuation=False)
+    p.request("a", now=0.0)
+    p.request("b", now=1.0)
+    [gb] = grants(p.tick(20.0))
+    # A drained 3 ms past its deadline, time-sliced with B's first kernels; its hooks measured 19 ms: 17.5 of its
+    # own (charged) and the 3 ms drain, half of which was B's
+    p.request("a", overuse_ms=3.0, now=23.5, used_ms=19.0)
+    assert p.usage("a", 23.5) == pytest.approx(17.5)               # wall 21.5; the whole measurement: 19
+    p.tick(40.0)
+    # B's measurement (19 ms) began while A drained: 1.5 ms of it was A's
+    p.request("b", now=41.0, used_ms=19.0)
+    assert p.usage("b", 41.0) == pytest.approx(17.5)               # wall 18.5; the whole measurement: 18.5
+    # a measurement below the credit is still charged the slot less the credit (3 ms of 20), overlaps or not
+    p2 = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 20.0, 5.0, 10_000.0, continuation=False)
+    p2.request("a", now=0.0)
+    p2.request("b", now=1.0)
+    p2.tick(20.0)
+    p2.request("a", overuse_ms=3.0, now=23.5, used_ms=1.0)
+    assert p2.usage("a", 23.5) == pytest.approx(17.0)
+
+
+def test_an_overlap_reported_after_the_next_slot_ended_still_comes_off_its_measurement():
+    """B's slot ended and was charged by its measurement before A's overrun into it was reported: B's charge is
+    settled again with half of the overlap off its measurement (and A's the same way)."""
+    p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 20.0, 5.0, 10_000.0, continuation=False)
+    [ga] = grants(p.request("a", now=0.0))
+    p.request("b", now=1.0)
+    [gb] = grants(p.tick(20.0))
+    p.release("b", gb.token_seq, now=40.0, used_ms=19.0)          # charged 19 (nothing known of A's overrun)
+    assert p.usage("b", 40.0) == pytest.approx(19.0)
+    p.release("a", ga.token_seq, overuse_ms=3.0, now=41.0, used_ms=19.0)
+    assert p.usage("b", 41.0) == pytest.approx(17.5)               # 19 - 3 / 2 (was 18.5: only the wall's half)
+    assert p.usage("a", 41.0) == pytest.approx(17.5)               # 19 - 3 / 2 (was 19)
+
+
 def test_an_overrun_into_the_next_slot_is_split_between_the_two():
     """A's work ran 3 ms into B's slot, time-sliced with B's first kernels: each is charged half of those 3 ms,
     and the charges add up to the wall time (the hooks' measurements are not needed for it)."""

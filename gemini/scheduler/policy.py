@@ -13,7 +13,8 @@ within its budget (see below). Three mechanisms decide who gets the next slot an
   held only on average would let it run far above its cap for a second and below it the next). The bucket is
   charged what the group really used: the slot up to its release, minus the part the hooks measured as not
   theirs (the handoff at its start, at most `max_used_credit_ms`), minus time a latency group claimed the GPU,
-  plus overuse the hooks report.
+  plus overuse the hooks report. An overrun into the next slot is split evenly between the two holders, and half
+  of it comes off each one's measurement too (`_measured_charge`).
 * **Floors (MinUtil) and fair shares are weighted virtual time.** Each active group (one that is waiting,
   holding, or used the GPU in the last `active_ms`) gets a target share by water-filling: every group gets at
   least its MinUtil and at most its MaxUtil, and what is left is split evenly (this is where Gemini's
@@ -221,6 +222,9 @@ class _Past:
     start: float
     end: float
     charge: float
+    used: float = 0.0           # the GPU time its hooks measured (0: not reported)
+    head_shared: float = 0.0    # how long the previous holder's overrun shared its start
+    tail_shared: float = 0.0    # how long its own overrun shared the next holder's start
 
 
 class _Usage:
@@ -756,12 +760,12 @@ class Policy:
         self._holder = None
         end = min(max(now if at is None else at, h.start), h.deadline)
         span = end - h.start
-        charge = span
-        if used_ms and math.isfinite(used_ms) and used_ms > 0 and self.max_used_credit_ms > 0:
-            charge = min(charge, max(used_ms, span - self._credit(span)))
         # The previous holder's overrun shared the start of this slot; half of it is charged to that holder.
-        # The hooks' own measurement may already have taken more off.
-        charge = min(charge, span - min(h.head_shared, span) / 2.0)
+        head = min(h.head_shared, span)
+        charge = span - head / 2.0
+        used = used_ms if (used_ms and math.isfinite(used_ms) and used_ms > 0) else 0.0
+        if used > 0 and self.max_used_credit_ms > 0:
+            charge = min(charge, self._measured_charge(span, used, head, 0.0))
         charge = max(0.0, charge - min(h.claim_credit, charge))
         g = self._groups.get(h.group)
         if g is not None:
@@ -774,7 +778,7 @@ class Policy:
             g.vtime += (charge - h.reserved) / h.reserved_weight
             g.usage.add(h.start, end, charge)
             g.last_active = max(g.last_active, now)
-        self._past.append(_Past(h.group, h.token_seq, h.start, end, charge))
+        self._past.append(_Past(h.group, h.token_seq, h.start, end, charge, used=used, head_shared=head))
         self._prune(now)
         return [SlotEndDecision(h.group, h.token_seq, h.quota, h.start, end, h.wait_ms, reason)]
 
@@ -802,15 +806,20 @@ class Policy:
             nxt = next((p for p in self._past if p.group != group and p.start >= last.end - EPS and p.start < end),
                        None)
             if nxt is not None:
-                shared = min(nxt.end, end) - max(nxt.start, last.end)
-                refund = min(max(0.0, shared) / 2.0 - (nxt.end - nxt.start - nxt.charge), nxt.charge)
-                refund = max(0.0, refund)
+                shared = max(0.0, min(nxt.end, end) - max(nxt.start, last.end))
+                nxt.head_shared = max(nxt.head_shared, shared)
+                span = nxt.end - nxt.start
+                new = min(nxt.charge, span - shared / 2.0)
+                if nxt.used > 0 and self.max_used_credit_ms > 0:
+                    new = min(new, self._measured_charge(span, nxt.used, nxt.head_shared, nxt.tail_shared))
+                refund = max(0.0, nxt.charge - max(0.0, new))
                 nxt.charge -= refund
                 ng = self._groups.get(nxt.group)
                 if ng is not None and refund > 0:
                     self._charge(ng, -refund, now)
                     ng.usage.add(nxt.start, nxt.start + shared, -refund)
         overuse -= max(0.0, shared) / 2.0
+        last.tail_shared = max(last.tail_shared, max(0.0, shared))
         g = self._groups.get(group)
         last.charge += overuse
         if g is not None:
@@ -825,7 +834,8 @@ class Policy:
         for p in reversed(self._past):
             if p.group == group and (token_seq is None or p.token_seq == token_seq):
                 span = p.end - p.start
-                new = min(p.charge, max(used_ms, span - self._credit(span)))
+                p.used = used_ms
+                new = min(p.charge, self._measured_charge(span, used_ms, p.head_shared, p.tail_shared))
                 refund = p.charge - new
                 if refund > 0:
                     p.charge = new
@@ -834,6 +844,17 @@ class Policy:
                         self._charge(g, -refund, now)
                         g.usage.add(p.start, p.end, -refund)
                 return
+
+    def _measured_charge(self, span: float, used: float, head_shared: float, tail_shared: float) -> float:
+        """What a slot is charged by its hooks' measurement `used` (from its first kernel to the end of its drain,
+        less its idle gaps), at least the span less the credit. The measurement spans both overlaps with the
+        neighbouring holders -- the previous one's overrun at its start, its own overrun at its end -- of which
+        the charges give this slot only half (the other half is the neighbour's); so half of each comes off it
+        here too. Compared whole, a busy holder's measurement (its full overrun in it) was above its wall-time
+        charge (half of that overrun) and nothing was ever forgiven: spin tenants sat 1.5-2 pp under their caps
+        on the simulator, charged their own gaps and the handoffs."""
+        measured = used - (max(0.0, head_shared) + max(0.0, tail_shared)) / 2.0
+        return max(measured, span - self._credit(span))
 
     def _credit(self, span: float) -> float:
         """How much of a slot the hooks' measurement may forgive: the handoff at its start (the grant's travel,
