@@ -177,6 +177,30 @@ def test_a_group_swapped_back_into_free_room_gets_its_floor_before_it_is_pushed_
     assert gate.get("j0") == pytest.approx(70_000.0 + r.quota_floor_ms()["j2"]), gate
 
 
+def test_a_killed_groups_memory_leaves_the_count():
+    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB)
+    r.before_grant("a", 0.0)
+    r.before_grant("b", 1.0)
+    r.update("a", 0, 0)                                    # its process died
+    assert not r.needs_eviction("c") and r.before_grant("c", 2.0) == []
+    r.disconnected("b")
+    assert r.in_use() == 10 * GiB
+
+
+def test_grants_that_evict_are_paced_to_one_per_slot_floor():
+    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB, gbps=10 * GiB / 1e9)   # 10 GiB/s each way
+    r.before_grant("a", 0.0)                               # floor: 10 x (1 s out + 1 s in)
+    r.before_grant("b", 1.0)
+    assert r.swap_gate() == {}                             # nothing evicted yet: c may come at once
+    assert r.before_grant("c", 2.0)                        # evicts a
+    gate = r.swap_gate()
+    assert gate == {"a": pytest.approx(2.0 + 20_000.0)}    # a would evict: not before c's floor has passed
+    # b and c are resident: switching between them needs no eviction, so they are not held back
+    assert not r.needs_eviction("b") and not r.needs_eviction("c")
+    r.update("c", 0)                                       # c finished: a fits again, nothing to pace
+    assert r.swap_gate() == {}
+
+
 # --- Policy.not_before ------------------------------------------------------------------------------------------
 
 def test_the_policy_does_not_grant_a_group_before_its_gate():
