@@ -201,6 +201,24 @@ def test_grants_that_evict_are_paced_to_one_per_slot_floor():
     assert r.swap_gate() == {}
 
 
+
+def test_a_device_mode_holders_growth_does_not_open_the_swap_gate():
+    """A device-mode holder that allocates past the capacity pushes unified residents out (its memory stays),
+    but it has no slot floor: taking the gate over would open it, and the group the last grant pushed out could
+    come straight back and evict the group that grant swapped in."""
+    r = ResidencyPolicy(24 * GiB, default_gbps=10 * GiB / 1e9)         # floors: 10 x (1 s out + 1 s in)
+    r.configure({"a": True, "b": True, "c": True, "d": False})
+    for name in ("a", "b", "c"):
+        r.update(name, 10 * GiB, 10 * GiB)
+    r.before_grant("a", 0.0)
+    r.before_grant("b", 1.0)
+    assert r.before_grant("c", 2.0)                        # evicts a: paced until 2 + 20 s
+    r.update("d", 0, 5 * GiB)                              # d, device-mode, holds and allocates: 25 GiB
+    (ev,) = r.overflow("d", 3.0)
+    assert ev.group == "b"
+    assert r.swap_gate().get("a") == pytest.approx(2.0 + 20_000.0)    # a would evict c: still paced
+
+
 # --- Policy.not_before ------------------------------------------------------------------------------------------
 
 def test_the_policy_does_not_grant_a_group_before_its_gate():
