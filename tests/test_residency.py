@@ -475,6 +475,28 @@ def test_a_grant_waits_for_evictions_asked_before_it():
             for pm in pms.values():
                 pm.close()
 
+
+def test_a_held_grant_also_waits_for_the_evictions_its_groups_growth_asked_for():
+    """j1's grant waits for j0's eviction; meanwhile j1's processes allocate (they need no token for it) and its
+    pod manager reports 200 MiB: j2 is pushed out too. The grant waits for both answers: sent when j0 alone had
+    answered, j1's prefetch would run while j2's memory was still on the GPU, past the capacity."""
+    cfg = parse_config("".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n" for i in range(3)))
+    with DaemonThread(cfg, device_memory=240 * MiB, board_path=None, base_quota_ms=5000.0) as dt:
+        pms, evict_seq, held_seq = _held_grant_setup(dt)
+        try:
+            pms["j1"].send(Heartbeat("j1", mem_used=200 * MiB, clients=1, managed=200 * MiB))
+            evict2 = pms["j2"].recv_type(Evict)
+            assert isinstance(evict2, Evict)
+            pms["j0"].send(Swapped("j0", "host", seq=evict_seq, moved_bytes=100 * MiB, took_ms=10.0))
+            assert pms["j1"].recv_type(Grant, timeout=0.3) is None            # j2 has not answered yet
+            pms["j2"].send(Swapped("j2", "host", seq=evict2.seq, moved_bytes=100 * MiB, took_ms=10.0))
+            grant = pms["j1"].recv_type(Grant)
+            assert isinstance(grant, Grant) and grant.token_seq == held_seq
+        finally:
+            for pm in pms.values():
+                pm.close()
+
+
 # --- GroupResidency (gem-pmgr) ----------------------------------------------------------------------------------
 
 def _report(direction, moved, resident, managed, seq=0, ns=1_000_000):
