@@ -219,6 +219,21 @@ def test_a_device_mode_holders_growth_does_not_open_the_swap_gate():
     assert r.swap_gate().get("a") == pytest.approx(2.0 + 20_000.0)    # a would evict c: still paced
 
 
+
+def test_the_group_a_grant_swapped_in_is_not_paced_by_its_own_gate():
+    """c's grant evicted a, so the gate paces grants that would evict; c then grew past the capacity in its slot
+    (before gem-schd's overflow pushed b out): its own next grant is not paced by the gate its grant opened, the
+    others' are (run_jobs covers this only together with overflow, which makes the state pass at once)."""
+    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB, gbps=10 * GiB / 1e9)
+    r.before_grant("a", 0.0)
+    r.before_grant("b", 1.0)
+    assert r.before_grant("c", 2.0)                        # evicts a: c owns the gate
+    r.update("c", 16 * GiB, 16 * GiB)                      # 26 GiB resident
+    assert r.needs_eviction("c")
+    gate = r.swap_gate()
+    assert "c" not in gate and gate.get("a") == pytest.approx(2.0 + r.quota_floor_ms()["c"]), gate
+
+
 # --- Policy.not_before ------------------------------------------------------------------------------------------
 
 def test_the_policy_does_not_grant_a_group_before_its_gate():
