@@ -443,7 +443,8 @@ def main(argv=None) -> int:
     p.add_argument("--um-steps", type=int, default=None, help="steps of each bench_um job (default: bench_um's)")
     p.add_argument("--um-skip", default=None, help="bench_um runs to skip (no_cache,alone)")
     p.add_argument("--um-extra", default="", help="more bench_um arguments, one shell-quoted string "
-                                                   "(e.g. '--cached-gib 2 --torch-cache')")
+                                                   "(e.g. '--cached-gib 2 --torch-cache'; a single option "
+                                                   "needs '=': --um-extra=--torch-cache)")
     args = p.parse_args(argv)
     ctx = Ctx()
     ctx.args = args

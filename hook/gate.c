@@ -403,6 +403,8 @@ static int request_locked(struct gem_gate *g) {
             pthread_mutex_unlock(&g->mu);
             gem_residency_on_grant(g->dev);
             pthread_mutex_lock(&g->mu);
+        } else {
+            gem_residency_granted_in_place(g->dev);
         }
         if (HAVE_REAL(cuCtxGetCurrent)) {
             CUcontext ctx = NULL;

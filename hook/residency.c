@@ -353,6 +353,14 @@ int gem_residency_wants_grant(struct gem_device *d) {
     return wants;
 }
 
+void gem_residency_granted_in_place(struct gem_device *d) {
+    if (!d || !(__atomic_load_n(&d->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED))
+        return;
+    pthread_mutex_lock(&mu);
+    devs[d->ordinal].on_gpu = 1;
+    pthread_mutex_unlock(&mu);
+}
+
 void gem_residency_on_grant(struct gem_device *d) {
     if (!d || !(__atomic_load_n(&d->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED))
         return;

@@ -38,6 +38,11 @@ CUresult gem_residency_free_async(CUdeviceptr ptr, CUstream stream, int ptsz);
 void gem_residency_on_grant(struct gem_device *d);
 /* Is there anything on_grant would move (cheap)? */
 int gem_residency_wants_grant(struct gem_device *d);
+/* A grant found nothing to move (nothing allocated yet, or everything on the GPU): what is allocated from now on
+ * is first touched on the GPU, so it counts resident, as after a move there (else a process granted before its
+ * first allocation reported none of what it allocated in its slot as moved when evicted). Cheap; takes only the
+ * record's lock. */
+void gem_residency_granted_in_place(struct gem_device *d);
 /* From the watcher: if the pod manager asked (board), move the managed allocations to the host in `ctx`
  * (the context launches were made in; NULL for a process never granted the GPU: then the context of its last
  * allocation) and report it. Returns when to look again (CLOCK_MONOTONIC ns). The watcher runs from the

@@ -376,3 +376,46 @@ def test_memory_allocated_in_a_slot_counts_as_moved_when_evicted(traced_sim, bac
     finally:
         growing.stdin.close()
         growing.wait(timeout=20)
+
+
+LATE_ALLOCATING_JOB = r'''
+"""A unified group's process whose first grant comes before its first managed allocation (a kernel launched
+before anything is allocated: its grant has nothing to move), then 144 MiB allocated and used in that slot;
+then "ready", and it waits."""
+import os, sys
+sys.path.insert(0, os.environ["E2E_CLIENTS_DIR"])
+from pyclient import CUdeviceptr, SpinJob
+alloc = SpinJob.alloc
+SpinJob.alloc = lambda self, nbytes: CUdeviceptr(0)     # no result ring: the first kernels allocate nothing
+job = SpinJob()
+SpinJob.alloc = alloc
+job.work()
+held = [job.alloc(144 << 20)]
+job.work()
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+'''
+
+
+def test_memory_allocated_after_a_grant_that_moved_nothing_counts_as_moved_when_evicted(traced_sim, backends,
+                                                                                          tmp_path):
+    """A process granted before its first managed allocation (nothing to move at the grant) and allocating in
+    that slot: its memory is first touched on the GPU, so its eviction reports it moved, as for a process that
+    had memory moved at its grant."""
+    sim = traced_sim
+    script = tmp_path / "late.py"
+    script.write_text(LATE_ALLOCATING_JOB)
+    be = unified_backend(backends, names=("a", "b"), capacity=200 * MiB)
+    late = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=sim.hooked(be, "a"))
+    try:
+        assert late.stdout.readline().split()[0] == "ready"
+        wait_for(lambda: status(be)["a"].get("managed_bytes", 0) >= 144 * MiB, timeout=20, what="a's report")
+        run_b = finish(job(sim, be, "b", kernels=5), timeout=30)        # 128 MiB: a must make room
+        assert run_b.rc == 0, run_b
+        a = status(be)["a"]
+        assert a["evictions"] >= 1, a
+        assert a["swapped_out_bytes"] >= 144 * MiB, a
+    finally:
+        late.stdin.close()
+        late.wait(timeout=20)

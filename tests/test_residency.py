@@ -177,6 +177,63 @@ def test_a_group_swapped_back_into_free_room_gets_its_floor_before_it_is_pushed_
     assert gate.get("j0") == pytest.approx(70_000.0 + r.quota_floor_ms()["j2"]), gate
 
 
+def test_a_killed_groups_memory_leaves_the_count():
+    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB)
+    r.before_grant("a", 0.0)
+    r.before_grant("b", 1.0)
+    r.update("a", 0, 0)                                    # its process died
+    assert not r.needs_eviction("c") and r.before_grant("c", 2.0) == []
+    r.disconnected("b")
+    assert r.in_use() == 10 * GiB
+
+
+def test_grants_that_evict_are_paced_to_one_per_slot_floor():
+    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB, gbps=10 * GiB / 1e9)   # 10 GiB/s each way
+    r.before_grant("a", 0.0)                               # floor: 10 x (1 s out + 1 s in)
+    r.before_grant("b", 1.0)
+    assert r.swap_gate() == {}                             # nothing evicted yet: c may come at once
+    assert r.before_grant("c", 2.0)                        # evicts a
+    gate = r.swap_gate()
+    assert gate == {"a": pytest.approx(2.0 + 20_000.0)}    # a would evict: not before c's floor has passed
+    # b and c are resident: switching between them needs no eviction, so they are not held back
+    assert not r.needs_eviction("b") and not r.needs_eviction("c")
+    r.update("c", 0)                                       # c finished: a fits again, nothing to pace
+    assert r.swap_gate() == {}
+
+
+
+def test_a_device_mode_holders_growth_does_not_open_the_swap_gate():
+    """A device-mode holder that allocates past the capacity pushes unified residents out (its memory stays),
+    but it has no slot floor: taking the gate over would open it, and the group the last grant pushed out could
+    come straight back and evict the group that grant swapped in."""
+    r = ResidencyPolicy(24 * GiB, default_gbps=10 * GiB / 1e9)         # floors: 10 x (1 s out + 1 s in)
+    r.configure({"a": True, "b": True, "c": True, "d": False})
+    for name in ("a", "b", "c"):
+        r.update(name, 10 * GiB, 10 * GiB)
+    r.before_grant("a", 0.0)
+    r.before_grant("b", 1.0)
+    assert r.before_grant("c", 2.0)                        # evicts a: paced until 2 + 20 s
+    r.update("d", 0, 5 * GiB)                              # d, device-mode, holds and allocates: 25 GiB
+    (ev,) = r.overflow("d", 3.0)
+    assert ev.group == "b"
+    assert r.swap_gate().get("a") == pytest.approx(2.0 + 20_000.0)    # a would evict c: still paced
+
+
+
+def test_the_group_a_grant_swapped_in_is_not_paced_by_its_own_gate():
+    """c's grant evicted a, so the gate paces grants that would evict; c then grew past the capacity in its slot
+    (before gem-schd's overflow pushed b out): its own next grant is not paced by the gate its grant opened, the
+    others' are (run_jobs covers this only together with overflow, which makes the state pass at once)."""
+    r = residency(a=10 * GiB, b=10 * GiB, c=10 * GiB, gbps=10 * GiB / 1e9)
+    r.before_grant("a", 0.0)
+    r.before_grant("b", 1.0)
+    assert r.before_grant("c", 2.0)                        # evicts a: c owns the gate
+    r.update("c", 16 * GiB, 16 * GiB)                      # 26 GiB resident
+    assert r.needs_eviction("c")
+    gate = r.swap_gate()
+    assert "c" not in gate and gate.get("a") == pytest.approx(2.0 + r.quota_floor_ms()["c"]), gate
+
+
 # --- Policy.not_before ------------------------------------------------------------------------------------------
 
 def test_the_policy_does_not_grant_a_group_before_its_gate():
@@ -432,6 +489,28 @@ def test_a_grant_waits_for_evictions_asked_before_it():
         finally:
             for pm in pms.values():
                 pm.close()
+
+
+def test_a_held_grant_also_waits_for_the_evictions_its_groups_growth_asked_for():
+    """j1's grant waits for j0's eviction; meanwhile j1's processes allocate (they need no token for it) and its
+    pod manager reports 200 MiB: j2 is pushed out too. The grant waits for both answers: sent when j0 alone had
+    answered, j1's prefetch would run while j2's memory was still on the GPU, past the capacity."""
+    cfg = parse_config("".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n" for i in range(3)))
+    with DaemonThread(cfg, device_memory=240 * MiB, board_path=None, base_quota_ms=5000.0) as dt:
+        pms, evict_seq, held_seq = _held_grant_setup(dt)
+        try:
+            pms["j1"].send(Heartbeat("j1", mem_used=200 * MiB, clients=1, managed=200 * MiB))
+            evict2 = pms["j2"].recv_type(Evict)
+            assert isinstance(evict2, Evict)
+            pms["j0"].send(Swapped("j0", "host", seq=evict_seq, moved_bytes=100 * MiB, took_ms=10.0))
+            assert pms["j1"].recv_type(Grant, timeout=0.3) is None            # j2 has not answered yet
+            pms["j2"].send(Swapped("j2", "host", seq=evict2.seq, moved_bytes=100 * MiB, took_ms=10.0))
+            grant = pms["j1"].recv_type(Grant)
+            assert isinstance(grant, Grant) and grant.token_seq == held_seq
+        finally:
+            for pm in pms.values():
+                pm.close()
+
 
 # --- GroupResidency (gem-pmgr) ----------------------------------------------------------------------------------
 

@@ -786,7 +786,12 @@ class SchedulerDaemon:
         # A group that grew past the capacity (the holder allocating in its slot) pushes the least recently run
         # out now, rather than at the next grant: meanwhile the driver would make room by page faults.
         holder, now = self.policy.holder, self.now_ms()
-        self._ask_evictions(self.residency.overflow(holder, now), holder or "a group that grew", now)
+        evictions = self.residency.overflow(holder, now)
+        self._ask_evictions(evictions, holder or "a group that grew", now)
+        if self._held is not None:
+            # A grant held for evictions waits for these too: sent before they are answered, its group's prefetch
+            # would run while their memory is still on the GPU, past the capacity.
+            self._held.waiting |= {ev.group for ev in evictions if ev.group in self._owners}
         self._residency_to_policy()
 
     def _residency_to_policy(self) -> None:

@@ -182,9 +182,11 @@ class ResidencyPolicy:
         if self.capacity is None or self.in_use() <= self.capacity:
             return []
         out = self._evict_least_recent(keep=holder)
-        if out and holder is not None:
+        t = self.tenants.get(holder) if holder is not None else None
+        if out and holder is not None and t is not None and t.unified and t.managed > 0:
             # the holder's growth swapped the others out as a grant would have: pace their way back the same
-            # way (else the group it pushed out, if the last grant's, came straight back and evicted it)
+            # way (else the group it pushed out, if the last grant's, came straight back and evicted it). Not
+            # for a holder without a slot floor (device-mode): its gate would be open, the last one's lost.
             self._epoch = (now, holder)
         return out
 
