@@ -177,8 +177,8 @@ class ResidencyPolicy:
     def overflow(self, holder: Optional[str], now: float) -> list[Eviction]:
         """The evictions that bring the resident sets back within the capacity after a group grew past it (the
         holder allocating in its slot): the least recently run residents other than the holder. While they
-        stay resident, the driver makes room by page faults, which is what explicit
-        residency is there to avoid."""
+        stay resident, the driver makes room by page faults, which is what explicit residency is there to
+        avoid."""
         if self.capacity is None or self.in_use() <= self.capacity:
             return []
         out = self._evict_least_recent(keep=holder)
