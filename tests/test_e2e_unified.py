@@ -354,30 +354,6 @@ sys.stdin.read()
 '''
 
 
-def test_memory_allocated_in_a_slot_counts_as_moved_when_evicted(traced_sim, backends, tmp_path):
-    """Issue 19, H100: a job granted with 2.4 GB allocated 12 GB more in its slot; its eviction moved 14.6 GB in
-    4.7 s but reported 2.4 GB (only what the grant's prefetch had moved), so gem-schd took the host link for
-    0.5 GB/s and made slots of 107 s. Memory allocated while the group's memory is on the GPU is first touched
-    there: the hook counts it resident, and the eviction reports it."""
-    sim = traced_sim
-    script = tmp_path / "growing.py"
-    script.write_text(GROWING_JOB)
-    be = unified_backend(backends, names=("a", "b"), capacity=200 * MiB)
-    growing = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               text=True, env=sim.hooked(be, "a"))
-    try:
-        assert growing.stdout.readline().split()[0] == "ready"
-        wait_for(lambda: status(be)["a"].get("managed_bytes", 0) >= 144 * MiB, timeout=20, what="a's report")
-        run_b = finish(job(sim, be, "b", kernels=5), timeout=30)        # 128 MiB: a must make room
-        assert run_b.rc == 0, run_b
-        a = status(be)["a"]
-        assert a["evictions"] >= 1, a
-        assert a["swapped_out_bytes"] >= 144 * MiB, a
-    finally:
-        growing.stdin.close()
-        growing.wait(timeout=20)
-
-
 LATE_ALLOCATING_JOB = r'''
 """A unified group's process whose first grant comes before its first managed allocation (a kernel launched
 before anything is allocated: its grant has nothing to move), then 144 MiB allocated and used in that slot;
@@ -397,19 +373,22 @@ sys.stdin.read()
 '''
 
 
-def test_memory_allocated_after_a_grant_that_moved_nothing_counts_as_moved_when_evicted(traced_sim, backends,
-                                                                                          tmp_path):
-    """A process granted before its first managed allocation (nothing to move at the grant) and allocating in
-    that slot: its memory is first touched on the GPU, so its eviction reports it moved, as for a process that
-    had memory moved at its grant."""
+@pytest.mark.parametrize("script_text", [GROWING_JOB, LATE_ALLOCATING_JOB], ids=["grown", "granted-empty"])
+def test_memory_allocated_in_a_slot_counts_as_moved_when_evicted(traced_sim, backends, tmp_path, script_text):
+    """Issue 19, H100: a job granted with 2.4 GB allocated 12 GB more in its slot; its eviction moved 14.6 GB in
+    4.7 s but reported 2.4 GB (only what the grant's prefetch had moved), so gem-schd took the host link for
+    0.5 GB/s and made slots of 107 s. Memory allocated while the group's memory is on the GPU is first touched
+    there: the hook counts it resident, and the eviction reports it -- after a grant that moved memory
+    (`grown`) and after one that had nothing to move yet (`granted-empty`: its first kernel came before its
+    first managed allocation)."""
     sim = traced_sim
-    script = tmp_path / "late.py"
-    script.write_text(LATE_ALLOCATING_JOB)
+    script = tmp_path / "job.py"
+    script.write_text(script_text)
     be = unified_backend(backends, names=("a", "b"), capacity=200 * MiB)
-    late = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=sim.hooked(be, "a"))
     try:
-        assert late.stdout.readline().split()[0] == "ready"
+        assert proc.stdout.readline().split()[0] == "ready"
         wait_for(lambda: status(be)["a"].get("managed_bytes", 0) >= 144 * MiB, timeout=20, what="a's report")
         run_b = finish(job(sim, be, "b", kernels=5), timeout=30)        # 128 MiB: a must make room
         assert run_b.rc == 0, run_b
@@ -417,5 +396,5 @@ def test_memory_allocated_after_a_grant_that_moved_nothing_counts_as_moved_when_
         assert a["evictions"] >= 1, a
         assert a["swapped_out_bytes"] >= 144 * MiB, a
     finally:
-        late.stdin.close()
-        late.wait(timeout=20)
+        proc.stdin.close()
+        proc.wait(timeout=20)
