@@ -8,7 +8,8 @@ one session:
 
 1. native phase: the trainer alone (its rate); each inference workload alone; then each next to the trainer
    under the driver's time-slicing;
-2. gemini phase, gem-schd's DEFAULT flags: the trainer hooked (group `train`, MinUtil 0) alone (its rate),
+2. gemini phase, gem-schd's DEFAULT flags: the trainer hooked (group `train`, MinUtil 0) alone (its rate), and
+   alone again with group `infer` configured `Class = latency` but idle (what the short queue costs it),
    then each inference workload in group `infer` (MinUtil 0.5) with `Class = batch` and with
    `Class = latency`, alternating, the class switched by a live config edit while the trainer runs.
 
@@ -168,6 +169,11 @@ def main(argv=None) -> int:
         try:
             trainer.wait_ready()
             out["train_alone_gemini"] = trainer.measure_alone(args.alone_seconds)
+            # The same with the inference group latency class but idle: what the short queue alone costs the
+            # trainer (GEM_GRANT_TIGHT is on whenever a latency group is configured), apart from the claims.
+            write_config("latency")
+            time.sleep(0.5)
+            out["train_latency_idle_gemini"] = trainer.measure_alone(args.alone_seconds)
             for _ in range(args.repeats):
                 for w in workloads:
                     for cls in ("batch", "latency"):

@@ -136,6 +136,10 @@ SHARE_RUNS = [
     # (name, arguments, plot title or None). Spin kernels measure on-chip time; the -work runs use
     # compute-bound kernels measured by throughput, the only fair yardstick for MPS.
     ("native-1", ["--mode", "native", "--tenants", "1"], None),
+    # one hooked tenant alone, uncapped (no in-flight bound) and capped just below 1 (the bound on): what the hook
+    # adds to a tenant's own gaps between kernels, against native-1
+    ("gemini-1", ["--mode", "gemini", "--caps", "1.0"], None),
+    ("gemini-1-bound", ["--mode", "gemini", "--caps", "0.999"], None),
     ("native-2", ["--mode", "native", "--tenants", "2"], "native time-slicing, 2 tenants"),
     ("native-3", ["--mode", "native", "--tenants", "3"], None),
     ("gemini-0.3-0.6", ["--mode", "gemini", "--caps", "0.3,0.6"], "gemini, MaxUtil 0.3 / 0.6"),
@@ -175,7 +179,6 @@ def step_share(ctx, only: str | None = None) -> dict:
         try:
             r = bench(ctx, argv, 200)
             r.pop("results", None)
-            r.pop("hook_stats", None)
             out[name] = r
         except Exception as exc:  # noqa: BLE001 -- one configuration failing (MPS absent) keeps the others
             out[name] = {"error": str(exc)[-1000:]}
@@ -198,9 +201,7 @@ def step_reaction(ctx) -> dict:
 def step_infer(ctx, trainer: str = "eager") -> dict:
     argv = ["bench/bench_inference.py", "--seconds", "8" if ctx.args.quick else str(ctx.args.infer_seconds),
             "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads]
-    r = bench(ctx, argv, 590)
-    r.pop("hook_stats", None)
-    return r
+    return bench(ctx, argv, 590)   # hook_stats kept: claims, pauses and waits per process
 
 
 def step_infer_graph(ctx) -> dict:

@@ -38,4 +38,10 @@ static inline int64_t gem_board_claim_until(const struct gem_board *b) {
     return __atomic_load_n(&b->claims.claim_until_ns, __ATOMIC_RELAXED);
 }
 
+/* How many latency groups the config holds (gem-schd writes it at every reload): a continuation, which brings no
+ * grant flags, reads it to keep a batch holder's queue as short as claims need. */
+static inline uint32_t gem_board_latency_groups(const struct gem_board *b) {
+    return __atomic_load_n(&b->claims.latency_groups, __ATOMIC_ACQUIRE);
+}
+
 #endif /* GEMINI_BOARD_H */

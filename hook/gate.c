@@ -338,6 +338,15 @@ static int try_continue_locked(struct gem_gate *g, int64_t now) {
     g->slot_deadline_ns = deadline;
     atomic_store(&g->deadline_ns, deadline);
     atomic_fetch_add(&gem_stats.continuations, 1);
+    /* A continuation brings no grant flags, and a lone holder may be continued for hours: a latency group
+     * configured since its grant (a live edit) must shorten its queue now, or every claim waits behind it.
+     * The other way, the queue loosens to half the slot; the bound itself stays (it may be the cap's). */
+    int tight = gem_board_latency_groups(g->board) > 0;
+    if (tight != g->tight) {
+        g->bound |= tight;
+        g->tight = tight;
+        atomic_store(&g->marker_mask, g->bound ? atomic_load(&g->inflight.launches_per_marker) - 1 : ~0ull);
+    }
     GEM_LOG(GEM_LOG_DEBUG, "GPU %d: token %llu continues until %.3f ms from now", g->dev->ordinal,
             (unsigned long long)seq, (double)(deadline - now) / 1e6);
     return 1;

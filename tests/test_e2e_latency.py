@@ -12,7 +12,7 @@ import os
 import signal
 import time
 
-from bench.harness import Group, Trace, common_span, shares_over
+from bench.harness import Group, Trace, common_span, shares_over, write_config
 from gemini.scheduler.policy import DEFAULT_BUCKET_MS
 from tests import native
 from tests.e2e_fixtures import Sim, client_argv, finish, start
@@ -61,6 +61,34 @@ def test_a_latency_group_claims_the_gpu_next_to_a_deep_queue(tmp_path, hook_lib,
     assert lat["p99"] < batch["p99"] / 4, (lat, batch)
     # what the claims cost the trainer: about the inference's own GPU time (5%), not more than 15%
     assert lat_train["kernels_done"] >= 0.85 * batch_train["kernels_done"], (lat_train, batch_train)
+
+
+def test_a_latency_group_configured_while_a_lone_holder_runs_gets_a_short_queue(tmp_path, hook_lib, backends):
+    """The trainer holds the GPU alone (uncapped, no latency group: no bound on its queue) and is continued slot
+    after slot, so it never receives another grant. The inference group then becomes latency class by a live
+    config edit: the trainer's queue must become tight at its next continuation, not at its next grant (which
+    never comes), or every claim waits behind its queued kernels."""
+    sim = Sim(tmp_path / "sim", hook_lib)
+    groups = [Group("inf", 0.5, 1.0), Group("train", 0.0, 1.0)]
+    be = backends(groups, quota_ms=100, min_quota_ms=5, window_ms=10_000)
+    # no synchronisation at all: one burst, so no burst renewal asks for a fresh grant either
+    train = start(client_argv("workload-linked", "--kernel-us", KERNEL_US, "--json", "--seconds", 4.5,
+                              "--sync-every", 0), sim.hooked(be, "train"))
+    time.sleep(0.8)
+    tmp = be.config_path.with_suffix(".new")
+    write_config(tmp, [Group("inf", 0.5, 1.0, sched_class="latency"), groups[1]])
+    os.replace(tmp, be.config_path)
+    time.sleep(0.5)     # the reload, and a continuation of the trainer's 100 ms slot
+    inf = finish(start(requests(2.5), sim.hooked(be, "inf")))
+    tr = finish(train)
+    assert inf.rc == 0 and tr.rc == 0, (inf, tr)
+    st = sim.stats_of(tr.json["pid"])
+    # granted once, continued ever since, and keeping its queue short (markers) since the edit
+    assert st["grants"] == 1 and st["continuations"] >= 20, st
+    assert st["markers"] >= 100 and st["claim_pauses"] >= 50, st
+    # (the simulated GPU interleaves the two processes kernel by kernel, so the latency itself does not show
+    # the queue's depth here; on a GPU a claim waits for the queued work)
+    assert inf.json["latency_us"]["p99"] < 15_000, inf.json
 
 
 def test_the_claim_budget_is_the_min_util(tmp_path, hook_lib, backends):
