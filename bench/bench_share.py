@@ -251,9 +251,11 @@ def run(args) -> dict:
     started = time.time()
     if args.mode == "gemini":
         groups = [Group(n, mn, cap, turns=args.turns) for n, mn, cap in zip(group_names, mins, caps)]
+        extra = [f"--schd-arg=--trace={out / 'grants.json'}"] + (["-vv"] if args.debug_logs else [])
+        if args.debug_logs:
+            env["GEMINI_LOG_LEVEL"] = "debug"     # each grant and continuation, timed to the ms, in <tenant>.stderr
         backend = Backend(out / "backend", groups, quota_ms=args.quota, min_quota_ms=args.min_quota,
-                          window_ms=args.window, env=env, extra_args=[f"--schd-arg=--trace={out / 'grants.json'}"],
-                          transport=args.transport)
+                          window_ms=args.window, env=env, extra_args=extra, transport=args.transport)
         backend.start()
         try:
             procs = {n: backend.spawn(group_of[n], workload_argv(client, args, n, out), env=env) for n in names}
@@ -272,6 +274,9 @@ def run(args) -> dict:
         procs = {n: subprocess.Popen([str(a) for a in workload_argv(client, args, n, out)], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in names}
         results = {n: p.communicate(timeout=args.seconds + 120) for n, p in procs.items()}
+    if args.debug_logs:
+        for n, (_o, err) in results.items():
+            (out / f"{n}.stderr").write_text(err)
     failures = {n: err[-2000:] for n, (o, err) in results.items() if procs[n].returncode != 0}
     if failures:
         raise RuntimeError(f"tenants failed: {failures}")
@@ -357,6 +362,8 @@ def main(argv=None) -> int:
     p.add_argument("--trim", type=float, default=1.0, help="seconds dropped at both ends of the common span")
     p.add_argument("--kernel-us", type=int, default=1000)
     p.add_argument("--sync-every", type=int, default=1)
+    p.add_argument("--debug-logs", action="store_true",
+                   help="gemini mode: daemons and hooks log at debug level (tenants' stderr kept as <tenant>.stderr)")
     p.add_argument("--work-iters", type=int, default=0,
                    help="compute-bound gem_work kernels of this many steps (shares by throughput against the "
                         "kernel's time alone) instead of gem_spin; needed to compare with MPS")

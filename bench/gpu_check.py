@@ -149,6 +149,8 @@ SHARE_RUNS = [
     ("gemini-deep-0.05", ["--mode", "gemini", "--caps", "0.05,1.0", "--sync-every", "800"], None),
     ("gemini-0.4-0.6", ["--mode", "gemini", "--caps", "0.4,0.6"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
+    # the same with every grant logged (hooks, pod managers, gem-schd): where a slot's first kernel starts late
+    ("gemini-3-debug", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--debug-logs"], None),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),
     ("gemini-0.3-0.6-work", ["--mode", "gemini", "--caps", "0.3,0.6", *WORK], None),
     ("mps-0.3-0.6-work", ["--mode", "mps", "--caps", "0.3,0.6", *WORK], "MPS, active thread percentage 30 / 60"),

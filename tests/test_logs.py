@@ -96,3 +96,17 @@ def test_daemons_and_hook_write_one_format_into_one_stream(tmp_path, sim):
     assert abs((hook - stamps["gem-schd"]).total_seconds()) < 60, stamps
     expected = datetime.now(timezone(timedelta(hours=5, minutes=30))).replace(tzinfo=None)
     assert abs((hook - expected).total_seconds()) < 600, (hook, expected)
+
+
+def test_debug_logging_beside_the_config_does_not_feed_itself(tmp_path):
+    """launch-backend -vv writing its log into the directory of the config it watches: at -vv watchdog's line per
+    file event was on, so each line was an event and each event a line (tens of thousands of lines a second, and
+    gem-schd's grants ms late). Now those lines need -vvv."""
+    from bench.harness import Backend, Group
+    with Backend(tmp_path, [Group("a", 0.0, 1.0)], env=clean_env(), verbose=True, extra_args=["-v"]) as be:
+        time.sleep(1.0)
+        first = be.log_path.stat().st_size
+        time.sleep(1.0)
+        grown = be.log_path.stat().st_size - first
+    assert be.log_path.parent == be.config_path.parent
+    assert grown < 20_000, f"backend.log grew {grown} bytes in 1 s with nothing happening"

@@ -582,7 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass ARG on to gem-schd (repeatable), e.g. --schd-arg=--trace=grants.json")
     p.add_argument("--pmgr-arg", action="append", metavar="ARG",
                    help="pass ARG on to every gem-pmgr (repeatable), e.g. --pmgr-arg=--authorizer=mod:Judge")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more output (passed on to the daemons)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more output, passed on to the daemons (-vv debug; -vvv also watchdog's line per file event, which loops when this program's log file is in the config's directory: each line is an event)")
     return p
 
 
@@ -635,5 +635,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
     # -v makes the daemons say more (it is passed on); -vv launch-backend too
-    setup_logging(PROG, logging.DEBUG if opts.verbose >= 2 else logging.INFO, library_debug=opts.verbose >= 2)
+    setup_logging(PROG, logging.DEBUG if opts.verbose >= 2 else logging.INFO, library_debug=opts.verbose >= 3)
     return asyncio.run(_main(Backend(opts)))

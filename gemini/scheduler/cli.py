@@ -58,7 +58,7 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               help="Config file name (or path).")
 @click.option("-p", "--limit-file-dir", "--limit_file_dir", "limit_file_dir", default=".", show_default=True,
               help="Directory of the config file.")
-@click.option("-v", "--verbose", count=True, help="More logging (-v: one line per grant; -vv: also file events).")
+@click.option("-v", "--verbose", count=True, help="More logging (-v: one line per grant; -vvv: also watchdog's line per file event).")
 @click.option("--log-level", type=click.Choice(LEVEL_NAMES, case_sensitive=False), default=None,
               help="Log level (overrides -v).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
@@ -95,7 +95,7 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
             raise click.BadParameter(str(exc), param_hint="--device-memory") from None
         if capacity <= 0:
             raise click.BadParameter("must be greater than 0", param_hint="--device-memory")
-    setup_logging("gem-schd", level_from_flags(verbose, log_level, logging.INFO), library_debug=verbose >= 2)
+    setup_logging("gem-schd", level_from_flags(verbose, log_level, logging.INFO), library_debug=verbose >= 3)
     if metrics_port is not None:
         from gemini.scheduler.metrics import MetricsUnavailable, require_prometheus
         try:
