@@ -45,7 +45,8 @@ def setup_logging(program: str, level: int, *, library_debug: bool = False,
                   stream: Optional[IO[str]] = None) -> None:
     """Log to stderr (or `stream`) in the one format, at `level`. watchdog's debug lines (one per file event) only
     with library_debug (-vvv): at -vv, launch-backend logging to a file beside the config it watches fed itself
-    (each line an event, each event a line) and slowed gem-schd's grants by ms. Like logging.basicConfig, it does nothing to a root logger that has handlers already."""
+    (each line an event, each event a line) and slowed gem-schd's grants by ms. Like logging.basicConfig, it does
+    nothing to a root logger that has handlers already."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(LineFormatter(program))
     logging.basicConfig(level=level, handlers=[handler])

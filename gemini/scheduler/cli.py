@@ -58,7 +58,8 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               help="Config file name (or path).")
 @click.option("-p", "--limit-file-dir", "--limit_file_dir", "limit_file_dir", default=".", show_default=True,
               help="Directory of the config file.")
-@click.option("-v", "--verbose", count=True, help="More logging (-v: one line per grant; -vvv: also watchdog's line per file event).")
+@click.option("-v", "--verbose", count=True,
+              help="More logging (-v: one line per grant; -vvv: also watchdog's line per file event).")
 @click.option("--log-level", type=click.Choice(LEVEL_NAMES, case_sensitive=False), default=None,
               help="Log level (overrides -v).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
