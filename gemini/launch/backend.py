@@ -582,7 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass ARG on to gem-schd (repeatable), e.g. --schd-arg=--trace=grants.json")
     p.add_argument("--pmgr-arg", action="append", metavar="ARG",
                    help="pass ARG on to every gem-pmgr (repeatable), e.g. --pmgr-arg=--authorizer=mod:Judge")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more output, passed on to the daemons (-vv debug; -vvv also watchdog's line per "
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more output, passed on to the daemons (-vv debug; -vvv also watchdog's line per "
                    "file event, which loops when this program's log file is in the config's directory)")
     return p
 
