@@ -11,7 +11,9 @@ one session:
 2. gemini phase, gem-schd's DEFAULT flags: the trainer hooked (group `train`, MinUtil 0) alone (its rate), and
    alone again with group `infer` configured `Class = latency` but idle (what the short queue costs it),
    then each inference workload in group `infer` (MinUtil 0.5) with `Class = batch` and with
-   `Class = latency`, alternating, the class switched by a live config edit while the trainer runs.
+   `Class = latency`, alternating, the class switched by a live config edit while the trainer runs;
+3. with --latency-variants, each variant of the hooks' settings (GEMINI_INFLIGHT_MS, GEMINI_CLAIM_IDLE_MS, ...)
+   with a fresh trainer: its rate beside the idle latency group, then each workload served as `Class = latency`.
 
 Every run records the inference p50 / p99 / p99.9 and the trainer's steps/s over the same span (from its
 progress lines). Ratios: inference p99 against its best alone p99 (the native one, measured in the same session
@@ -101,6 +103,10 @@ def main(argv=None) -> int:
     p.add_argument("--min-util", type=float, default=0.5)
     p.add_argument("--alone-seconds", type=float, default=8, help="the trainer's rate alone is measured this long")
     p.add_argument("--gemini-only", action="store_true", help="skip the native phase")
+    p.add_argument("--latency-variants", default="",
+                   help="NAME:VAR=V,VAR=V;... after the gemini phase, for each: a fresh trainer and server with these "
+                        "GEMINI_* settings in their environment, `Class = latency` (e.g. "
+                        "'inflight2:GEMINI_INFLIGHT_MS=2;idle025:GEMINI_CLAIM_IDLE_MS=0.25')")
     args = p.parse_args(argv)
     workloads = [tuple(w.split(":")) for w in args.workloads.split(",") if w]
     env = dict(os.environ)
@@ -184,6 +190,21 @@ def main(argv=None) -> int:
             raise RuntimeError(f"{exc}\nbackend logs:\n{be.logs()}") from exc
         finally:
             trainer.stop()
+        # Variants of the latency class's hook settings, each with a trainer of its own (its settings are read at
+        # start): its rate with the latency group idle, then each workload served beside it.
+        write_config("latency")
+        for spec in [v for v in args.latency_variants.split(";") if v.strip()]:
+            name, _, assigns = spec.partition(":")
+            venv = dict(henv, **dict(a.split("=", 1) for a in assigns.split(",") if a))
+            trainer = Trainer(be.command("train", train_argv), venv)
+            try:
+                trainer.wait_ready()
+                out.setdefault("train_latency_idle_variants", {})[name] = trainer.measure_alone(args.alone_seconds)
+                for _ in range(args.repeats):
+                    for w in workloads:
+                        record(f"gemini-latency[{name}]", w, serve_in(be, w, venv), trainer)
+            finally:
+                trainer.stop()
     out["hook_stats"] = {str(k): v for k, v in read_stats(stats_file).items()}
     # summaries: medians over repeats; ratios against the best alone p99 (an idle GPU's clocks make single alone
     # runs slow at times, and the best one is the strictest yardstick)
@@ -193,7 +214,8 @@ def main(argv=None) -> int:
         alone_rows = [r for r in out["runs"] if r["workload"] == key and r["case"] == "alone"]
         base = min(r["p99_ms"] for r in alone_rows) if alone_rows else None
         base999 = min(r["p999_ms"] for r in alone_rows) if alone_rows else None   # p99.9 against p99.9
-        for case in ("alone", "native", "gemini-batch", "gemini-latency"):
+        variants = [f"gemini-latency[{v.partition(':')[0]}]" for v in args.latency_variants.split(";") if v.strip()]
+        for case in ("alone", "native", "gemini-batch", "gemini-latency", *variants):
             rows = [r for r in out["runs"] if r["workload"] == key and r["case"] == case]
             if not rows:
                 continue
@@ -207,6 +229,8 @@ def main(argv=None) -> int:
             if case != "alone":
                 s["train_steps_per_s"] = med("train_steps_per_s")
                 alone_rate = out.get("train_alone_native" if case == "native" else "train_alone_gemini")
+                if case in variants:        # against the trainer hooked alone (batch config, default settings)
+                    s["train_latency_idle"] = out["train_latency_idle_variants"][case[len("gemini-latency["):-1]]
                 if alone_rate:
                     s["train_vs_alone"] = s["train_steps_per_s"] / alone_rate
             summary[f"{key} {case}"] = s

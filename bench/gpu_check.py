@@ -202,7 +202,8 @@ def step_reaction(ctx) -> dict:
 
 def step_infer(ctx, trainer: str = "eager") -> dict:
     argv = ["bench/bench_inference.py", "--seconds", "8" if ctx.args.quick else str(ctx.args.infer_seconds),
-            "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads]
+            "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads,
+            "--latency-variants", ctx.args.infer_variants]
     return bench(ctx, argv, 590)   # hook_stats kept: claims, pauses and waits per process
 
 
@@ -436,6 +437,7 @@ def main(argv=None) -> int:
     p.add_argument("--infer-seconds", type=float, default=12)
     p.add_argument("--infer-repeats", type=int, default=2)
     p.add_argument("--infer-workloads", default="mlp:periodic:50,resnet18:poisson:100")
+    p.add_argument("--infer-variants", default="", help="bench_inference --latency-variants")
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
     p.add_argument("--trainers-variants", default="",
                    help="';'-separated gem-schd flag sets the trainers step also runs, e.g. '--bucket 25'")
