@@ -378,6 +378,31 @@ static void claim_wait(struct gem_gate *g) {
     }
 }
 
+/* A latency process's burst begins: remember how long it was idle since its last synchronisation. */
+static void note_idle_gap(struct gem_gate *g, int64_t now) {
+    int64_t last = atomic_load_explicit(&g->last_sync_ns, memory_order_relaxed);
+    if (!g->latency || last <= 0 || now <= last)
+        return;
+    unsigned i = atomic_fetch_add(&g->gaps_seen, 1);
+    atomic_store(&g->recent_gaps[i % GEM_RECENT_GAPS], now - last);
+}
+
+/* How long a latency process holds its claim after a burst: GEMINI_CLAIM_IDLE_MS, unless fewer than a
+ * quarter of its recent bursts came within that time of the one before (then holding would only keep
+ * every batch process paused): 1 ns, at once. Too few bursts seen yet: the setting. */
+static int64_t claim_idle_ns(struct gem_gate *g) {
+    int64_t idle = gem_cfg.claim_idle_ns;
+    unsigned n = atomic_load(&g->gaps_seen);
+    if (idle <= 0 || n < GEM_RECENT_GAPS / 2)
+        return idle;
+    if (n > GEM_RECENT_GAPS)
+        n = GEM_RECENT_GAPS;
+    unsigned soon = 0;
+    for (unsigned i = 0; i < n; i++)
+        soon += atomic_load(&g->recent_gaps[i]) <= idle;
+    return soon * 4 < n ? 1 : idle;
+}
+
 /* Ask for a token. Called with g->mu held and state NONE; returns with g->mu held. */
 static int request_locked(struct gem_gate *g) {
     g->state = GEM_TOKEN_REQUESTING;
@@ -526,8 +551,10 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
     }
     /* the launch that follows starts a burst on the fresh slot */
     int64_t t = gem_now_ns();
-    if (!atomic_exchange(&g->in_burst, 1))
+    if (!atomic_exchange(&g->in_burst, 1)) {
         atomic_store(&g->burst_start_ns, t);
+        note_idle_gap(g, now);
+    }
     if (g->slot_unmarked) {
         mark_slot_start(g, stream, ptsz);
         atomic_store(&g->slot_idle_ns, 0);
@@ -589,6 +616,7 @@ CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t 
     int expected = 0;
     if (atomic_compare_exchange_strong(&g->in_burst, &expected, 1)) {
         atomic_store(&g->burst_start_ns, now);
+        note_idle_gap(g, now);
         /* the GPU had nothing of ours since a context-wide synchronisation (inside the measured slot) */
         int64_t mark = atomic_load_explicit(&g->slot_mark_ns, memory_order_relaxed);
         int64_t since = atomic_exchange_explicit(&g->ctx_idle_since_ns, 0, memory_order_relaxed);
@@ -761,6 +789,9 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
         g->pass_turn = GEM_PASS_NONE; /* the waiter went (cancelled, gone, or capped now): keep the slot */
     int64_t idle_ns = g->pass_turn ? gem_cfg.burst_merge_ns : g->latency ? gem_cfg.claim_idle_ns
                                                                           : gem_cfg.idle_release_ns;
+    /* ... a latency process's claim may go back sooner once its burst is over (not a shorter look-again
+     * while it runs: the sync that ends it wakes the watcher) */
+    int64_t hold_ns = g->latency && !g->pass_turn ? claim_idle_ns(g) : idle_ns;
     /* A batch holder idle since its burst ended: when gem-schd says on the board that another group could be
      * granted now, the merge gap is enough; else it looks at the board again every GEM_BOARD_POLL_NS while
      * it sits idle, because a group that asks during the idle release would otherwise wait all of it. */
@@ -782,7 +813,7 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
             idle_since = g->granted_ns;
         if (poll_board && now + GEM_BOARD_POLL_NS < next)
             next = now + GEM_BOARD_POLL_NS;
-        if (now - idle_since >= idle_ns) {
+        if (now - idle_since >= hold_ns) {
             /* Take the token from launchers first, then make sure nothing is in flight. */
             g->state = GEM_TOKEN_DRAINING;
             atomic_store(&g->deadline_ns, 0);
@@ -808,14 +839,16 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
             else if (g->pass_turn == GEM_PASS_GROUP)
                 atomic_fetch_add(&gem_stats.group_passes, 1);
             g->pass_turn = 0;
+            if (hold_ns < idle_ns)
+                atomic_fetch_add(&gem_stats.quick_claim_releases, 1);
             release_slot_unlock(g, seq, overuse, used);
             atomic_fetch_add(&gem_stats.early_releases, 1);
             GEM_LOG(GEM_LOG_DEBUG, "GPU %d: idle for %.1f ms, token %llu given back early", g->dev->ordinal,
                     (double)(t - idle_since) / 1e6, (unsigned long long)seq);
             return next;
         }
-        if (idle_since + idle_ns < next)
-            next = idle_since + idle_ns;
+        if (idle_since + hold_ns < next)
+            next = idle_since + hold_ns;
     }
     pthread_mutex_unlock(&g->mu);
     return next;
