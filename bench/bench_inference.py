@@ -203,6 +203,8 @@ def main(argv=None) -> int:
                 for _ in range(args.repeats):
                     for w in workloads:
                         record(f"gemini-latency[{name}]", w, serve_in(be, w, venv), trainer)
+            except Exception as exc:
+                raise RuntimeError(f"variant {name}: {exc}\nbackend logs:\n{be.logs()}") from exc
             finally:
                 trainer.stop()
     out["hook_stats"] = {str(k): v for k, v in read_stats(stats_file).items()}

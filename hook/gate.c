@@ -22,7 +22,8 @@
  *     claims the GPU; and tells a holder in turns mode that others wait, so
  *     it passes its turn on when its burst ends;
  *   - a latency group's hooks hold claims, not slots: they give a claim back
- *     half a millisecond (GEMINI_CLAIM_IDLE_MS) after their burst ends;
+ *     half a millisecond (GEMINI_CLAIM_IDLE_MS) after their burst ends, or
+ *     as it ends when their bursts come apart;
  *   - while a grant asks for it, the work queued on the GPU is kept short
  *     (inflight.h), so a slot's end or a claim takes effect within about a
  *     millisecond.
@@ -314,10 +315,11 @@ static void apply_grant_terms(struct gem_gate *g, uint32_t flags) {
     g->board = gem_device_board(d);
     g->board_slot = g->board ? d->conn.board_slot : -1;
     atomic_store(&g->claim_word, (g->board && !g->latency) ? &g->board->claims.claim_until_ns : &no_claim);
-    g->bound = (flags & GEM_GRANT_BOUND) != 0;
-    g->tight = g->bound && (flags & GEM_GRANT_TIGHT) != 0;
+    int bound = (flags & GEM_GRANT_BOUND) != 0;
+    atomic_store_explicit(&g->bound, bound, memory_order_relaxed);
+    atomic_store_explicit(&g->tight, bound && (flags & GEM_GRANT_TIGHT) != 0, memory_order_relaxed);
     uint64_t per_marker = atomic_load(&g->inflight.launches_per_marker);
-    atomic_store(&g->marker_mask, g->bound ? per_marker - 1 : ~0ull);
+    atomic_store(&g->marker_mask, bound ? per_marker - 1 : ~0ull);
 }
 
 /* The slot ran out: if gem-schd continued it (the board's line for the group names this token as the one
@@ -342,10 +344,11 @@ static int try_continue_locked(struct gem_gate *g, int64_t now) {
      * configured since its grant (a live edit) must shorten its queue now, or every claim waits behind it.
      * The other way, the queue loosens to half the slot; the bound itself stays (it may be the cap's). */
     int tight = gem_board_latency_groups(g->board) > 0;
-    if (tight != g->tight) {
-        g->bound |= tight;
-        g->tight = tight;
-        atomic_store(&g->marker_mask, g->bound ? atomic_load(&g->inflight.launches_per_marker) - 1 : ~0ull);
+    if (tight != atomic_load_explicit(&g->tight, memory_order_relaxed)) {
+        int bound = tight || atomic_load_explicit(&g->bound, memory_order_relaxed);
+        atomic_store_explicit(&g->bound, bound, memory_order_relaxed);
+        atomic_store_explicit(&g->tight, tight, memory_order_relaxed);
+        atomic_store(&g->marker_mask, bound ? atomic_load(&g->inflight.launches_per_marker) - 1 : ~0ull);
     }
     GEM_LOG(GEM_LOG_DEBUG, "GPU %d: token %llu continues until %.3f ms from now", g->dev->ordinal,
             (unsigned long long)seq, (double)(deadline - now) / 1e6);
@@ -378,13 +381,18 @@ static void claim_wait(struct gem_gate *g) {
     }
 }
 
-/* A latency process's burst begins: remember how long it was idle since its last synchronisation. */
+/* A latency process's burst begins: remember how long it was idle since the synchronisation that ended its
+ * last burst. Not after a burst that a slot's expiry or a renewal cut: that span was work, not idleness. The
+ * caller won the burst flag, so it is the only writer here (relaxed is enough). */
 static void note_idle_gap(struct gem_gate *g, int64_t now) {
-    int64_t last = atomic_load_explicit(&g->last_sync_ns, memory_order_relaxed);
-    if (!g->latency || last <= 0 || now <= last)
+    if (!g->latency || !atomic_exchange_explicit(&g->synced_idle, 0, memory_order_relaxed))
         return;
-    unsigned i = atomic_fetch_add(&g->gaps_seen, 1);
-    atomic_store(&g->recent_gaps[i % GEM_RECENT_GAPS], now - last);
+    int64_t last = atomic_load_explicit(&g->last_sync_ns, memory_order_relaxed);
+    if (last <= 0 || now <= last)
+        return;
+    unsigned i = atomic_load_explicit(&g->gaps_seen, memory_order_relaxed);
+    atomic_store_explicit(&g->recent_gaps[i % GEM_RECENT_GAPS], now - last, memory_order_relaxed);
+    atomic_store_explicit(&g->gaps_seen, i + 1, memory_order_relaxed);
 }
 
 /* How long a latency process holds its claim after a burst: GEMINI_CLAIM_IDLE_MS, unless fewer than a
@@ -571,21 +579,21 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
 
 /* A marker is due (or a graph launch) while the grant asked for a short queue. */
 CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
-    if (!g->bound)
+    if (!atomic_load_explicit(&g->bound, memory_order_relaxed))
         return CUDA_SUCCESS;
     /* Queue at most half the time left in the slot: the queue then ends by the deadline even when a
      * neighbour's leftover queue shares the GPU half and half with it, so a cap's slot ends on time (a
      * continued slot's deadline moves on, and so does the budget). Only GEMINI_INFLIGHT_MS when a claim may
      * come at any moment. */
     int64_t budget = gem_cfg.inflight_ns;
-    if (!g->tight) {
+    if (!atomic_load_explicit(&g->tight, memory_order_relaxed)) {
         int64_t left = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed) - gem_now_ns();
         left /= 2;
         if (left > budget)
             budget = left;
     }
     gem_inflight_marker(&g->inflight, stream, ptsz, budget);
-    if (g->bound)
+    if (atomic_load_explicit(&g->bound, memory_order_relaxed))
         atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
     return CUDA_SUCCESS;
 }
@@ -704,6 +712,7 @@ void gem_gate_on_sync(CUcontext ctx, int whole_context) {
     }
     if (!atomic_exchange(&g->in_burst, 0))
         return;
+    atomic_store_explicit(&g->synced_idle, 1, memory_order_relaxed);
     pthread_mutex_lock(&g->mu);
     gemhook_burst_record(&g->est, atomic_load(&g->burst_start_ns), now);
     /* The p90 sorts every burst of the last 3 s; a program that synchronises every millisecond would
@@ -839,7 +848,7 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
             else if (g->pass_turn == GEM_PASS_GROUP)
                 atomic_fetch_add(&gem_stats.group_passes, 1);
             g->pass_turn = 0;
-            if (hold_ns < idle_ns)
+            if (hold_ns < idle_ns && now - idle_since < idle_ns) /* (a late watcher's would have gone anyway) */
                 atomic_fetch_add(&gem_stats.quick_claim_releases, 1);
             release_slot_unlock(g, seq, overuse, used);
             atomic_fetch_add(&gem_stats.early_releases, 1);
@@ -910,6 +919,9 @@ void gem_gate_after_fork(void) {
             g->pending_overuse_ns = 0;
             atomic_store(&g->deadline_ns, 0);
             atomic_store(&g->in_burst, 0);
+            atomic_store(&g->last_sync_ns, 0);
+            atomic_store(&g->gaps_seen, 0);     /* the child's own bursts decide its claims */
+            atomic_store(&g->synced_idle, 0);
         }
     }
     /* The watcher did not survive the fork; the next grant starts a new one (wake_watcher). */

@@ -17,10 +17,10 @@
 
 enum gem_token_state { GEM_TOKEN_NONE = 0, GEM_TOKEN_HELD, GEM_TOKEN_REQUESTING, GEM_TOKEN_DRAINING };
 
-/* The token of one device (gem_gates[i] belongs to gem_devices[i]). */
 /* How many of a latency process's idle gaps decide whether it gives a claim back at once. */
 #define GEM_RECENT_GAPS 16
 
+/* The token of one device (gem_gates[i] belongs to gem_devices[i]). */
 struct gem_gate {
     /* Read on every launch: on its own cache line, written only at token changes. */
     _Alignas(64) atomic_llong deadline_ns;
@@ -77,8 +77,9 @@ struct gem_gate {
     const struct gem_board *board;  /* the GPU's board page, NULL if none */
     int board_slot;             /* the group's line on it */
     int latency;                /* the group is latency class: its tokens are claims */
-    int bound;                  /* the current grant asked for the queue to end with the slot */
-    int tight;                  /* ... and to stay GEMINI_INFLIGHT_MS short whatever the time left */
+    /* Atomics: a grant sets them, and so may a continuation (the watcher's) while launchers read them. */
+    atomic_int bound;           /* the current grant asked for the queue to end with the slot */
+    atomic_int tight;           /* ... and to stay GEMINI_INFLIGHT_MS short whatever the time left */
     int pass_turn;              /* the burst ended while others wait (GEM_PASS_*): give the token back soon */
     /* A latency process: how long it sat idle (from a synchronisation to the next burst's first launch)
      * before each of its last GEM_RECENT_GAPS bursts. Holding a claim GEMINI_CLAIM_IDLE_MS after a burst
@@ -86,6 +87,7 @@ struct gem_gate {
      * give the claim back at once, and every batch process resumes that much sooner. */
     atomic_llong recent_gaps[GEM_RECENT_GAPS];
     atomic_uint gaps_seen;
+    atomic_int synced_idle;     /* a synchronisation ended the last burst (not a slot's expiry or a renewal) */
     struct gem_inflight inflight;
 };
 
