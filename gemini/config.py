@@ -28,6 +28,8 @@ Every error is a ConfigError whose text starts with ``file:line:``.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 import os
 import re
@@ -78,15 +80,16 @@ class GroupConfig:
     socket_mode: int | None = None
     line: int = 0  # where the group is defined, for messages
 
-    @property
+    # cached: gem-schd's policy reads these for every group at every decision (the config is frozen)
+    @functools.cached_property
     def latency(self) -> bool:
         return self.sched_class == "latency"
 
-    @property
+    @functools.cached_property
     def unified(self) -> bool:
         return self.memory_mode == "unified"
 
-    @property
+    @functools.cached_property
     def aligned(self) -> bool:
         return self.slots == "aligned"
 

@@ -714,8 +714,17 @@ class Policy:
                   if g is not exclude and self._is_active(n, g, now)]
         return min(values) if values else None
 
+    def _active_names(self, now: float) -> frozenset:
+        """The groups _is_active says are active, in one pass (a decision's per-group cost is most of its cost
+        at 64 groups: bench/bench_policy_cost.py)."""
+        h = self._holder
+        holder = h.group if h is not None else None
+        since = now - self.active_ms
+        return frozenset(n for n, g in self._groups.items()
+                         if g.waiting is not None or n == holder or g.last_active >= since)
+
     def _current_targets(self, now: float) -> dict[str, float]:
-        active = frozenset(n for n, g in self._groups.items() if self._is_active(n, g, now))
+        active = self._active_names(now)
         if active != self._targets_key:
             self._targets_key = active
             self._targets = fair_targets({n: self._groups[n].cfg.max_util for n in active},
@@ -942,32 +951,35 @@ class Policy:
         holder's virtual time already counts the slot it holds), then to the one that has waited longest."""
         # Cheap keys first, the quota (bucket arithmetic) only as far down the order as needed: a decision
         # costs a sort of the waiting groups, not a quota per group (bench/bench_policy_cost.py).
-        cands: list[tuple[tuple, _Group]] = []
-        for name, g in self._groups.items():
-            if name == holder:
-                arrival = math.inf
-            elif g.waiting is not None:
-                arrival = g.waiting.arrival
-            else:
-                continue
-            cands.append(((g.vtime, name == holder, arrival, name), g))
+        cands: list[tuple[tuple, _Group]] = [((g.vtime, False, g.waiting.arrival, name), g)
+                                             for name, g in self._groups.items()
+                                             if g.waiting is not None and name != holder]
+        hg = self._groups.get(holder) if holder is not None else None
+        if hg is not None:
+            cands.append(((hg.vtime, True, math.inf, holder), hg))
         if not cands:
             return None
-        cands.sort(key=lambda c: c[0])
         best: Optional[tuple[tuple, str, float]] = None
-        for key, g in cands:
-            quota = self._quota(g, at)
-            if quota is not None:
-                best = (key, key[3], quota)
-                break
+        # Usually the least key is eligible: one pass (min) instead of a sort. (Keys are unique by name, so the
+        # groups themselves are never compared.)
+        first = min(cands)
+        quota = self._quota(first[1], at)
+        if quota is not None:
+            best = (first[0], first[0][3], quota)
+        else:
+            cands.sort()
+            for key, g in cands:
+                quota = self._quota(g, at)
+                if quota is not None:
+                    best = (key, key[3], quota)
+                    break
         if best is None:
             return None
         least = best[0][0]
         # An aligned group inside its window goes first (its peers on the other GPUs run now), unless it is
         # more than two windows ahead in virtual time: then the others' floors come first.
-        for key, g in cands:
-            if not (g.cfg.aligned and g.bucket is not None):
-                continue
+        aligned = sorted(c for c in cands if c[1].cfg.aligned and c[1].bucket is not None)
+        for key, g in aligned:
             name = key[3]
             if g.vtime > least + 2 * self._grid(g)[1] / self._weight(name, at) + EPS:
                 continue
@@ -1034,9 +1046,14 @@ class Policy:
             return quota
         limit = quota
         window = math.inf
+        h = self._holder
+        holding = h.group if h is not None else None
+        since = start - self.active_ms
         for other, g in self._groups.items():
-            if other == name or g.bucket is None or g.cfg.max_util <= 0 or not self._is_active(other, g, start):
+            if other == name or g.bucket is None or g.cfg.max_util <= 0:
                 continue
+            if not (g.waiting is not None or other == holding or g.last_active >= since):
+                continue        # not active (_is_active, inline: this loop runs at every grant)
             if g.cfg.aligned:
                 # the next window of an aligned group that is waiting or ran within the last period (a busy one
                 # asks again just after its slot): the holder makes way exactly at its start (the group's peers on
