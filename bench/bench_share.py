@@ -56,8 +56,8 @@ def calibrate_alone(client: Path, args, out: Path, env: dict) -> float:
     return (tr.host_ns[-1] - tr.host_ns[i0]) / max(1, tr.kernels[-1] - tr.kernels[i0])
 
 
-def handoff_gaps_us(out: Path, group_of: dict[str, str]) -> list[float]:
-    """GPU idle time between one group's last kernel and the next group's first (negative: overlap)."""
+def kernels_in_order(out: Path, group_of: dict[str, str]) -> list[tuple[int, int, str]]:
+    """Every process's kernels from its kernel log, as (start, end, group), in the order they started."""
     kernels = []
     for name, group in group_of.items():
         path = out / f"{name}.kernels"
@@ -66,6 +66,12 @@ def handoff_gaps_us(out: Path, group_of: dict[str, str]) -> list[float]:
                 s, e, _ = (int(x) for x in line.split())
                 kernels.append((s, e, group))
     kernels.sort()
+    return kernels
+
+
+def handoff_gaps_us(out: Path, group_of: dict[str, str]) -> list[float]:
+    """GPU idle time between one group's last kernel and the next group's first (negative: overlap)."""
+    kernels = kernels_in_order(out, group_of)
     gaps = []
     for (_s0, e0, n0), (s1, _e1, n1) in zip(kernels, kernels[1:]):
         if n0 != n1:
@@ -77,14 +83,7 @@ def own_gaps_us(out: Path, group_of: dict[str, str]) -> dict[str, float | None]:
     """Each group's median GPU idle time between two consecutive kernels of its own (no other group's kernel
     between them): the tenant's host work between kernels, hook included. With caps adding up to 1 nobody can
     fill these gaps, so they bound the useful time (a 1 ms kernel with a 30 us gap: 0.97)."""
-    kernels = []
-    for name, group in group_of.items():
-        path = out / f"{name}.kernels"
-        if path.exists():
-            for line in path.read_text().splitlines():
-                s, e, _ = (int(x) for x in line.split())
-                kernels.append((s, e, group))
-    kernels.sort()
+    kernels = kernels_in_order(out, group_of)
     gaps: dict[str, list[float]] = {g: [] for g in set(group_of.values())}
     for (_s0, e0, n0), (s1, _e1, n1) in zip(kernels, kernels[1:]):
         if n0 == n1 and s1 >= e0:

@@ -33,3 +33,13 @@ def test_covered_time_counts_overlaps_once_and_clips_to_the_span():
     from bench.bench_share import covered_time
     assert covered_time([(5, 15), (0, 10), (20, 30), (28, 40)], 2, 35) == (15 - 2) + (35 - 20)
     assert covered_time([], 0, 10) == 0
+
+
+def test_own_gaps_are_between_a_groups_consecutive_kernels(tmp_path):
+    from bench.bench_share import handoff_gaps_us, own_gaps_us
+    # a: 0-10, 15-25 (gap 5), then b: 30-40 (a handoff of 5), then a: 42-50 (a handoff of 2), a: 60-70 (gap 10)
+    (tmp_path / "a.kernels").write_text("0 10000 10000\n15000 25000 10000\n42000 50000 8000\n60000 70000 10000\n")
+    (tmp_path / "b.kernels").write_text("30000 40000 10000\n")
+    group_of = {"a": "a", "b": "b"}
+    assert own_gaps_us(tmp_path, group_of) == {"a": 10.0, "b": None}   # median of 5 and 10 us (the upper)
+    assert handoff_gaps_us(tmp_path, group_of) == [5.0, 2.0]
