@@ -29,7 +29,6 @@ Every error is a ConfigError whose text starts with ``file:line:``.
 from __future__ import annotations
 
 import functools
-
 import math
 import os
 import re

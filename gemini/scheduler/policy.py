@@ -697,9 +697,10 @@ class Policy:
         g.last_active = now
 
     def _is_active(self, name: str, g: _Group, now: float) -> bool:
+        """Waiting, holding, or used the GPU in the last active_ms (_active_names: the same rule for all groups)."""
         h = self._holder
         return (g.waiting is not None or (h is not None and h.group == name)
-                or now - g.last_active <= self.active_ms)
+                or g.last_active >= now - self.active_ms)
 
     def _vtime_now(self, name: str, g: _Group, now: float) -> float:
         """The group's virtual time as of now: the holder's includes only the part of its slot that has run."""
@@ -715,8 +716,8 @@ class Policy:
         return min(values) if values else None
 
     def _active_names(self, now: float) -> frozenset:
-        """The groups _is_active says are active, in one pass (a decision's per-group cost is most of its cost
-        at 64 groups: bench/bench_policy_cost.py)."""
+        """The groups _is_active says are active, in one pass without a call per group (a decision's per-group
+        cost is most of its cost at 64 groups: bench/bench_policy_cost.py)."""
         h = self._holder
         holder = h.group if h is not None else None
         since = now - self.active_ms
@@ -1046,14 +1047,10 @@ class Policy:
             return quota
         limit = quota
         window = math.inf
-        h = self._holder
-        holding = h.group if h is not None else None
-        since = start - self.active_ms
+        active = self._active_names(start)
         for other, g in self._groups.items():
-            if other == name or g.bucket is None or g.cfg.max_util <= 0:
+            if other == name or g.bucket is None or g.cfg.max_util <= 0 or other not in active:
                 continue
-            if not (g.waiting is not None or other == holding or g.last_active >= since):
-                continue        # not active (_is_active, inline: this loop runs at every grant)
             if g.cfg.aligned:
                 # the next window of an aligned group that is waiting or ran within the last period (a busy one
                 # asks again just after its slot): the holder makes way exactly at its start (the group's peers on
