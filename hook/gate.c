@@ -23,7 +23,10 @@
  *     it passes its turn on when its burst ends;
  *   - a latency group's hooks hold claims, not slots: they give a claim back
  *     half a millisecond (GEMINI_CLAIM_IDLE_MS) after their burst ends, or
- *     as it ends when their bursts come apart;
+ *     as it ends when their bursts come apart; while their group may claim,
+ *     a burst launches at once and the claimer thread asks for its claim
+ *     meanwhile (GEMINI_EARLY_CLAIM_MS), so a request does not wait for the
+ *     pod manager's answer;
  *   - while a grant asks for it, the work queued on the GPU is kept short
  *     (inflight.h), so a slot's end or a claim takes effect within about a
  *     millisecond.
@@ -411,8 +414,17 @@ static int64_t claim_idle_ns(struct gem_gate *g) {
     return soon * 4 < n ? 1 : idle;
 }
 
-/* Ask for a token. Called with g->mu held and state NONE; returns with g->mu held. */
-static int request_locked(struct gem_gate *g) {
+/* How long ago an early claim's burst began launching: the claim started then, not when its request reached
+ * the pod manager (which reports the claim's span to gem-schd, to charge it). */
+static int64_t early_ahead_ns(const struct gem_gate *g) {
+    int64_t d = gem_now_ns() - g->early_since_ns;
+    return d > 0 ? d : 0;
+}
+
+/* Ask for a token. Called with g->mu held and state NONE (or REQUESTING, by the claimer for an early claim);
+ * returns with g->mu held. `early`: the burst began before this request was answered, and its first launch
+ * marked the slot's start. */
+static int request_locked(struct gem_gate *g, int early) {
     g->state = GEM_TOKEN_REQUESTING;
     struct gem_msg req, reply;
     gemhook_msg_init(&req, GEM_MSG_TOKEN_REQUEST, 0);
@@ -421,6 +433,8 @@ static int request_locked(struct gem_gate *g) {
     req.u.token_request.burst_ns = gemhook_burst_predict(&g->est, gem_now_ns()); /* fresh, for the quota */
     int64_t used = g->pending_used_ns;
     req.u.token_request.used_ns = used;
+    if (early) /* the burst's first launch marked when it began (0 if it could not be marked) */
+        req.u.token_request.ahead_ns = early_ahead_ns(g);
     atomic_fetch_add(&gem_stats.token_requests, 1);
     pthread_mutex_unlock(&g->mu);
     int rc = gem_conn_call(&g->dev->conn, &req, &reply, gem_cfg.token_timeout_ns);
@@ -438,7 +452,16 @@ static int request_locked(struct gem_gate *g) {
         g->slot_deadline_ns = now + quota;
         g->bursts_in_slot = 0;
         g->pass_turn = 0;
-        g->slot_unmarked = 1; /* the next launch through the slow path marks the slot's start */
+        int claim = (reply.u.token_grant.flags & GEM_GRANT_CLAIM) != 0;
+        if (!early || !claim) {
+            g->slot_unmarked = 1; /* the next launch through the slow path marks the slot's start */
+            if (early) {
+                /* Not a claim (the right was taken away meanwhile): the early burst's mark would count the
+                 * wait for this slot as use. Measure from the slot's own first launch instead. */
+                g->slot_measured = 0;
+                atomic_store(&g->slot_mark_ns, 0);
+            }
+        }
         if (gem_residency_wants_grant(g->dev)) {
             /* Unified group: its memory reaches the GPU before its first kernel (the swap is part of the slot;
              * launchers wait meanwhile: the state is still REQUESTING). */
@@ -454,6 +477,7 @@ static int request_locked(struct gem_gate *g) {
                 g->ctx = ctx;
         }
         apply_grant_terms(g, reply.u.token_grant.flags);
+        g->claim_ready = g->latency && claim;
         g->state = GEM_TOKEN_HELD;
         atomic_store(&g->deadline_ns, g->slot_deadline_ns);
         atomic_fetch_add(&gem_stats.grants, 1);
@@ -464,6 +488,9 @@ static int request_locked(struct gem_gate *g) {
         if (rc == GEM_CALL_OK)
             rc = GEM_CALL_REFUSED; /* a reply of the wrong type */
         g->state = GEM_TOKEN_NONE;
+        g->claim_ready = 0;
+        if (early)
+            atomic_store(&g->deadline_ns, 0); /* the early burst's time is up: launchers ask themselves */
         report_failure(g, rc, &reply);
     }
     pthread_cond_broadcast(&g->cv);
@@ -500,6 +527,63 @@ static void release_slot_unlock(struct gem_gate *g, uint64_t seq, int64_t overus
     g->state = GEM_TOKEN_NONE;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
+}
+
+/* ---- the claimer thread --------------------------------------------------------------------- */
+
+/* A latency process's request waited 0.35-0.43 ms for its pod manager's answer before its first launch (H100),
+ * most of what the class added to a request's p50. While its group may claim, the answer is known to be a
+ * claim, so the burst launches at once and this thread asks meanwhile (one for the process: a latency
+ * process on several GPUs asks for them in turn). */
+static pthread_mutex_t claimer_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t claimer_cv = PTHREAD_COND_INITIALIZER;
+static int claimer_started;     /* 1 running, -1 could not start (then every request waits for its answer) */
+static int claimer_queued;      /* a gate has early_pending set */
+static int claimer_stop;
+
+static void *claimer_main(void *arg) {
+    (void)arg;
+    if (HAVE_REAL(cuThreadExchangeStreamCaptureMode)) { /* its driver calls never disturb another's capture */
+        CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        REAL(cuThreadExchangeStreamCaptureMode)(&mode);
+    }
+    pthread_mutex_lock(&claimer_mu);
+    for (;;) {
+        while (!claimer_queued && !claimer_stop)
+            pthread_cond_wait(&claimer_cv, &claimer_mu);
+        if (claimer_stop)
+            break;
+        claimer_queued = 0;
+        pthread_mutex_unlock(&claimer_mu);
+        int count = atomic_load(&gem_device_count);
+        for (int i = 0; i < count && i < GEM_MAX_DEVICES; i++) {
+            struct gem_gate *g = &gem_gates[i];
+            pthread_mutex_lock(&g->mu);
+            if (g->early_pending) {
+                g->early_pending = 0;
+                request_locked(g, 1);   /* (a failure is logged and counted there; launchers then ask) */
+            }
+            pthread_mutex_unlock(&g->mu);
+        }
+        pthread_mutex_lock(&claimer_mu);
+    }
+    pthread_mutex_unlock(&claimer_mu);
+    return NULL;
+}
+
+/* Hand g's request to the claimer (g->mu held). Returns 0 if there is no claimer: the caller asks itself. */
+static int queue_early_claim(struct gem_gate *g) {
+    pthread_mutex_lock(&claimer_mu);
+    if (!claimer_started)
+        claimer_started = gem_thread_start(claimer_main, "gemhook-claim") == 0 ? 1 : -1;
+    int ok = claimer_started > 0;
+    if (ok) {
+        g->early_pending = 1;
+        claimer_queued = 1;
+        pthread_cond_signal(&claimer_cv);
+    }
+    pthread_mutex_unlock(&claimer_mu);
+    return ok;
 }
 
 /* ---- the slow path of a launch --------------------------------------------------------------- */
@@ -539,8 +623,22 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
             continue;
         }
         if (g->state == GEM_TOKEN_NONE) {
+            if (g->claim_ready && g->latency && gem_cfg.early_claim_ns > 0 &&
+                !(__atomic_load_n(&g->dev->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED) && queue_early_claim(g)) {
+                /* Launch now: the claimer asks meanwhile. The group may claim as far as this hook knows; if
+                 * the right was taken away since, the answer is a slot and at most GEMINI_EARLY_CLAIM_MS of
+                 * launches went ahead of it (no grant needed to reach the board: batch holders pause when the
+                 * pod manager writes the claim there, as before). Not a unified group's: its memory must reach
+                 * the GPU at the grant, before its first kernel. */
+                g->state = GEM_TOKEN_REQUESTING;
+                g->slot_unmarked = 1;
+                g->early_since_ns = t;
+                atomic_store(&g->deadline_ns, t + gem_cfg.early_claim_ns);
+                atomic_fetch_add(&gem_stats.early_claims, 1);
+                break;
+            }
             waited = 1;
-            int rc = request_locked(g);
+            int rc = request_locked(g, 0);
             if (rc == GEM_CALL_OK)
                 continue;
             pthread_mutex_unlock(&g->mu);
@@ -906,8 +1004,11 @@ void gem_gate_watch_residency(void) {
 void gem_gate_after_fork(void) {
     pthread_mutex_init(&gates_mu, NULL);
     pthread_mutex_init(&watch_mu, NULL);
+    pthread_mutex_init(&claimer_mu, NULL);
+    pthread_cond_init(&claimer_cv, NULL);
     watcher_started = 0;
     watcher_stop = 0;
+    claimer_started = claimer_queued = claimer_stop = 0;
     if (atomic_load(&gates_ready)) {
         int count = atomic_load(&gem_device_count);
         for (int i = 0; i < count; i++) {
@@ -922,6 +1023,8 @@ void gem_gate_after_fork(void) {
             atomic_store(&g->last_sync_ns, 0);
             atomic_store(&g->gaps_seen, 0);     /* the child's own bursts decide its claims */
             atomic_store(&g->synced_idle, 0);
+            g->early_pending = 0;
+            g->claim_ready = 0;                 /* its first request is answered before it launches */
         }
     }
     /* The watcher did not survive the fork; the next grant starts a new one (wake_watcher). */
@@ -935,4 +1038,8 @@ void gem_gate_shutdown(void) {
     if (watcher_started)
         pthread_cond_signal(&watch_cv);
     pthread_mutex_unlock(&watch_mu);
+    pthread_mutex_lock(&claimer_mu);
+    claimer_stop = 1;
+    pthread_cond_broadcast(&claimer_cv);
+    pthread_mutex_unlock(&claimer_mu);
 }

@@ -88,6 +88,11 @@ struct gem_gate {
     atomic_llong recent_gaps[GEM_RECENT_GAPS];
     atomic_uint gaps_seen;
     atomic_int synced_idle;     /* a synchronisation ended the last burst (not a slot's expiry or a renewal) */
+    /* A latency process whose last token was a claim launches its next burst at once and asks for the claim
+     * meanwhile (the claimer thread), instead of waiting for the pod manager's answer (g->mu). */
+    int claim_ready;            /* the last grant was a claim: the group may claim, as far as this hook knows */
+    int early_pending;          /* a claim asked for ahead of its answer, for the claimer thread to send */
+    int64_t early_since_ns;     /* when that burst's first launch went ahead */
     struct gem_inflight inflight;
 };
 

@@ -125,6 +125,19 @@ def test_requests_that_arrive_apart_give_the_claim_back_at_once(tmp_path, hook_l
     # request's wait for the trainer's own queued 1 ms kernels; bench_inference measures them on the GPU)
 
 
+def test_a_latency_request_launches_before_its_claim_is_answered(tmp_path, hook_lib, backends):
+    """Once its group has claimed, a latency process knows the answer to its next request: another claim. It
+    launches the request's kernels at once and its claimer thread asks meanwhile, so no request waits for the
+    pod manager (0.35-0.43 ms a request on the H100, 0.5 ms here). The claims still reach the board: the trainer
+    pauses for each. (With GEMINI_EARLY_CLAIM_MS=0 every request's first launch waits.)"""
+    inf, tr, _ = _claims_beside_a_trainer(tmp_path, hook_lib, backends, 20_000)
+    assert inf["grants"] >= 30 and tr["claim_pauses"] >= 30, (inf, tr)
+    # every claim after the first was asked for early; only the first request waited for its answer
+    assert inf["early_claims"] >= inf["grants"] - 2, inf
+    assert inf["waits"] <= 2, inf
+    assert inf["gate_errors"] == 0, inf
+
+
 def test_back_to_back_bursts_keep_their_claim(tmp_path, hook_lib, backends):
     """Bursts that follow each other at once (a decoding loop that synchronises every token) keep the claim
     through the idle hold: giving it back between them would make each burst ask again."""

@@ -47,6 +47,7 @@ class ClaimBroker:
         self.current: Optional[Claim] = None
         self._next_seq = CLAIM_SEQ_BASE
         self.claims = 0
+        self._last_end = float("-inf")     # claims never overlap, even reported from ahead
 
     @property
     def usable(self) -> bool:
@@ -66,14 +67,17 @@ class ClaimBroker:
     def owns(self, token_seq: int) -> bool:
         return token_seq >= CLAIM_SEQ_BASE
 
-    def request(self, client_id: int, now: float) -> tuple[int, int, list[tuple[float, float, float]]]:
+    def request(self, client_id: int, now: float,
+                ahead: float = 0.0) -> tuple[int, int, list[tuple[float, float, float]]]:
         """A hook asks: (token_seq, quota_ns) of the claim it joins, and the claims that ended
-        (start, end, measured use in ms)."""
+        (start, end, measured use in ms). `ahead` (s): the hook launched this long before asking (an early
+        claim), so a claim it opens started then -- charged from then (at most one claim's length back)."""
         ended = self.expire(now)
         c = self.current
         if c is None:
             assert self.board is not None
-            c = self.current = Claim(self._next_seq, now, now + self.max_claim_s)
+            ahead = min(max(0.0, ahead), self.max_claim_s) if ahead == ahead else 0.0
+            c = self.current = Claim(self._next_seq, max(now - ahead, self._last_end), now + self.max_claim_s)
             self._next_seq += 1
             self.claims += 1
             self.board.claim(self.slot, int(c.until * 1e9))
@@ -108,6 +112,7 @@ class ClaimBroker:
         c = self.current
         assert c is not None
         self.current = None
+        self._last_end = max(c.start, end)
         if self.board is not None:
             self.board.unclaim(self.slot)
         return [(c.start, max(c.start, end), c.used_ms)]

@@ -159,6 +159,7 @@ class TokenRequest:
     overuse_ns: int = 0
     burst_ns: int = 0
     used_ns: int = 0
+    ahead_ns: int = 0           # an early claim: the burst began launching this long before the request
 
 
 @dataclass(frozen=True)
