@@ -228,9 +228,18 @@ def step_floor(ctx) -> dict:
 
 
 def step_trainers(ctx) -> dict:
-    """Caps with gem-schd's default flags, then once per --trainers-variants entry (flags to compare)."""
-    argv = ["bench/bench_trainers.py", "--groups", "a:0:0.3,b:0:0.6", "--seconds", "15" if ctx.args.quick else "25"]
+    """Caps with gem-schd's default flags (each --trainers-groups set; the first is the result, the others under
+    `more`), then once per --trainers-variants entry (flags to compare) on the first set."""
+    sets = [s.strip() for s in ctx.args.trainers_groups.split(";") if s.strip()]
+    secs = "15" if ctx.args.quick else "25"
+    argv = ["bench/bench_trainers.py", "--groups", sets[0], "--seconds", secs]
     res = bench(ctx, argv, 400)
+    for groups in sets[1:]:
+        try:
+            one = bench(ctx, ["bench/bench_trainers.py", "--groups", groups, "--seconds", secs], 400)
+            res.setdefault("more", {})[groups] = {k: one[k] for k in ("shares", "window_10s", "alone_steps_per_s")}
+        except Exception as exc:  # noqa: BLE001 -- one set failing keeps the others
+            res.setdefault("more", {})[groups] = {"error": str(exc)[-1000:]}
     variants = [v.strip() for v in (ctx.args.trainers_variants or "").split(";") if v.strip()]
     for v in variants:
         try:
@@ -364,6 +373,13 @@ def write_report(ctx, results: dict) -> None:
             lines.append(f"groups {res['groups']}: shares of alone throughput "
                          f"{ {k: round(v, 3) for k, v in res['shares'].items()} }, 10 s windows "
                          f"{ {k: (round(v['min'], 3), round(v['max'], 3)) for k, v in res['window_10s'].items()} }")
+            for groups, one in res.get("more", {}).items():
+                if "error" in one:
+                    lines.append(f"- groups {groups}: FAILED {one['error'][-300:]}")
+                    continue
+                windows = {k: (round(v["min"], 3), round(v["max"], 3)) for k, v in one["window_10s"].items()}
+                lines.append(f"- groups {groups}: shares { {k: round(v, 3) for k, v in one['shares'].items()} }, "
+                             f"10 s windows {windows}")
             for flags, one in res.get("variants", {}).items():
                 lines.append(f"- with gem-schd {flags}: " + (f"FAILED {one['error'][-300:]}" if "error" in one else
                              f"shares { {k: round(v, 3) for k, v in one['shares'].items()} }"))
@@ -439,6 +455,8 @@ def main(argv=None) -> int:
     p.add_argument("--infer-workloads", default="mlp:periodic:50,resnet18:poisson:100")
     p.add_argument("--infer-variants", default="", help="bench_inference --latency-variants")
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
+    p.add_argument("--trainers-groups", default="a:0:0.3,b:0:0.6",
+                   help="the trainers step's group sets (name:min:max,...), ';' between sets")
     p.add_argument("--trainers-variants", default="",
                    help="';'-separated gem-schd flag sets the trainers step also runs, e.g. '--bucket 25'")
     p.add_argument("--sharing-classes", default="batch,latency",
