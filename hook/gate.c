@@ -433,7 +433,7 @@ static int request_locked(struct gem_gate *g, int early) {
     req.u.token_request.burst_ns = gemhook_burst_predict(&g->est, gem_now_ns()); /* fresh, for the quota */
     int64_t used = g->pending_used_ns;
     req.u.token_request.used_ns = used;
-    if (early) /* the burst's first launch marked when it began (0 if it could not be marked) */
+    if (early) /* the pod manager charges the claim from the burst's first launch */
         req.u.token_request.ahead_ns = early_ahead_ns(g);
     atomic_fetch_add(&gem_stats.token_requests, 1);
     pthread_mutex_unlock(&g->mu);
@@ -529,6 +529,16 @@ static void release_slot_unlock(struct gem_gate *g, uint64_t seq, int64_t overus
     pthread_mutex_unlock(&g->mu);
 }
 
+/* What a launch returns when its token request failed (called without g->mu). */
+static CUresult request_failed(int rc) {
+    if (gem_cfg.fail_open && (rc == GEM_CALL_UNREACHABLE || rc == GEM_CALL_BROKEN)) {
+        gem_enter_fail_open();
+        open_gates();
+        return CUDA_SUCCESS;
+    }
+    return gem_unavailable_result();
+}
+
 /* ---- the claimer thread --------------------------------------------------------------------- */
 
 /* A latency process's request waited 0.35-0.43 ms for its pod manager's answer before its first launch (H100),
@@ -561,7 +571,11 @@ static void *claimer_main(void *arg) {
             pthread_mutex_lock(&g->mu);
             if (g->early_pending) {
                 g->early_pending = 0;
-                request_locked(g, 1);   /* (a failure is logged and counted there; launchers then ask) */
+                /* A failure is logged and counted there. A launch waiting for this answer returns it; with
+                 * none waiting, the next launch asks for itself. */
+                int rc = request_locked(g, 1);
+                if (rc != GEM_CALL_OK && g->waiters > 0)
+                    g->early_rc = rc;
             }
             pthread_mutex_unlock(&g->mu);
         }
@@ -574,9 +588,9 @@ static void *claimer_main(void *arg) {
 /* Hand g's request to the claimer (g->mu held). Returns 0 if there is no claimer: the caller asks itself. */
 static int queue_early_claim(struct gem_gate *g) {
     pthread_mutex_lock(&claimer_mu);
-    if (!claimer_started)
+    if (!claimer_started && !claimer_stop)
         claimer_started = gem_thread_start(claimer_main, "gemhook-claim") == 0 ? 1 : -1;
-    int ok = claimer_started > 0;
+    int ok = claimer_started > 0 && !claimer_stop;
     if (ok) {
         g->early_pending = 1;
         claimer_queued = 1;
@@ -622,17 +636,29 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
                 expire_locked(g);
             continue;
         }
+        if (g->state == GEM_TOKEN_NONE && g->early_rc != GEM_CALL_OK) {
+            /* The claimer's early request failed while this launch waited for it: its failure is this
+             * launch's (asking again would wait a second timeout, or retry a connection before failing open) */
+            int rc = g->early_rc;
+            g->early_rc = GEM_CALL_OK;
+            pthread_mutex_unlock(&g->mu);
+            return request_failed(rc);
+        }
         if (g->state == GEM_TOKEN_NONE) {
             if (g->claim_ready && g->latency && gem_cfg.early_claim_ns > 0 &&
-                !(__atomic_load_n(&g->dev->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED) && queue_early_claim(g)) {
+                !(__atomic_load_n(&g->dev->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED) &&
+                queue_early_claim(g)) {
                 /* Launch now: the claimer asks meanwhile. The group may claim as far as this hook knows; if
-                 * the right was taken away since, the answer is a slot and at most GEMINI_EARLY_CLAIM_MS of
-                 * launches went ahead of it (no grant needed to reach the board: batch holders pause when the
-                 * pod manager writes the claim there, as before). Not a unified group's: its memory must reach
-                 * the GPU at the grant, before its first kernel. */
+                 * the right was taken away since, the answer is a slot, and the launches of at most
+                 * GEMINI_EARLY_CLAIM_MS went ahead of it (no grant needed to reach the board: batch holders pause
+                 * when the pod manager writes the claim there, as before). Not a unified group's: its memory must
+                 * reach the GPU at the grant, before its first kernel. */
                 g->state = GEM_TOKEN_REQUESTING;
                 g->slot_unmarked = 1;
                 g->early_since_ns = t;
+                CUcontext ctx = NULL;   /* the claimer's thread has no context: the one to drain is this one */
+                if (HAVE_REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx)
+                    g->ctx = ctx;
                 atomic_store(&g->deadline_ns, t + gem_cfg.early_claim_ns);
                 atomic_fetch_add(&gem_stats.early_claims, 1);
                 break;
@@ -642,12 +668,18 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
             if (rc == GEM_CALL_OK)
                 continue;
             pthread_mutex_unlock(&g->mu);
-            if (gem_cfg.fail_open && (rc == GEM_CALL_UNREACHABLE || rc == GEM_CALL_BROKEN)) {
-                gem_enter_fail_open();
-                open_gates();
-                return CUDA_SUCCESS;
-            }
-            return gem_unavailable_result();
+            return request_failed(rc);
+        }
+        if (g->state == GEM_TOKEN_REQUESTING && g->early_pending) {
+            /* The early launches' time is up and the claimer has not sent the request yet (it is waiting for
+             * another GPU's answer, or stopping): send it from here. */
+            g->early_pending = 0;
+            waited = 1;
+            int rc = request_locked(g, 1);
+            if (rc == GEM_CALL_OK)
+                continue;
+            pthread_mutex_unlock(&g->mu);
+            return request_failed(rc);
         }
         /* another thread is requesting or draining */
         waited = 1;
@@ -1024,6 +1056,7 @@ void gem_gate_after_fork(void) {
             atomic_store(&g->gaps_seen, 0);     /* the child's own bursts decide its claims */
             atomic_store(&g->synced_idle, 0);
             g->early_pending = 0;
+            g->early_rc = GEM_CALL_OK;
             g->claim_ready = 0;                 /* its first request is answered before it launches */
         }
     }

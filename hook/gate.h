@@ -92,6 +92,7 @@ struct gem_gate {
      * meanwhile (the claimer thread), instead of waiting for the pod manager's answer (g->mu). */
     int claim_ready;            /* the last grant was a claim: the group may claim, as far as this hook knows */
     int early_pending;          /* a claim asked for ahead of its answer, for the claimer thread to send */
+    int early_rc;               /* the claimer's request failed (GEM_CALL_*) while a launch waited for it */
     int64_t early_since_ns;     /* when that burst's first launch went ahead */
     struct gem_inflight inflight;
 };

@@ -910,25 +910,26 @@ def test_a_latency_hook_is_granted_a_claim_at_once_and_the_board_says_so():
     assert report.end_s - report.start_s == pytest.approx(0.003) and 3 not in board.claims
 
 
-def test_an_early_claim_is_reported_from_when_its_burst_began():
-    """A latency hook that launched before asking (an early claim) says how long before: the claim it opens is
-    reported from then, so its group is charged for those launches, not the batch holder it time-sliced with --
-    but never before the claim that ended before it, nor more than a claim's length back."""
+def test_an_early_claim_reports_how_long_its_launches_went_ahead():
+    """A latency hook that launched before asking (an early claim) says how long before. The claim's span stays
+    what the board showed (only that paused -- and credits -- the others); the time ahead is reported with it, to
+    be charged to the group: at most 5 ms, and never reaching into the claim that ended before it."""
     r, board = latency_rig()
     a = r.hook(pid=1)
     [g] = to_hook(r.m.on_hook(a, 5, hp.TokenRequest(ahead_ns=int(0.4 * MS))))
     r.clock.advance(0.001)
-    [first] = upstream(r.m.on_hook(a, 6, hp.TokenRelease(token_seq=g.msg.token_seq, used_ns=1 * MS)))
-    assert first.end_s - first.start_s == pytest.approx(0.0014)
+    [first] = upstream(r.m.on_hook(a, 6, hp.TokenRelease(token_seq=g.msg.token_seq, used_ns=int(1.3 * MS))))
+    assert first.end_s - first.start_s == pytest.approx(0.001)
+    assert first.ahead_ms == pytest.approx(0.4) and first.used_ms == pytest.approx(1.3)    # used: up to span + ahead
     r.clock.advance(0.0001)
     [g] = to_hook(r.m.on_hook(a, 7, hp.TokenRequest(ahead_ns=int(0.5 * MS))))    # launched before the last ended
     r.clock.advance(0.001)
     [second] = upstream(r.m.on_hook(a, 8, hp.TokenRelease(token_seq=g.msg.token_seq)))
-    assert second.start_s == pytest.approx(first.end_s)
+    assert second.ahead_ms == pytest.approx(0.1)
     r.clock.advance(1.0)
-    [g] = to_hook(r.m.on_hook(a, 9, hp.TokenRequest(ahead_ns=int(500 * MS))))     # nonsense: a claim's length
+    [g] = to_hook(r.m.on_hook(a, 9, hp.TokenRequest(ahead_ns=int(500 * MS))))     # not believed beyond 5 ms
     [third] = upstream(r.m.on_hook(a, 10, hp.TokenRelease(token_seq=g.msg.token_seq)))
-    assert third.end_s - third.start_s == pytest.approx(0.020)
+    assert third.ahead_ms == pytest.approx(5.0)
 
 
 def test_a_claim_ends_when_its_holder_dies_or_at_its_end():

@@ -375,6 +375,19 @@ def test_a_claim_is_charged_what_its_hooks_used_and_the_holder_is_credited_the_s
     assert p.usage("train", 40.0) == pytest.approx(40.0 - 16.0)
 
 
+def test_an_early_claims_launches_ahead_are_charged_but_credit_no_one():
+    """An early claim's hooks launched before the claim reached the board: what they measured then is charged to
+    the claimer (its use may exceed the span by that much), but the holder, who was not paused then, is credited
+    only the span. More than 5 ms ahead is not believed."""
+    p = Policy(config(("inf", 0.5, 1.0, "latency"), ("train", 0.0, 1.0)), 100.0, 5.0, 10_000.0)
+    [g] = grants(p.request("train", now=0.0))
+    p.claimed("inf", 10.0, 12.0, now=13.0, used_ms=2.3, ahead_ms=0.4)
+    p.claimed("inf", 20.0, 22.0, now=23.0, used_ms=50.0, ahead_ms=1000.0)   # used at most span + 5 ms
+    p.release("train", g.token_seq, now=40.0)
+    assert p.status(40.0)["inf"].claim_ms == pytest.approx(2.3 + 7.0)
+    assert p.usage("train", 40.0) == pytest.approx(40.0 - 4.0)
+
+
 def test_a_claim_after_the_slot_ended_still_credits_it():
     p = Policy(config(("inf", 0.5, 1.0, "latency"), ("train", 0.0, 1.0)), 100.0, 5.0, 10_000.0)
     [g] = grants(p.request("train", now=0.0))

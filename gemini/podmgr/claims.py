@@ -19,6 +19,9 @@ from typing import Optional, Protocol
 log = logging.getLogger("gemini.podmgr")
 
 CLAIM_SEQ_BASE = 1 << 62    # claim tokens are numbered apart from gem-schd's slots
+# How far before its request an early claim's launches may be charged: the hook launches at most
+# GEMINI_EARLY_CLAIM_MS (2 ms) ahead of its answer; more is not believed (it would only charge its own group).
+MAX_AHEAD_S = 0.005
 
 
 class ClaimBoard(Protocol):
@@ -30,10 +33,11 @@ class ClaimBoard(Protocol):
 @dataclass
 class Claim:
     seq: int
-    start: float
+    start: float                # when it was written on the board
     until: float
     holders: set[int] = field(default_factory=set)
     used_ms: float = 0.0        # GPU time its holders measured (events), summed over them
+    ahead: float = 0.0          # its first holder launched this long before `start` (an early claim)
 
 
 class ClaimBroker:
@@ -68,16 +72,17 @@ class ClaimBroker:
         return token_seq >= CLAIM_SEQ_BASE
 
     def request(self, client_id: int, now: float,
-                ahead: float = 0.0) -> tuple[int, int, list[tuple[float, float, float]]]:
+                ahead: float = 0.0) -> tuple[int, int, list[tuple[float, float, float, float]]]:
         """A hook asks: (token_seq, quota_ns) of the claim it joins, and the claims that ended
-        (start, end, measured use in ms). `ahead` (s): the hook launched this long before asking (an early
-        claim), so a claim it opens started then -- charged from then (at most one claim's length back)."""
+        (start, end, measured use in ms, ahead in ms). `ahead` (s): the hook launched this long before asking (an
+        early claim): a claim it opens is charged from then (at most MAX_AHEAD_S back, never into the claim before),
+        but only its time on the board pauses -- and credits -- the others."""
         ended = self.expire(now)
         c = self.current
         if c is None:
             assert self.board is not None
-            ahead = min(max(0.0, ahead), self.max_claim_s) if ahead == ahead else 0.0
-            c = self.current = Claim(self._next_seq, max(now - ahead, self._last_end), now + self.max_claim_s)
+            ahead = min(max(0.0, ahead), MAX_AHEAD_S, max(0.0, now - self._last_end)) if ahead == ahead else 0.0
+            c = self.current = Claim(self._next_seq, now, now + self.max_claim_s, ahead=ahead)
             self._next_seq += 1
             self.claims += 1
             self.board.claim(self.slot, int(c.until * 1e9))
@@ -85,38 +90,38 @@ class ClaimBroker:
         return c.seq, max(0, int((c.until - now) * 1e9)), ended
 
     def release(self, client_id: int, token_seq: int, now: float,
-                used_ms: float = 0.0) -> list[tuple[float, float, float]]:
+                used_ms: float = 0.0) -> list[tuple[float, float, float, float]]:
         """A holder gives the claim back (idle), with the GPU time it measured in it."""
         c = self.current
         if c is None or c.seq != token_seq:
             return []
-        c.used_ms += max(0.0, min(used_ms, (now - c.start) * 1000.0))
+        c.used_ms += max(0.0, min(used_ms, (now - c.start + c.ahead) * 1000.0))
         c.holders.discard(client_id)
         return self._end(now) if not c.holders else []
 
-    def gone(self, client_id: int, now: float) -> list[tuple[float, float, float]]:
+    def gone(self, client_id: int, now: float) -> list[tuple[float, float, float, float]]:
         c = self.current
         if c is None or client_id not in c.holders:
             return []
         c.holders.discard(client_id)
         return self._end(now) if not c.holders else []
 
-    def expire(self, now: float) -> list[tuple[float, float, float]]:
+    def expire(self, now: float) -> list[tuple[float, float, float, float]]:
         """A claim past its end is over (its holders ask again for a new one)."""
         c = self.current
         if c is not None and now >= c.until:
             return self._end(c.until)
         return []
 
-    def _end(self, end: float) -> list[tuple[float, float, float]]:
+    def _end(self, end: float) -> list[tuple[float, float, float, float]]:
         c = self.current
         assert c is not None
         self.current = None
         self._last_end = max(c.start, end)
         if self.board is not None:
             self.board.unclaim(self.slot)
-        return [(c.start, max(c.start, end), c.used_ms)]
+        return [(c.start, max(c.start, end), c.used_ms, c.ahead * 1000.0)]
 
-    def end_all(self, now: float) -> list[tuple[float, float, float]]:
+    def end_all(self, now: float) -> list[tuple[float, float, float, float]]:
         """The pod manager lost its board or its right: end a running claim now."""
         return self._end(now) if self.current is not None else []

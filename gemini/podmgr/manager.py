@@ -368,10 +368,11 @@ class PodManager:
     def claims_end_all(self, now: float) -> list[Action]:
         return self._claim_reports(self.claims.end_all(now))
 
-    def _claim_reports(self, spans: list[tuple[float, float, float]]) -> list[Action]:
+    def _claim_reports(self, spans: list[tuple[float, float, float, float]]) -> list[Action]:
         if not self.link.registered:
             return []
-        return [ToScheduler(sm.ClaimReport(group=self.group, start_s=s, end_s=e, used_ms=u)) for s, e, u in spans]
+        return [ToScheduler(sm.ClaimReport(group=self.group, start_s=s, end_s=e, used_ms=u, ahead_ms=a))
+                for s, e, u, a in spans]
 
     def _show_waiters(self) -> None:
         """Turns: the queue's length on the board, so a holder whose burst ended passes its turn on."""

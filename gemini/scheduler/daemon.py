@@ -530,7 +530,8 @@ class SchedulerDaemon:
             if self._check_registered(identity, msg.group, envelope):
                 now = self.now_ms()
                 start, end = self._policy_ms(msg.start_s), self._policy_ms(msg.end_s)
-                decisions = self.policy.claimed(msg.group, start, end, now, used_ms=msg.used_ms)
+                decisions = self.policy.claimed(msg.group, start, end, now, used_ms=msg.used_ms,
+                                                ahead_ms=msg.ahead_ms)
                 self._notify("on_claim", msg.group, start, min(end, now))
                 self._dispatch(decisions, now)
         elif isinstance(msg, Swapped):

@@ -60,6 +60,7 @@ DEFAULT_MAX_CLAIM_MS = 20.0
 DEFAULT_CONTINUE_LEAD_MS = 2.0
 MAX_CREDIT_FRACTION = 0.15
 CLAIM_MIN_CHARGE = 0.25     # a claim is charged at least this part of its span
+MAX_CLAIM_AHEAD_MS = 5.0    # an early claim's launches before its span: believed up to this (hooks: 2 ms)
 
 
 # --- decisions --------------------------------------------------------------------------------------------------
@@ -474,11 +475,15 @@ class Policy:
             h.decided = True
         return self._schedule(now)
 
-    def claimed(self, group: str, start_ms: float, end_ms: float, now: float, used_ms: float = 0.0) -> list[Decision]:
+    def claimed(self, group: str, start_ms: float, end_ms: float, now: float, used_ms: float = 0.0,
+                ahead_ms: float = 0.0) -> list[Decision]:
         """A latency group's pod manager reports a claim it made: [start_ms, end_ms] on the policy's clock, and
         the GPU time its hooks measured in it (0: not measured). The batch holder it paused is credited the whole
         span; the claimer is charged what it used -- a request's CPU-bound gaps are not GPU time -- but at least a
-        quarter of the span, so that a client that under-reports gains little; its cap's bucket pays the whole span."""
+        quarter of the span, so that a client that under-reports gains little; its cap's bucket pays the whole span.
+        An early claim's hooks launched `ahead_ms` before the span, when the claim was not yet on the board: what
+        they measured then is charged too (their use may reach span + ahead), but credits no one -- the others
+        were not paused then."""
         now = self._now(now)
         g = self._groups.get(group)
         if g is None:
@@ -491,9 +496,10 @@ class Policy:
         span = end_ms - start_ms
         if span <= 0:
             return []
+        ahead = min(max(0.0, ahead_ms), MAX_CLAIM_AHEAD_MS) if math.isfinite(ahead_ms) else 0.0
         dur = span
         if math.isfinite(used_ms) and used_ms > 0:
-            dur = min(span, max(used_ms, CLAIM_MIN_CHARGE * span))
+            dur = min(span + ahead, max(used_ms, CLAIM_MIN_CHARGE * span))
         if not self._started:
             self._started = True
             self.start_ms = start_ms
@@ -507,8 +513,8 @@ class Policy:
             # The cap pays for the whole span: the others could not launch during it, whatever the claimer's
             # hooks report (charged only what they reported, a tenant reporting 1 us per claim had 0.83 of the
             # GPU at MaxUtil 0.3).
-            g.bucket.add(span - dur, now)
-        g.usage.add(start_ms, end_ms, dur)
+            g.bucket.add(max(0.0, span - dur), now)
+        g.usage.add(start_ms - ahead, end_ms, dur)
         self._claims.append((group, start_ms, end_ms))
         # (the paused holder is credited the span: it could not launch)
         # Credit the overlapped slots of other groups: their holders stopped launching during the claim.

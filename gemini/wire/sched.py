@@ -65,6 +65,9 @@ class ClaimReport:
     start_s: float
     end_s: float
     used_ms: float = 0.0        # GPU time its processes measured in it (0: not measured)
+    # an early claim: its processes launched this long before start_s, when the claim was not yet on the board
+    # (charged to the group, credited to no one: the others were not paused then)
+    ahead_ms: float = 0.0
 
 
 @dataclass(frozen=True)
