@@ -663,19 +663,19 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
                 atomic_fetch_add(&gem_stats.early_claims, 1);
                 break;
             }
-            waited = 1;
-            int rc = request_locked(g, 0);
-            if (rc == GEM_CALL_OK)
-                continue;
-            pthread_mutex_unlock(&g->mu);
-            return request_failed(rc);
         }
-        if (g->state == GEM_TOKEN_REQUESTING && g->early_pending) {
+        int ask = -1;   /* a request to send from here: 0 a plain one, 1 an early claim's */
+        if (g->state == GEM_TOKEN_NONE) {
+            ask = 0;
+        } else if (g->state == GEM_TOKEN_REQUESTING && g->early_pending) {
             /* The early launches' time is up and the claimer has not sent the request yet (it is waiting for
              * another GPU's answer, or stopping): send it from here. */
             g->early_pending = 0;
+            ask = 1;
+        }
+        if (ask >= 0) {
             waited = 1;
-            int rc = request_locked(g, 1);
+            int rc = request_locked(g, ask);
             if (rc == GEM_CALL_OK)
                 continue;
             pthread_mutex_unlock(&g->mu);
