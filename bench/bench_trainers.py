@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_inference import WORKLOADS, Trainer  # noqa: E402
-from bench.harness import Backend, Group, read_stats  # noqa: E402
+from bench.harness import Backend, Group, ctl_status, read_stats  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -59,6 +59,11 @@ def main(argv=None) -> int:
             t0 = time.monotonic()
             time.sleep(args.seconds)
             t1 = time.monotonic()
+            try:    # what gem-schd charged them over its last window (its SHARE): the cap it held, in GPU time
+                status = ctl_status(be)
+                out["charged"] = {g["name"]: g["share"] for g in status.get("groups", [])}
+            except Exception as exc:  # noqa: BLE001 -- the throughputs stand without it
+                out["charged"] = {"error": str(exc)[-300:]}
         finally:
             for t in trainers.values():
                 t.stop()

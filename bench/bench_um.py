@@ -52,7 +52,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Backend, Group, children_of, cmdline  # noqa: E402
+from bench.harness import Backend, Group, children_of, cmdline, ctl_status  # noqa: E402
 from gemini.scheduler.trace import SchedulerTrace, TraceFormatError  # noqa: E402
 
 log = logging.getLogger("bench.um")
@@ -228,19 +228,6 @@ def run_jobs(argvs: dict[str, list[str]], env: dict, limit_s: float, tag: str, s
 
 
 # --- the phases -----------------------------------------------------------------------------------------------
-
-def ctl_status(be: Backend, timeout_s: float = 5.0) -> dict:
-    """gem-ctl status --json (gem-ctl waits up to `timeout_s` for gem-schd's answer); CalledProcessError with
-    gem-ctl's message if it did not answer."""
-    out = subprocess.run([sys.executable, "-m", "gemini.ctl", *be.where_args(), "--timeout", f"{timeout_s:g}",
-                          "status", "--json"], capture_output=True, text=True, timeout=timeout_s + 30,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                             [str(Path(__file__).resolve().parent.parent)] +
-                             ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))))
-    if out.returncode != 0:
-        raise subprocess.CalledProcessError(out.returncode, out.args, out.stdout, out.stderr)
-    return json.loads(out.stdout)
-
 
 STATUS_EVERY_S = 5.0
 

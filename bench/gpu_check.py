@@ -237,14 +237,16 @@ def step_trainers(ctx) -> dict:
     for groups in sets[1:]:
         try:
             one = bench(ctx, ["bench/bench_trainers.py", "--groups", groups, "--seconds", secs], 400)
-            res.setdefault("more", {})[groups] = {k: one[k] for k in ("shares", "window_10s", "alone_steps_per_s")}
+            res.setdefault("more", {})[groups] = {k: one.get(k) for k in ("shares", "window_10s", "alone_steps_per_s",
+                                                                           "charged")}
         except Exception as exc:  # noqa: BLE001 -- one set failing keeps the others
             res.setdefault("more", {})[groups] = {"error": str(exc)[-1000:]}
     variants = [v.strip() for v in (ctx.args.trainers_variants or "").split(";") if v.strip()]
     for v in variants:
         try:
             one = bench(ctx, argv + ["--schd-args", v], 400)
-            res.setdefault("variants", {})[v] = {k: one[k] for k in ("shares", "window_10s", "hook_stats")}
+            res.setdefault("variants", {})[v] = {k: one.get(k) for k in ("shares", "window_10s", "hook_stats",
+                                                                          "charged")}
         except Exception as exc:  # noqa: BLE001 -- a variant failing keeps the default run
             res.setdefault("variants", {})[v] = {"error": str(exc)[-1000:]}
     return res
@@ -372,17 +374,19 @@ def write_report(ctx, results: dict) -> None:
         elif name in ("floor", "trainers"):
             lines.append(f"groups {res['groups']}: shares of alone throughput "
                          f"{ {k: round(v, 3) for k, v in res['shares'].items()} }, 10 s windows "
-                         f"{ {k: (round(v['min'], 3), round(v['max'], 3)) for k, v in res['window_10s'].items()} }")
+                         f"{ {k: (round(v['min'], 3), round(v['max'], 3)) for k, v in res['window_10s'].items()} }, "
+                         f"charged by gem-schd {res.get('charged')}")
             for groups, one in res.get("more", {}).items():
                 if "error" in one:
                     lines.append(f"- groups {groups}: FAILED {one['error'][-300:]}")
                     continue
                 windows = {k: (round(v["min"], 3), round(v["max"], 3)) for k, v in one["window_10s"].items()}
                 lines.append(f"- groups {groups}: shares { {k: round(v, 3) for k, v in one['shares'].items()} }, "
-                             f"10 s windows {windows}")
+                             f"10 s windows {windows}, charged by gem-schd {one.get('charged')}")
             for flags, one in res.get("variants", {}).items():
                 lines.append(f"- with gem-schd {flags}: " + (f"FAILED {one['error'][-300:]}" if "error" in one else
-                             f"shares { {k: round(v, 3) for k, v in one['shares'].items()} }"))
+                             f"shares { {k: round(v, 3) for k, v in one['shares'].items()} }, charged "
+                             f"{one.get('charged')}"))
         elif name == "soak":
             for sharing, one in res.items():
                 if one.get("error"):

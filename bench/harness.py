@@ -253,6 +253,19 @@ def cmdline(pid: int) -> list[str]:
     return raw.decode(errors="replace").rstrip("\0").split("\0")
 
 
+def ctl_status(be: Backend, timeout_s: float = 5.0) -> dict:
+    """gem-ctl status --json (gem-ctl waits up to `timeout_s` for gem-schd's answer); CalledProcessError with
+    gem-ctl's message if it did not answer."""
+    out = subprocess.run([sys.executable, "-m", "gemini.ctl", *be.where_args(), "--timeout", f"{timeout_s:g}",
+                          "status", "--json"], capture_output=True, text=True, timeout=timeout_s + 30,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                             [str(REPO_ROOT)] +
+                             ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))))
+    if out.returncode != 0:
+        raise subprocess.CalledProcessError(out.returncode, out.args, out.stdout, out.stderr)
+    return json.loads(out.stdout)
+
+
 # --- what the hook and the workloads report -----------------------------------------------------
 
 def read_stats(path: Path) -> dict[int, dict[str, float]]:
