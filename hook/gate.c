@@ -414,13 +414,6 @@ static int64_t claim_idle_ns(struct gem_gate *g) {
     return soon * 4 < n ? 1 : idle;
 }
 
-/* How long ago an early claim's burst began launching: the claim started then, not when its request reached
- * the pod manager (which reports the claim's span to gem-schd, to charge it). */
-static int64_t early_ahead_ns(const struct gem_gate *g) {
-    int64_t d = gem_now_ns() - g->early_since_ns;
-    return d > 0 ? d : 0;
-}
-
 /* Ask for a token. Called with g->mu held and state NONE (or REQUESTING, by the claimer for an early claim);
  * returns with g->mu held. `early`: the burst began before this request was answered, and its first launch
  * marked the slot's start. */
@@ -433,8 +426,8 @@ static int request_locked(struct gem_gate *g, int early) {
     req.u.token_request.burst_ns = gemhook_burst_predict(&g->est, gem_now_ns()); /* fresh, for the quota */
     int64_t used = g->pending_used_ns;
     req.u.token_request.used_ns = used;
-    if (early) /* the pod manager charges the claim from the burst's first launch */
-        req.u.token_request.ahead_ns = early_ahead_ns(g);
+    if (early) /* the pod manager charges the claim from the burst's first launch, not from the request's arrival */
+        req.u.token_request.launched_ns = g->early_since_ns;
     atomic_fetch_add(&gem_stats.token_requests, 1);
     pthread_mutex_unlock(&g->mu);
     int rc = gem_conn_call(&g->dev->conn, &req, &reply, gem_cfg.token_timeout_ns);

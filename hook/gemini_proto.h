@@ -111,8 +111,8 @@ struct gem_token_request {
     int64_t overuse_ns;         /* GPU time used past the last slot's deadline */
     int64_t burst_ns;           /* predicted kernel burst (p90 over 3 s); 0 if none */
     int64_t used_ns;            /* GPU time the last slot really used (events), 0 if not measured */
-    int64_t ahead_ns;           /* an early claim (a latency process): its burst began launching this long
-                                 * before the request went out, so the claim started then; 0: it waited */
+    int64_t launched_ns;        /* an early claim (a latency process): when its burst's first launch went ahead
+                                 * of the answer (CLOCK_MONOTONIC, the board's clock); 0: it waited */
 };
 
 struct gem_token_grant {

@@ -9,6 +9,7 @@ environment's settings then apply, as before).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,18 @@ def test_the_installed_hook_reads_only_the_fixed_path(hook_lib, test_hook):
     assert b"/etc/gemini/hook.conf\0" in installed
     assert b"GEMINI_TEST_SETTINGS_FILE" not in installed
     assert b"GEMINI_TEST_SETTINGS_FILE" in test_build
+
+
+def test_every_setting_the_hook_reads_may_be_set_in_the_file():
+    """A setting the hook reads but the file may not set cannot be changed in a pod (the environment is ignored
+    there), and a file that sets it is refused whole as naming an unknown key, so every gated call fails. Every
+    name settings.c reads through setting*() must be one of its file keys; only aliases read from the environment
+    alone are exempt."""
+    src = (REPO / "hook" / "settings.c").read_text()
+    keys_block = re.search(r"file_keys\[\] = \{(.*?)\};", src, re.S)
+    assert keys_block, "file_keys not found in hook/settings.c"
+    file_keys = set(re.findall(r'"(GEMINI_[A-Z_]+)"', keys_block.group(1)))
+    read = set(re.findall(r'\bsetting(?:_flag|_ms|_path|_first)?\("(GEMINI_[A-Z_]+)"', src))
+    aliases = {"GEMINI_POD_NAME"}       # setting_first's second choice for the group's name: GEMINI_GROUP_NAME
+    assert len(read) >= 10, read
+    assert read - aliases <= file_keys, sorted(read - aliases - file_keys)

@@ -911,23 +911,26 @@ def test_a_latency_hook_is_granted_a_claim_at_once_and_the_board_says_so():
 
 
 def test_an_early_claim_reports_how_long_its_launches_went_ahead():
-    """A latency hook that launched before asking (an early claim) says how long before. The claim's span stays
+    """A latency hook that launched before asking (an early claim) says when. The claim's span stays
     what the board showed (only that paused -- and credits -- the others); the time ahead is reported with it, to
     be charged to the group: at most 5 ms, and never reaching into the claim that ended before it."""
     r, board = latency_rig()
     a = r.hook(pid=1)
-    [g] = to_hook(r.m.on_hook(a, 5, hp.TokenRequest(ahead_ns=int(0.4 * MS))))
+    def launched(ms_ago: float) -> int:
+        return int((r.clock.now - ms_ago / 1000.0) * 1e9)
+
+    [g] = to_hook(r.m.on_hook(a, 5, hp.TokenRequest(launched_ns=launched(0.4))))
     r.clock.advance(0.001)
     [first] = upstream(r.m.on_hook(a, 6, hp.TokenRelease(token_seq=g.msg.token_seq, used_ns=int(1.3 * MS))))
     assert first.end_s - first.start_s == pytest.approx(0.001)
     assert first.ahead_ms == pytest.approx(0.4) and first.used_ms == pytest.approx(1.3)    # used: up to span + ahead
     r.clock.advance(0.0001)
-    [g] = to_hook(r.m.on_hook(a, 7, hp.TokenRequest(ahead_ns=int(0.5 * MS))))    # launched before the last ended
+    [g] = to_hook(r.m.on_hook(a, 7, hp.TokenRequest(launched_ns=launched(0.5))))  # launched before the last ended
     r.clock.advance(0.001)
     [second] = upstream(r.m.on_hook(a, 8, hp.TokenRelease(token_seq=g.msg.token_seq)))
     assert second.ahead_ms == pytest.approx(0.1)
     r.clock.advance(1.0)
-    [g] = to_hook(r.m.on_hook(a, 9, hp.TokenRequest(ahead_ns=int(500 * MS))))     # not believed beyond 5 ms
+    [g] = to_hook(r.m.on_hook(a, 9, hp.TokenRequest(launched_ns=launched(500))))  # not believed beyond 5 ms
     [third] = upstream(r.m.on_hook(a, 10, hp.TokenRelease(token_seq=g.msg.token_seq)))
     assert third.ahead_ms == pytest.approx(5.0)
 

@@ -386,6 +386,11 @@ def test_an_early_claims_launches_ahead_are_charged_but_credit_no_one():
     p.release("train", g.token_seq, now=40.0)
     assert p.status(40.0)["inf"].claim_ms == pytest.approx(2.3 + 7.0)
     assert p.usage("train", 40.0) == pytest.approx(40.0 - 4.0)
+    # a capped claimer's bucket pays the larger of its charge and the span: never less than it was charged
+    q = Policy(config(("inf", 0.2, 0.5, "latency")), 100.0, 5.0, 10_000.0)
+    before = q._groups["inf"].bucket.at(10.0)
+    q.claimed("inf", 8.0, 10.0, now=10.0, used_ms=2.3, ahead_ms=0.4)
+    assert before - q._groups["inf"].bucket.at(10.0) == pytest.approx(2.3)
 
 
 def test_a_claim_after_the_slot_ended_still_credits_it():

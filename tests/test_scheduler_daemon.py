@@ -13,9 +13,9 @@ import pytest
 import zmq
 
 from gemini.config import parse_config
-from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, ConfigUpdate, Error, Grant,
-                             GroupRemoved, GroupStatus, Heartbeat, HeartbeatAck, Hello, StatusReply, StatusRequest,
-                             TokenRelease, TokenRequest, Welcome, decode, encode)
+from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, ClaimReport, ConfigUpdate, Error,
+                             Grant, GroupRemoved, GroupStatus, Heartbeat, HeartbeatAck, Hello, StatusReply,
+                             StatusRequest, TokenRelease, TokenRequest, Welcome, decode, encode)
 from tests.schd_inproc import DaemonThread, FakePodManager
 
 REPO = Path(__file__).resolve().parent.parent
@@ -391,3 +391,25 @@ def test_cli_non_loopback_bind_warns(tmp_path):
         proc.send_signal(signal.SIGINT)
         proc.wait(10)
         assert proc.returncode == 0
+
+
+def test_a_claim_report_charges_its_time_ahead():
+    """gem-schd hands a claim report's time ahead (an early claim's launches before the claim reached the board)
+    to the policy: the claimer is charged what its hooks measured, up to the span plus that time."""
+    config = parse_config("[inf]\nMinUtil = 0.5\nMaxUtil = 1.0\nClass = latency\n[train]\nMaxUtil = 1.0\n", "rc.txt")
+    with DaemonThread(config, base_quota_ms=QUOTA, min_quota_ms=20.0, window_ms=10000.0) as d:
+        with FakePodManager(d.endpoint) as p:
+            assert isinstance(p.request(Hello("inf", pid=os.getpid())), Welcome)
+            now = time.monotonic()
+            p.send(ClaimReport("inf", start_s=now - 0.003, end_s=now - 0.001, used_ms=2.4, ahead_ms=0.5))
+            deadline = time.monotonic() + 5
+            row: dict = {}
+            while time.monotonic() < deadline:
+                p.send(StatusRequest())
+                reply = p.recv_type(StatusReply)        # (a claim_right may come first)
+                assert isinstance(reply, StatusReply), reply
+                row = next(g for g in reply.groups if g["name"] == "inf")
+                if row["claims"]:
+                    break
+                time.sleep(0.05)
+            assert row["claims"] == 1 and row["claim_ms"] == pytest.approx(2.4, abs=1e-3), row

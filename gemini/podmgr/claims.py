@@ -74,9 +74,9 @@ class ClaimBroker:
     def request(self, client_id: int, now: float,
                 ahead: float = 0.0) -> tuple[int, int, list[tuple[float, float, float, float]]]:
         """A hook asks: (token_seq, quota_ns) of the claim it joins, and the claims that ended
-        (start, end, measured use in ms, ahead in ms). `ahead` (s): the hook launched this long before asking (an
-        early claim): a claim it opens is charged from then (at most MAX_AHEAD_S back, never into the claim before),
-        but only its time on the board pauses -- and credits -- the others."""
+        (start, end, measured use in ms, ahead in ms). `ahead` (s): the hook launched this long before its request
+        came (an early claim): a claim it opens is charged from then (at most MAX_AHEAD_S back, never into the claim
+        before), but only its time on the board pauses -- and credits -- the others."""
         ended = self.expire(now)
         c = self.current
         if c is None:

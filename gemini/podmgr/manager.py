@@ -511,7 +511,9 @@ class PodManager:
     def _on_token_request(self, client: Client, seq: int, msg: hp.TokenRequest, now: float) -> list[Action]:
         if self.claims.usable and not self.link.unknown_reason:
             # Latency class: the GPU at once, on the board; gem-schd hears of it when the claim ends.
-            token_seq, quota_ns, ended = self.claims.request(client.id, now, _ms(msg.ahead_ns) / 1000.0)
+            # (an early claim's launches began before this request arrived: from then, on the shared monotonic clock)
+            ahead = now - msg.launched_ns / 1e9 if msg.launched_ns > 0 else 0.0
+            token_seq, quota_ns, ended = self.claims.request(client.id, now, ahead)
             return self._claim_reports(ended) + [ToHook(client.id, seq, hp.TokenGrant(
                 quota_ns=quota_ns, token_seq=token_seq, flags=hp.GRANT_CLAIM))]
         self._note_report(msg.overuse_ns, msg.burst_ns, msg.used_ns)

@@ -159,7 +159,7 @@ class TokenRequest:
     overuse_ns: int = 0
     burst_ns: int = 0
     used_ns: int = 0
-    ahead_ns: int = 0           # an early claim: the burst began launching this long before the request
+    launched_ns: int = 0        # an early claim: when its burst began launching (CLOCK_MONOTONIC); 0: it waited
 
 
 @dataclass(frozen=True)
