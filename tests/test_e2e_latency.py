@@ -167,6 +167,10 @@ def test_the_claim_budget_is_the_min_util(tmp_path, hook_lib, backends):
     assert shares["train"] >= 0.45, shares
     assert shares["inf"] >= 0.25, shares        # and the floor holds
     assert sim.stats_of(results["train"].json["pid"])["claim_pauses"] > 0
+    # early claims only while the right lasts: once a request is answered with a slot, the hook asks before
+    # launching until it is granted a claim again (else each request after the first would go early)
+    st = sim.stats_of(results["inf"].json["pid"])
+    assert st["gate_errors"] == 0 and 0 < st["early_claims"] < st["grants"] - 1, st
 
 
 def _flat_out_latency_and_trainer(tmp_path, hook_lib, backends):
