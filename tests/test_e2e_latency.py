@@ -298,3 +298,39 @@ def test_short_kernels_never_queue_far_past_a_capped_slot(sim, backends):
     st = sim.stats_of(r.json["pid"])
     assert st["grants"] >= 40, st
     assert st["overuse_ms"] / st["grants"] <= 10, st
+
+
+def test_one_gpus_silent_pod_manager_does_not_hold_up_early_claims_on_another(tmp_path, hook_lib, backends):
+    """One latency process drives two GPUs, a thread each, and one claimer thread asks for both GPUs' early
+    claims in turn. While GPU 1's pod manager is stopped, the claimer waits for its answer; GPU 0's requests must
+    not wait behind it: a launch whose early claim's time is up and whose request the claimer has not sent yet
+    sends it itself."""
+    from tests.test_e2e_hook import sim_uuid
+    sim = Sim(tmp_path / "sim", hook_lib, devices=2, trace=tmp_path / "kernels.trace")
+    # MinUtil 1: the claim budget never runs out, so every request after the first is an early claim's
+    kw = dict(quota_ms=20, min_quota_ms=5, window_ms=1000)
+    be0 = backends([Group("g", 1.0, 1.0, sched_class="latency")], **kw)
+    be1 = backends([Group("g", 1.0, 1.0, sched_class="latency")], **kw)
+    where = ",".join(f"{sim_uuid(i)}=127.0.0.1:{be.ports['g']}" for i, be in enumerate((be0, be1)))
+    # back-to-back bursts: each GPU's claim runs out every 20 ms and the next one is asked for early
+    proc = start(client_argv("pyclient.py", "--devices", "0,1", "--seconds", 3, "--kernel-us", 500,
+                             "--sync-every", 2, "--json"), sim.hooked(be0, "g", GEMINI_POD_MANAGERS=where))
+    time.sleep(1.0)
+    pmgr1 = be1.daemon_pids()["g"]
+    stopped = time.monotonic_ns()
+    os.kill(pmgr1, signal.SIGSTOP)
+    try:
+        time.sleep(0.6)
+    finally:
+        os.kill(pmgr1, signal.SIGCONT)
+    resumed = time.monotonic_ns()
+    r = finish(proc)
+    assert r.rc == 0, r
+    st = sim.stats_of(r.json["pid"])
+    assert st["early_claims"] >= 50 and st["gate_errors"] == 0, st
+    mine = [row for row in native.read_trace(sim.trace) if row[0] == r.json["pid"]]
+    during = {dev: [row[2] for row in mine if row[1] == dev and stopped <= row[2] <= resumed] for dev in (0, 1)}
+    # GPU 1 waited for its pod manager; GPU 0 kept going all along (behind the claimer: 0.6 s without a kernel)
+    assert len(during[1]) < len(during[0]) / 4, {d: len(v) for d, v in during.items()}
+    edges = [stopped] + during[0] + [resumed]
+    assert max(b - a for a, b in zip(edges, edges[1:])) < 150e6, (len(during[0]), st)
