@@ -109,6 +109,12 @@ def main(argv=None) -> int:
                         "'inflight2:GEMINI_INFLIGHT_MS=2;idle025:GEMINI_CLAIM_IDLE_MS=0.25')")
     args = p.parse_args(argv)
     workloads = [tuple(w.split(":")) for w in args.workloads.split(",") if w]
+    # --latency-variants, parsed once: {name: the GEMINI_* settings it adds}
+    variants: dict[str, dict[str, str]] = {}
+    for spec in (v.strip() for v in args.latency_variants.split(";")):
+        if spec:
+            name, _, assigns = spec.partition(":")
+            variants[name] = dict(a.split("=", 1) for a in assigns.split(",") if a)
     env = dict(os.environ)
     work = Path(tempfile.mkdtemp(prefix="bench-infer-"))
     train_argv = [sys.executable, str(WORKLOADS / "train_loop.py"), args.trainer, "100000"]
@@ -193,9 +199,8 @@ def main(argv=None) -> int:
         # Variants of the latency class's hook settings, each with a trainer of its own (its settings are read at
         # start): its rate with the latency group idle, then each workload served beside it.
         write_config("latency")
-        for spec in [v for v in args.latency_variants.split(";") if v.strip()]:
-            name, _, assigns = spec.partition(":")
-            venv = dict(henv, **dict(a.split("=", 1) for a in assigns.split(",") if a))
+        for name, settings in variants.items():
+            venv = dict(henv, **settings)
             trainer = Trainer(be.command("train", train_argv), venv)
             try:
                 trainer.wait_ready()
@@ -216,8 +221,8 @@ def main(argv=None) -> int:
         alone_rows = [r for r in out["runs"] if r["workload"] == key and r["case"] == "alone"]
         base = min(r["p99_ms"] for r in alone_rows) if alone_rows else None
         base999 = min(r["p999_ms"] for r in alone_rows) if alone_rows else None   # p99.9 against p99.9
-        variants = [f"gemini-latency[{v.partition(':')[0]}]" for v in args.latency_variants.split(";") if v.strip()]
-        for case in ("alone", "native", "gemini-batch", "gemini-latency", *variants):
+        variant_cases = {f"gemini-latency[{name}]": name for name in variants}
+        for case in ("alone", "native", "gemini-batch", "gemini-latency", *variant_cases):
             rows = [r for r in out["runs"] if r["workload"] == key and r["case"] == case]
             if not rows:
                 continue
@@ -231,8 +236,8 @@ def main(argv=None) -> int:
             if case != "alone":
                 s["train_steps_per_s"] = med("train_steps_per_s")
                 alone_rate = out.get("train_alone_native" if case == "native" else "train_alone_gemini")
-                if case in variants:        # against the trainer hooked alone (batch config, default settings)
-                    s["train_latency_idle"] = out["train_latency_idle_variants"][case[len("gemini-latency["):-1]]
+                if case in variant_cases:   # against the trainer hooked alone (batch config, default settings)
+                    s["train_latency_idle"] = out["train_latency_idle_variants"][variant_cases[case]]
                 if alone_rate:
                     s["train_vs_alone"] = s["train_steps_per_s"] / alone_rate
             summary[f"{key} {case}"] = s

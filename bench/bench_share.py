@@ -160,6 +160,37 @@ def load_kernels(out: Path, group_of: dict[str, str]) -> dict[str, list[tuple[in
     return kernels
 
 
+def charged_against_kernels(trace_path: Path, kernels: dict[str, list[tuple[int, int, int]]]) -> dict:
+    """gem-schd's own account beside the kernels': each group's charged share over the last whole reporting window
+    inside the run (its trace's `share` samples), the on-chip share of its kernels over the same window, and how
+    much the charge exceeds those kernels per kernel (what a slot's events count that an in-kernel clock does not:
+    launch and teardown, handoff overlaps). Kernel logs are on the device clock, which reads wall time."""
+    from gemini.scheduler.trace import SchedulerTrace
+    trace = SchedulerTrace.load(trace_path)
+    firsts = [k[0][0] for k in kernels.values() if k]
+    lasts = [k[-1][1] for k in kernels.values() if k]
+    if trace.unix_t0 is None or not firsts:
+        return {}
+    lo, hi = max(firsts) / 1e9 - trace.unix_t0, min(lasts) / 1e9 - trace.unix_t0     # on the trace's clock
+    inside = [s for s in trace.samples if s.t_s - trace.window_s >= lo and s.t_s <= hi]
+    if not inside:
+        return {}
+    sample = inside[-1]
+    w_end = (trace.unix_t0 + sample.t_s) * 1e9
+    w_start = w_end - trace.window_s * 1e9
+    out = {"window_end_s": sample.t_s, "charged": {}, "onchip": {}, "excess_us_per_kernel": {}}
+    for g, ks in kernels.items():
+        if g not in sample.shares:
+            continue
+        within = [(s, e, c) for s, e, c in ks if w_start <= s and e <= w_end]
+        onchip_ms = sum(c for _s, _e, c in within) / 1e6
+        charged_ms = sample.shares[g] * trace.window_s * 1000
+        out["charged"][g] = sample.shares[g]
+        out["onchip"][g] = onchip_ms / (trace.window_s * 1000)
+        out["excess_us_per_kernel"][g] = (charged_ms - onchip_ms) * 1000 / len(within) if within else None
+    return out
+
+
 def sliding_windows(kernels: dict[str, list[tuple[int, int, int]]], targets: dict[str, float], window_s: float,
                     step_s: float = 0.1, trim_s: float = 1.0) -> dict[str, dict[str, float]]:
     """Each group's on-chip share over every window of `window_s`, stepped by `step_s`, in the span where every
@@ -324,6 +355,8 @@ def run(args) -> dict:
         if not args.work_iters:
             # sliding windows stepped by 100 ms, from every kernel's on-chip time (device clock)
             kernels = load_kernels(out, group_of)
+            if args.mode == "gemini" and (out / "grants.json").exists():
+                report["charged_vs_kernels"] = charged_against_kernels(out / "grants.json", kernels)
             report["sliding_1s"] = sliding_windows(kernels, targets, 1.0, trim_s=args.trim)
             report["sliding_10s"] = sliding_windows(kernels, targets, 10.0, trim_s=args.trim)
             report["window_error_1s_pp"] = {g: v["worst_pp"] for g, v in report["sliding_1s"].items()}

@@ -234,21 +234,20 @@ def step_trainers(ctx) -> dict:
     secs = "15" if ctx.args.quick else "25"
     argv = ["bench/bench_trainers.py", "--groups", sets[0], "--seconds", secs]
     res = bench(ctx, argv, 400)
+
+    def also(section: str, key: str, run_argv: list, keep: tuple) -> None:
+        """One more run, kept under res[section][key]; its failure keeps the others."""
+        try:
+            one = bench(ctx, run_argv, 400)
+            res.setdefault(section, {})[key] = {k: one.get(k) for k in keep}
+        except Exception as exc:  # noqa: BLE001
+            res.setdefault(section, {})[key] = {"error": str(exc)[-1000:]}
+
     for groups in sets[1:]:
-        try:
-            one = bench(ctx, ["bench/bench_trainers.py", "--groups", groups, "--seconds", secs], 400)
-            res.setdefault("more", {})[groups] = {k: one.get(k) for k in ("shares", "window_10s", "alone_steps_per_s",
-                                                                           "charged")}
-        except Exception as exc:  # noqa: BLE001 -- one set failing keeps the others
-            res.setdefault("more", {})[groups] = {"error": str(exc)[-1000:]}
-    variants = [v.strip() for v in (ctx.args.trainers_variants or "").split(";") if v.strip()]
-    for v in variants:
-        try:
-            one = bench(ctx, argv + ["--schd-args", v], 400)
-            res.setdefault("variants", {})[v] = {k: one.get(k) for k in ("shares", "window_10s", "hook_stats",
-                                                                          "charged")}
-        except Exception as exc:  # noqa: BLE001 -- a variant failing keeps the default run
-            res.setdefault("variants", {})[v] = {"error": str(exc)[-1000:]}
+        also("more", groups, ["bench/bench_trainers.py", "--groups", groups, "--seconds", secs],
+             ("shares", "window_10s", "alone_steps_per_s", "charged"))
+    for v in [v.strip() for v in (ctx.args.trainers_variants or "").split(";") if v.strip()]:
+        also("variants", v, argv + ["--schd-args", v], ("shares", "window_10s", "hook_stats", "charged"))
     return res
 
 

@@ -43,3 +43,28 @@ def test_own_gaps_are_between_a_groups_consecutive_kernels(tmp_path):
     group_of = {"a": "a", "b": "b"}
     assert own_gaps_us(tmp_path, group_of) == {"a": 10.0, "b": None}   # median of 5 and 10 us (the upper)
     assert handoff_gaps_us(tmp_path, group_of) == [5.0, 2.0]
+
+
+def test_charged_shares_beside_the_kernels_of_the_same_window(tmp_path):
+    """gem-schd's charged share over its last whole window inside the run, beside the kernels' on-chip share in
+    that window, and the charge's excess per kernel."""
+    import json as _json
+
+    from bench.bench_share import charged_against_kernels
+    t0 = 1_000.0                                       # the trace's ts 0 on the device's (wall) clock, in s
+    events = [{"ph": "i", "cat": "config", "name": "config", "ts": 0.0, "s": "g",
+               "args": {"unix_time_at_ts0": t0, "window_ms": 1000.0, "groups": {"a": {}}}}]
+    # share samples every 0.5 s; the one at 2.0 s is the last whose whole window [1.0, 2.0] lies inside the run
+    for t, v in ((1.5, 0.5), (2.0, 0.6), (2.5, 0.9)):
+        events.append({"ph": "C", "name": "share", "cat": "share", "ts": t * 1e6, "args": {"a": v}})
+    path = tmp_path / "grants.json"
+    path.write_text(_json.dumps(events))
+    # a: a 1 ms kernel every 2 ms from 0.5 s to 2.2 s (device clock)
+    start = int((t0 + 0.5) * 1e9)
+    kernels = {"a": [(start + i * 2 * MS, start + i * 2 * MS + MS, MS) for i in range(850)]}
+    r = charged_against_kernels(path, kernels)
+    assert r["window_end_s"] == 2.0
+    assert r["charged"]["a"] == 0.6
+    assert r["onchip"]["a"] == pytest.approx(0.5, abs=0.002)
+    # 600 ms charged against ~500 kernels of 1 ms: ~200 us each beyond them
+    assert r["excess_us_per_kernel"]["a"] == pytest.approx(200, rel=0.02)

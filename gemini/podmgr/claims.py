@@ -16,12 +16,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
+from gemini.wire.sched import MAX_CLAIM_AHEAD_MS
+
 log = logging.getLogger("gemini.podmgr")
 
 CLAIM_SEQ_BASE = 1 << 62    # claim tokens are numbered apart from gem-schd's slots
-# How far before its request an early claim's launches may be charged: the hook launches at most
-# GEMINI_EARLY_CLAIM_MS (2 ms) ahead of its answer; more is not believed (it would only charge its own group).
-MAX_AHEAD_S = 0.005
 
 
 class ClaimBoard(Protocol):
@@ -75,13 +74,13 @@ class ClaimBroker:
                 ahead: float = 0.0) -> tuple[int, int, list[tuple[float, float, float, float]]]:
         """A hook asks: (token_seq, quota_ns) of the claim it joins, and the claims that ended
         (start, end, measured use in ms, ahead in ms). `ahead` (s): the hook launched this long before its request
-        came (an early claim): a claim it opens is charged from then (at most MAX_AHEAD_S back, never into the claim
-        before), but only its time on the board pauses -- and credits -- the others."""
+        came (an early claim): a claim it opens is charged from then (at most MAX_CLAIM_AHEAD_MS back, never into
+        the claim before), but only its time on the board pauses -- and credits -- the others."""
         ended = self.expire(now)
         c = self.current
         if c is None:
             assert self.board is not None
-            ahead = min(max(0.0, ahead), MAX_AHEAD_S, max(0.0, now - self._last_end)) if ahead == ahead else 0.0
+            ahead = min(max(0.0, ahead), MAX_CLAIM_AHEAD_MS / 1000.0, max(0.0, now - self._last_end))
             c = self.current = Claim(self._next_seq, now, now + self.max_claim_s, ahead=ahead)
             self._next_seq += 1
             self.claims += 1

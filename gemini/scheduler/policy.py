@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
 
 from gemini.config import Config, GroupConfig
-from gemini.wire.sched import ERR_UNKNOWN_GROUP
+from gemini.wire.sched import ERR_UNKNOWN_GROUP, MAX_CLAIM_AHEAD_MS
 
 EPS = 1e-6  # ms; tolerance of eligibility tests against float rounding
 
@@ -60,7 +60,6 @@ DEFAULT_MAX_CLAIM_MS = 20.0
 DEFAULT_CONTINUE_LEAD_MS = 2.0
 MAX_CREDIT_FRACTION = 0.15
 CLAIM_MIN_CHARGE = 0.25     # a claim is charged at least this part of its span
-MAX_CLAIM_AHEAD_MS = 5.0    # an early claim's launches before its span: believed up to this (hooks: 2 ms)
 
 
 # --- decisions --------------------------------------------------------------------------------------------------

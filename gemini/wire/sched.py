@@ -66,8 +66,13 @@ class ClaimReport:
     end_s: float
     used_ms: float = 0.0        # GPU time its processes measured in it (0: not measured)
     # an early claim: its processes launched this long before start_s, when the claim was not yet on the board
-    # (charged to the group, credited to no one: the others were not paused then)
+    # (charged to the group, credited to no one: the others were not paused then); at most MAX_CLAIM_AHEAD_MS
     ahead_ms: float = 0.0
+
+
+# The most of an early claim's time ahead that either side believes: hooks launch at most GEMINI_EARLY_CLAIM_MS (2 ms)
+# ahead of their answer. The pod manager clamps what its hooks say, gem-schd what a pod manager says.
+MAX_CLAIM_AHEAD_MS = 5.0
 
 
 @dataclass(frozen=True)
