@@ -305,7 +305,7 @@ static void report_failure(struct gem_gate *g, int rc, const struct gem_msg *rep
         GEM_LOG(GEM_LOG_ERROR, "GPU %d: the pod manager refused the token request: %.*s", g->dev->ordinal,
                 GEM_ERRMSG_LEN, reply->u.error.message);
     else if (rc == GEM_CALL_TIMEOUT)
-        GEM_LOG(GEM_LOG_ERROR, "GPU %d: no token from the pod manager at %s after %.0f s "
+        GEM_LOG(GEM_LOG_ERROR, "GPU %d: no token from the pod manager at %s after %.3g s "
                 "(GEMINI_TOKEN_TIMEOUT_MS); failing this launch", g->dev->ordinal, g->dev->conn.where,
                 (double)gem_cfg.token_timeout_ns / 1e9);
 }

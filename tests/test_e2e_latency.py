@@ -334,3 +334,31 @@ def test_one_gpus_silent_pod_manager_does_not_hold_up_early_claims_on_another(tm
     assert len(during[1]) < len(during[0]) / 4, {d: len(v) for d, v in during.items()}
     edges = [stopped] + during[0] + [resumed]
     assert max(b - a for a, b in zip(edges, edges[1:])) < 150e6, (len(during[0]), st)
+
+
+def test_a_failed_early_claim_is_the_waiting_launchs_failure(tmp_path, hook_lib, backends):
+    """The claimer's early request times out (its pod manager is stopped) while a launch waits for its answer:
+    that launch fails with it, after one token timeout. Asking again from the launch would wait a second
+    timeout before the program hears of the problem (and log it twice)."""
+    sim = Sim(tmp_path / "sim", hook_lib)
+    # MinUtil 1: the claim budget never runs out, so every request after the first is an early claim's
+    be = backends([Group("g", 1.0, 1.0, sched_class="latency")], quota_ms=20, min_quota_ms=5, window_ms=1000)
+    timeout_ms = 700
+    # back-to-back bursts: the claim runs out every 20 ms and the next request goes early; the first failed
+    # launch ends the program (exit 1)
+    proc = start(client_argv("workload-linked", "--kernel-us", 500, "--json", "--seconds", 20, "--sync-every", 2),
+                 sim.hooked(be, "g", GEMINI_TOKEN_TIMEOUT_MS=timeout_ms))
+    time.sleep(1.0)
+    pmgr = be.daemon_pids()["g"]
+    os.kill(pmgr, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        r = finish(proc, timeout=30)
+        ended = time.monotonic()
+    finally:
+        os.kill(pmgr, signal.SIGCONT)
+    assert r.rc == 1, r
+    assert "cuLaunchKernel failed: 802 CUDA_ERROR_SYSTEM_NOT_READY" in r.err, r.err[-2000:]
+    assert r.err.count("no token from the pod manager") == 1, r.err[-2000:]
+    # the claimer's request went out within a claim (20 ms) of the stop; the launch failed when it timed out
+    assert ended - stopped < timeout_ms / 1000 * 1.6, (ended - stopped, r.err[-2000:])
