@@ -41,8 +41,9 @@ it no longer decides anything.
 """
 from __future__ import annotations
 
+import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
 
@@ -273,6 +274,9 @@ class _Group:
     claim_allowed: bool = False
     claims: int = 0
     claim_ms: float = 0.0
+    # bookkeeping of the policy's incremental indexes (see Policy._index_groups)
+    order: int = 0                      # its place in the config: the order of Policy._groups
+    wstamp: int = 0                     # its live entry in Policy._wheap (older entries are stale)
 
 
 def fair_targets(caps: dict[str, float], floors: Optional[dict[str, float]] = None) -> dict[str, float]:
@@ -362,8 +366,36 @@ class Policy:
         self._last_now = self.start_ms
         self._targets_key: Optional[frozenset] = None
         self._targets: dict[str, float] = {}
+        # Incremental indexes, so that a decision's cost grows with the groups its events touch, not with all
+        # the groups (issue 14; bench/bench_policy_cost.py). Each mirrors a scan the policy used to make:
+        # - the waiting groups, in the order they began waiting, and a heap of them keyed as _choose orders them,
+        #   (vtime, False, arrival, name, stamp): an entry is live while its stamp is its group's `wstamp`
+        #   (a charge re-keys a waiting group by pushing a new entry; stale ones are dropped when met);
+        self._waiting: dict[str, _Group] = {}
+        self._wheap: list[tuple[float, bool, float, str, int]] = []
+        self._stamp = 0
+        # - the active set (_active_names): `_recent` holds the groups with last_active >= `_since` (= the last time
+        #   asked about - active_ms) in increasing last_active (raising it moves a group to the end: it is then
+        #   the newest); `_expired` the groups that fell off its front, oldest first (with the last_active they
+        #   fell off with: stale entries are skipped), so that a question about an earlier time (a continuation
+        #   is decided at its deadline, which a late tick has passed) takes them back from the end. `_active` is
+        #   the set itself; `_key_diff` counts the groups whose membership differs from `_targets_key`, so the
+        #   targets are recomputed only when the set really changed;
+        self._incremental_active = math.isfinite(self.active_ms)
+        self._recent: OrderedDict[str, _Group] = OrderedDict()
+        self._expired: list[tuple[float, str, _Group]] = []
+        self._since = -math.inf
+        self._active: set[str] = set()
+        self._key_diff = 0
+        # - the groups of a class, in config order (rebuilt at a reload): latency groups (claim rights), capped
+        #   groups with free slots and with aligned slots (_before_overflow, _choose's aligned pass).
+        self._next_order = 0
+        self._latency: dict[str, _Group] = {}
+        self._capped: dict[str, _Group] = {}
+        self._aligned: dict[str, _Group] = {}
         for gc in config.groups:
             self._groups[gc.name] = self._new_group(gc, self.start_ms)
+        self._index_groups()
 
     # --- public API ---------------------------------------------------------------------------------------------
 
@@ -384,7 +416,7 @@ class Policy:
         return list(self._groups)
 
     def waiting(self) -> list[str]:
-        return [n for n, g in self._groups.items() if g.waiting is not None]
+        return sorted(self._waiting, key=lambda n: self._groups[n].order)
 
     def others_grantable(self, now: float) -> bool:
         """Could a group other than the holder be granted at `now` (it waits, and its cap and any swap pacing
@@ -392,8 +424,8 @@ class Policy:
         their burst ends rather than keep it idle through the idle release. Stops at the first such group."""
         now = self._now(now)
         holder = self._holder.group if self._holder is not None else None
-        for name, g in self._groups.items():
-            if name != holder and g.waiting is not None and self._quota(g, now) is not None:
+        for name, g in self._waiting.items():
+            if name != holder and self._quota(g, now) is not None:
                 return True
         return False
 
@@ -430,7 +462,7 @@ class Policy:
             self._apply_used(group, used_ms, now)
         burst = burst_ms if (math.isfinite(burst_ms) and burst_ms > 0) else 0.0
         if g.waiting is None:
-            g.waiting = _Waiting(now, burst)
+            self._set_waiting(group, g, _Waiting(now, burst))
             self._activate(g, now)
         else:  # a re-sent request (e.g. after a pod manager re-registered): keep its place in the queue
             g.waiting.burst = burst
@@ -467,8 +499,8 @@ class Policy:
         (a continuation would keep its hooks launching without ever meeting the new pod manager)."""
         now = self._now(now)
         g = self._groups.get(group)
-        if g is not None:
-            g.waiting = None
+        if g is not None and g.waiting is not None:
+            self._clear_waiting(group, g)
         h = self._holder
         if h is not None and h.group == group:
             h.decided = True
@@ -540,9 +572,8 @@ class Policy:
         claim rights back."""
         now = self._now(now)
         out: list[Decision] = []
-        for g in self._groups.values():
-            if g.cfg.latency:
-                out += self._update_claim_right(g, now)
+        for g in self._latency.values():
+            out += self._update_claim_right(g, now)
         return out + self._schedule(now)
 
     def next_wakeup(self, now: float) -> Optional[float]:
@@ -556,11 +587,12 @@ class Policy:
             else:
                 best = max(now, h.deadline)
         else:
-            for g in self._groups.values():
-                if g.waiting is not None:
-                    best = min(best, self._eligible_at(g, now))
-        for g in self._groups.values():
-            if g.cfg.latency and not g.claim_allowed and g.claim_bucket is not None:
+            # (only while the GPU is idle: every waiting group is held back by its cap or swap pacing; in config
+            # order, as min keeps the first of equal values)
+            for name in self.waiting():
+                best = min(best, self._eligible_at(self._groups[name], now))
+        for g in self._latency.values():
+            if not g.claim_allowed and g.claim_bucket is not None:
                 best = min(best, g.claim_bucket.time_to_reach(self._claim_regrant_level(), now))
         return None if best == math.inf else best
 
@@ -573,6 +605,7 @@ class Policy:
         for name in list(self._groups):
             if name not in new_names:
                 g = self._groups.pop(name)
+                self._forget(name)
                 if g.waiting is not None:
                     out.append(RefuseDecision(name, ERR_UNKNOWN_GROUP,
                                               f"group {name!r} was removed from {config.path}"))
@@ -600,7 +633,7 @@ class Policy:
                 old.claim_bucket, old.claim_allowed = None, False
                 out.append(ClaimRightDecision(gc.name, False, self.max_claim_ms))
         self.config = config
-        self._targets_key = None
+        self._index_groups()
         out.extend(self._schedule(now))
         return out
 
@@ -673,7 +706,8 @@ class Policy:
         return RefuseDecision(group, ERR_UNKNOWN_GROUP, f"group {group!r} is not in {self.config.path}")
 
     def _new_group(self, gc: GroupConfig, now: float) -> _Group:
-        g = _Group(gc, self._retune_bucket(None, gc.max_util, now))
+        g = _Group(gc, self._retune_bucket(None, gc.max_util, now), order=self._next_order)
+        self._next_order += 1
         if gc.latency:
             g.claim_bucket = _Bucket(gc.min_util, self.claim_burst_ms, now)
             g.claim_allowed = self._claim_ok(g, now)
@@ -698,14 +732,9 @@ class Policy:
             floor = self._min_active_vtime(now, exclude=g)
             if floor is not None and g.vtime < floor:
                 g.vtime = floor
-            self._targets_key = None
-        g.last_active = now
-
-    def _is_active(self, name: str, g: _Group, now: float) -> bool:
-        """Waiting, holding, or used the GPU in the last active_ms (_active_names: the same rule for all groups)."""
-        h = self._holder
-        return (g.waiting is not None or (h is not None and h.group == name)
-                or g.last_active >= now - self.active_ms)
+                self._rekey(g)
+            self._invalidate_targets()
+        self._touch(g, now)
 
     def _vtime_now(self, name: str, g: _Group, now: float) -> float:
         """The group's virtual time as of now: the holder's includes only the part of its slot that has run."""
@@ -716,25 +745,138 @@ class Policy:
         return g.vtime
 
     def _min_active_vtime(self, now: float, exclude: Optional[_Group] = None) -> Optional[float]:
-        values = [self._vtime_now(n, g, now) for n, g in self._groups.items()
-                  if g is not exclude and self._is_active(n, g, now)]
+        # (only when a group comes back after active_ms idle: it costs one pass over the active groups, in config
+        # order, as min keeps the first of equal values)
+        groups = self._groups
+        values = [self._vtime_now(n, groups[n], now) for n in self._in_order(self._active_names(now))
+                  if groups[n] is not exclude]
         return min(values) if values else None
 
-    def _active_names(self, now: float) -> frozenset:
-        """The groups _is_active says are active, in one pass without a call per group (a decision's per-group
-        cost is most of its cost at 64 groups: bench/bench_policy_cost.py)."""
-        h = self._holder
-        holder = h.group if h is not None else None
+    def _in_order(self, names: Iterable[str]) -> list[str]:
+        """Names of groups in config order (the order of self._groups)."""
+        return sorted(names, key=lambda n: self._groups[n].order)
+
+    def _active_names(self, now: float) -> Union[set[str], frozenset[str]]:
+        """The groups active at `now`: waiting, holding (by name), or used the GPU in the last active_ms
+        (last_active >= now - active_ms). The set itself: do not change it. Kept up to date by the events that
+        change it (_refresh) and moved to `now` here: the cost grows with the groups that crossed the active_ms
+        line since the last question, not with all the groups."""
+        if not self._incremental_active:        # active_ms inf or nan: no line to keep groups in order by
+            h = self._holder
+            holder = h.group if h is not None else None
+            since = now - self.active_ms
+            return frozenset(n for n, g in self._groups.items()
+                             if g.waiting is not None or n == holder or g.last_active >= since)
         since = now - self.active_ms
-        return frozenset(n for n, g in self._groups.items()
-                         if g.waiting is not None or n == holder or g.last_active >= since)
+        if since > self._since:
+            recent = self._recent
+            while recent:
+                name = next(iter(recent))
+                g = recent[name]
+                if g.last_active >= since:
+                    break
+                del recent[name]
+                self._expired.append((g.last_active, name, g))
+                self._refresh(name, g)
+        elif since < self._since:
+            expired = self._expired
+            while expired and expired[-1][0] >= since:
+                last_active, name, g = expired.pop()
+                if self._groups.get(name) is g and g.last_active == last_active and name not in self._recent:
+                    self._recent[name] = g
+                    self._recent.move_to_end(name, last=False)
+                    self._refresh(name, g)
+        self._since = since
+        return self._active
+
+    def _touch(self, g: _Group, now: float) -> None:
+        """The group used the GPU (or asked) at `now`: raise its last_active, keeping _recent in its order."""
+        if now <= g.last_active:
+            return
+        g.last_active = now
+        name = g.cfg.name
+        # now is the latest time the policy has seen: the group is the newest of all
+        if now >= self._since:
+            self._recent[name] = g
+            self._recent.move_to_end(name)
+        else:                                   # (the last question was about a later time: a deadline)
+            self._recent.pop(name, None)
+            self._expired.append((now, name, g))
+            if len(self._expired) > 2 * len(self._groups) + 64:
+                self._expired = [e for e in self._expired if self._groups.get(e[1]) is e[2]
+                                 and e[2].last_active == e[0] and e[1] not in self._recent]
+        self._refresh(name, g)
+
+    def _refresh(self, name: str, g: _Group) -> None:
+        """Re-decide one group's membership of the active set after an event changed what _active_names reads."""
+        h = self._holder
+        active = g.waiting is not None or (h is not None and h.group == name) or name in self._recent
+        if active == (name in self._active):
+            return
+        if active:
+            self._active.add(name)
+        else:
+            self._active.discard(name)
+        if self._targets_key is not None:
+            self._key_diff += 1 if active != (name in self._targets_key) else -1
+
+    def _set_waiting(self, name: str, g: _Group, w: _Waiting) -> None:
+        g.waiting = w
+        self._waiting[name] = g
+        self._rekey(g)
+        self._refresh(name, g)
+
+    def _clear_waiting(self, name: str, g: _Group) -> None:
+        g.waiting = None
+        del self._waiting[name]
+        self._refresh(name, g)
+
+    def _rekey(self, g: _Group) -> None:
+        """A waiting group's place in _choose's order (its virtual time, or its request) changed."""
+        if g.waiting is None:
+            return
+        self._stamp += 1
+        g.wstamp = self._stamp
+        heapq.heappush(self._wheap, (g.vtime, False, g.waiting.arrival, g.cfg.name, self._stamp))
+        if len(self._wheap) > 2 * len(self._waiting) + 64:
+            self._wheap = [e for e in self._wheap if self._live(e)]
+            heapq.heapify(self._wheap)
+
+    def _live(self, entry: tuple[float, bool, float, str, int]) -> bool:
+        g = self._groups.get(entry[3])
+        return g is not None and g.waiting is not None and g.wstamp == entry[4]
+
+    def _forget(self, name: str) -> None:
+        """A reload removed the group: out of the indexes (its heap and _expired entries go stale)."""
+        self._waiting.pop(name, None)
+        self._recent.pop(name, None)
+        self._active.discard(name)
+
+    def _index_groups(self) -> None:
+        """After the groups or their settings changed (start, reload): the groups of each class, each group's
+        membership of the active set (a new group may have the holder's name), and the targets."""
+        self._latency = {n: g for n, g in self._groups.items() if g.cfg.latency}
+        self._capped = {n: g for n, g in self._groups.items() if g.bucket is not None and not g.cfg.aligned}
+        self._aligned = {n: g for n, g in self._groups.items() if g.bucket is not None and g.cfg.aligned}
+        for name, g in self._groups.items():
+            self._refresh(name, g)
+        self._invalidate_targets()
+
+    def _invalidate_targets(self) -> None:
+        self._targets_key = None
+        self._key_diff = 0
 
     def _current_targets(self, now: float) -> dict[str, float]:
-        active = self._active_names(now)
+        names = self._active_names(now)
+        if self._targets_key is not None and self._key_diff == 0 and self._incremental_active:
+            return self._targets            # the same set as when they were computed
+        # The set is built in config order, as it always was: fair_targets adds the shares in its order.
+        active = frozenset(self._in_order(names))
         if active != self._targets_key:
             self._targets_key = active
             self._targets = fair_targets({n: self._groups[n].cfg.max_util for n in active},
                                          {n: self._groups[n].cfg.min_util for n in active})
+        self._key_diff = 0
         return self._targets
 
     def _weight(self, name: str, now: float) -> float:
@@ -745,6 +887,7 @@ class Policy:
         if g.bucket is not None:
             g.bucket.add(ms, now)
         g.vtime += ms / self._weight(g.cfg.name, now)
+        self._rekey(g)
 
     # --- internals: slots ----------------------------------------------------------------------------------------
 
@@ -773,6 +916,8 @@ class Policy:
         h = self._holder
         assert h is not None
         self._holder = None
+        if h.group in self._groups:
+            self._refresh(h.group, self._groups[h.group])
         end = min(max(now if at is None else at, h.start), h.deadline)
         span = end - h.start
         # The previous holder's overrun shared the start of this slot; half of it is charged to that holder.
@@ -791,8 +936,9 @@ class Policy:
             if g.bucket is not None:
                 g.bucket.add(charge - h.reserved, now)
             g.vtime += (charge - h.reserved) / h.reserved_weight
+            self._rekey(g)
             g.usage.add(h.start, end, charge)
-            g.last_active = max(g.last_active, now)
+            self._touch(g, now)
         self._past.append(_Past(h.group, h.token_seq, h.start, end, charge, used=used, head_shared=head))
         self._prune(now)
         return [SlotEndDecision(h.group, h.token_seq, h.quota, h.start, end, h.wait_ms, reason)]
@@ -955,37 +1101,53 @@ class Policy:
         """Who gets the slot that starts at `at`, and its quota: among the eligible waiting groups (and the
         holder, when deciding a continuation), the least virtual time; a tie goes to a waiting group (the
         holder's virtual time already counts the slot it holds), then to the one that has waited longest."""
-        # Cheap keys first, the quota (bucket arithmetic) only as far down the order as needed: a decision
-        # costs a sort of the waiting groups, not a quota per group (bench/bench_policy_cost.py).
-        cands: list[tuple[tuple, _Group]] = [((g.vtime, False, g.waiting.arrival, name), g)
-                                             for name, g in self._groups.items()
-                                             if g.waiting is not None and name != holder]
+        # Cheap keys first, the quota (bucket arithmetic) only as far down the order as needed: the waiting
+        # groups are kept in a heap in this order (_rekey), so a decision pops the ineligible ones at its top
+        # (they go back after) and looks at no other group (bench/bench_policy_cost.py).
         hg = self._groups.get(holder) if holder is not None else None
-        if hg is not None:
-            cands.append(((hg.vtime, True, math.inf, holder), hg))
-        if not cands:
-            return None
+        hkey = (hg.vtime, True, math.inf, holder) if hg is not None else None
+        heap = self._wheap
+        popped: list[tuple[float, bool, float, str, int]] = []
         best: Optional[tuple[tuple, str, float]] = None
-        # Usually the least key is eligible: one pass (min) instead of a sort. (Keys are unique by name, so the
-        # groups themselves are never compared.)
-        first = min(cands)
-        quota = self._quota(first[1], at)
-        if quota is not None:
-            best = (first[0], first[0][3], quota)
-        else:
-            cands.sort()
-            for key, g in cands:
+        pending = hkey          # the holder's place in the order, until it is passed
+        try:
+            while True:
+                while heap and not self._live(heap[0]):
+                    heapq.heappop(heap)             # stale: re-keyed since, granted or gone
+                if pending is not None and (not heap or pending < heap[0][:4]):
+                    key: tuple = pending
+                    pending = None
+                    g = hg
+                elif heap:
+                    entry = heapq.heappop(heap)
+                    popped.append(entry)
+                    if entry[3] == holder:
+                        continue                    # it waits for its next slot: it competes as the holder
+                    key = entry[:4]
+                    g = self._groups[entry[3]]
+                else:
+                    break
+                assert g is not None
                 quota = self._quota(g, at)
                 if quota is not None:
                     best = (key, key[3], quota)
                     break
+        finally:
+            for entry in popped:
+                heapq.heappush(heap, entry)
         if best is None:
             return None
+        if not self._aligned:
+            return best[1], best[2]
         least = best[0][0]
         # An aligned group inside its window goes first (its peers on the other GPUs run now), unless it is
         # more than two windows ahead in virtual time: then the others' floors come first.
-        aligned = sorted(c for c in cands if c[1].cfg.aligned and c[1].bucket is not None)
-        for key, g in aligned:
+        cands: list[tuple[tuple, _Group]] = [((g.vtime, False, g.waiting.arrival, name), g)
+                                             for name, g in self._aligned.items()
+                                             if g.waiting is not None and name != holder]
+        if hg is not None and hkey is not None and hg.cfg.aligned and hg.bucket is not None:
+            cands.append((hkey, hg))
+        for key, g in sorted(cands):
             name = key[3]
             if g.vtime > least + 2 * self._grid(g)[1] / self._weight(name, at) + EPS:
                 continue
@@ -1017,7 +1179,7 @@ class Policy:
         g = self._groups[name]
         assert g.waiting is not None
         wait = now - g.waiting.arrival
-        g.waiting = None
+        self._clear_waiting(name, g)
         out.append(self._grant(name, g, quota, now, wait))
         return out
 
@@ -1053,22 +1215,33 @@ class Policy:
         limit = quota
         window = math.inf
         active = self._active_names(start)
-        for other, g in self._groups.items():
-            if other == name or g.bucket is None or g.cfg.max_util <= 0 or other not in active:
+        for other, g in self._aligned.items():
+            if other == name or g.cfg.max_util <= 0 or other not in active:
                 continue
-            if g.cfg.aligned:
-                # the next window of an aligned group that is waiting or ran within the last period (a busy one
-                # asks again just after its slot): the holder makes way exactly at its start (the group's peers on
-                # the other GPUs start then), even if that leaves it less than a useful slot
-                period, _ = self._grid(g)
-                if g.waiting is not None or start - g.last_active <= period:
-                    window = min(window, period - (start + self.clock_origin_ms) % period)
+            # the next window of an aligned group that is waiting or ran within the last period (a busy one
+            # asks again just after its slot): the holder makes way exactly at its start (the group's peers on
+            # the other GPUs start then), even if that leaves it less than a useful slot
+            period, _ = self._grid(g)
+            if g.waiting is not None or start - g.last_active <= period:
+                window = min(window, period - (start + self.clock_origin_ms) % period)
+        useful = min(quota, self.min_quota_ms)
+        # The capped groups that are active: walk the smaller of the two sets. Once the limit is down to a useful
+        # slot the others cannot change the answer, so the walk stops there (a waiting group whose bucket is full
+        # already, the usual case when many groups are busy, ends it at once).
+        capped = self._capped
+        walk: Iterable[tuple[str, Optional[_Group]]] = (
+            ((n, capped.get(n)) for n in active) if len(active) < len(capped) else capped.items())
+        for other, cg in walk:
+            if cg is None or other == name or cg.cfg.max_util <= 0 or other not in active:
                 continue
-            full = g.bucket.time_to_reach(g.bucket.depth, start)
-            if full <= start + EPS and g.waiting is None:
+            assert cg.bucket is not None
+            full = cg.bucket.time_to_reach(cg.bucket.depth, start)
+            if full <= start + EPS and cg.waiting is None:
                 continue        # full already and not asking: it has nothing to lose by waiting (idle now)
             limit = min(limit, full - start)
-        return min(max(min(quota, self.min_quota_ms), limit), max(window, EPS))
+            if limit <= useful:
+                break
+        return min(max(useful, limit), max(window, EPS))
 
     def _grant(self, name: str, g: _Group, quota: float, now: float, wait: float, start: Optional[float] = None,
                prev_seq: int = 0) -> GrantDecision:
@@ -1077,11 +1250,12 @@ class Policy:
         self._seq += 1
         g.grants += 1
         g.last_quota = quota
-        g.last_active = max(g.last_active, now)
+        self._touch(g, now)
         weight = self._weight(name, now)
         self._charge(g, quota, now)                       # reserved; settled when the slot ends
         self._holder = _Slot(name, self._seq, start, quota, wait, reserved=quota, reserved_weight=weight,
                              prev_seq=prev_seq)
+        self._refresh(name, g)
         return GrantDecision(name, quota, self._seq, start, bool(prev_seq), prev_seq, wait)
 
     # --- internals: claims ----------------------------------------------------------------------------------------
