@@ -9,7 +9,9 @@ and the ceiling in slots/s at 2, 16, 64 and 256 groups on one core. This drives 
 (MaxUtil 0.05), a quarter with a floor, the rest plain. At each deadline the daemon calls `tick`; the holder's
 pod manager then asks again (its clients still have work) -- both are timed together as one decision, as gem-schd
 makes them on one event-loop turn, each followed by `others_grantable` (what gem-schd then writes on the board).
-The process is pinned to one CPU (`--cpu`) when the OS allows it.
+The process is pinned to one CPU (`--cpu`) when the OS allows it. The policy's work per decision should not
+grow with the number of groups here (docs/architecture.md, "A decision's cost"; tests/test_policy_scale.py
+counts it): what does is the interpreter's, not the policy's.
 
 The ceiling (slots/s) is 1 / mean decision time: what one core could sustain with nothing else to do, so it
 leaves out the messaging (pyzmq, JSON) that the scale benchmark (bench/bench_scale.py) includes.

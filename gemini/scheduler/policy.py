@@ -776,7 +776,7 @@ class Policy:
                 if g.last_active >= since:
                     break
                 del recent[name]
-                self._expired.append((g.last_active, name, g))
+                self._push_expired(g.last_active, name, g)
                 self._refresh(name, g)
         elif since < self._since:
             expired = self._expired
@@ -801,11 +801,17 @@ class Policy:
             self._recent.move_to_end(name)
         else:                                   # (the last question was about a later time: a deadline)
             self._recent.pop(name, None)
-            self._expired.append((now, name, g))
-            if len(self._expired) > 2 * len(self._groups) + 64:
-                self._expired = [e for e in self._expired if self._groups.get(e[1]) is e[2]
-                                 and e[2].last_active == e[0] and e[1] not in self._recent]
+            self._push_expired(now, name, g)
         self._refresh(name, g)
+
+    def _push_expired(self, last_active: float, name: str, g: _Group) -> None:
+        """Put a group on top of _expired (its last_active is at least any there). The stale entries (groups
+        back in _recent or used since) are dropped once they could outnumber the groups, so the list stays short
+        in a daemon that runs for months."""
+        self._expired.append((last_active, name, g))
+        if len(self._expired) > 2 * len(self._groups) + 64:
+            self._expired = [e for e in self._expired if self._groups.get(e[1]) is e[2]
+                             and e[2].last_active == e[0] and e[1] not in self._recent]
 
     def _refresh(self, name: str, g: _Group) -> None:
         """Re-decide one group's membership of the active set after an event changed what _active_names reads."""
