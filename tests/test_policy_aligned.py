@@ -90,3 +90,34 @@ def test_an_aligned_group_does_not_take_a_neighbours_floor():
                 use[d.group] += d.end_ms - d.start_ms
                 pol.request(d.group, now=now)
     assert use["f"] / now >= 0.79, use
+
+
+@pytest.mark.parametrize("paused_first", [True, False])
+def test_a_paused_aligned_group_that_waits_does_not_break_decisions(paused_first):
+    """MaxUtil 0 is a valid setting (the group never runs), with `Slots = aligned` too. Such a group still asks,
+    and its grid (a window every length / MaxUtil) does not exist: the decisions that looked at it divided by
+    zero, and every later decision of the GPU failed with them. A reload to MaxUtil 0 while the group holds
+    the GPU is the same case for its continuation."""
+    cfg = parse_config("[p]\nMaxUtil = 0\nSlots = aligned\n[b]\nMaxUtil = 1\n[c]\nMaxUtil = 0.5\n")
+    pol = Policy(cfg)
+    order = ["p", "b", "c"] if paused_first else ["b", "c", "p"]
+    for name in order:
+        pol.request(name, now=0.0)
+    now, grants = 0.0, {"b": 0, "c": 0, "p": 0}
+    while now < 2000.0:
+        now = max(now, pol.next_wakeup(now) or now + 1.0)
+        for d in pol.tick(now):
+            if isinstance(d, SlotEndDecision):
+                grants[d.group] += 1
+                pol.request(d.group, now=now)
+    assert grants["p"] == 0 and grants["b"] > 5 and grants["c"] > 5, grants
+
+    # the holder's group paused (and aligned) by a reload: it ends its slot, no continuation, no error
+    cfg2 = parse_config("[p]\nMaxUtil = 0\nSlots = aligned\n[b]\nMaxUtil = 0\nSlots = aligned\n[c]\nMaxUtil = 0.5\n")
+    pol.apply_config(cfg2, now)
+    for _ in range(50):
+        now = max(now, pol.next_wakeup(now) or now + 1.0)
+        for d in pol.tick(now):
+            if isinstance(d, SlotEndDecision):
+                pol.request(d.group, now=now)
+    assert pol.holder in (None, "c"), pol.holder

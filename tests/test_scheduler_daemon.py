@@ -413,3 +413,32 @@ def test_a_claim_report_charges_its_time_ahead():
                     break
                 time.sleep(0.05)
             assert row["claims"] == 1 and row["claim_ms"] == pytest.approx(2.4, abs=1e-3), row
+
+
+def test_a_policy_error_at_a_deadline_does_not_stop_the_timer(schd, pmgrs, caplog):
+    """An exception from the policy at a deadline (a bug, or a config it cannot handle: MaxUtil 0 with aligned
+    slots divided by zero) is logged, and the timer is armed again: otherwise no later deadline is decided and
+    every group waits until some message happens to arrive."""
+    policy = schd.daemon.policy
+    real_tick = policy.tick
+    failures = []
+
+    def tick_failing_once(now):
+        if not failures:
+            failures.append(now)
+            raise ZeroDivisionError("float division by zero")
+        return real_tick(now)
+
+    policy.tick = tick_failing_once
+    pa, pb = pmgrs("a"), pmgrs("b")
+    ga = pa.request(TokenRequest("a"))
+    t_a = time.monotonic()
+    assert isinstance(ga, Grant)
+    pb.send(TokenRequest("b"))
+    gb = pb.recv(2.0)           # a's deadline: the first tick fails, the next one grants b
+    waited_ms = (time.monotonic() - t_a) * 1000
+    assert failures, "the failing tick was not reached"
+    assert isinstance(gb, Grant) and gb.group == "b", gb
+    # at a's deadline, not at whatever message comes next (a heartbeat, a second later)
+    assert waited_ms <= QUOTA + 100, waited_ms
+    assert "internal error while deciding at a deadline" in caplog.text

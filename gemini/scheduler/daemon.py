@@ -924,13 +924,13 @@ class SchedulerDaemon:
             return                              # re-armed or cancelled after this one fired
         self._wake_target = None
         now = self.now_ms()
-        decisions = self.policy.tick(now)
-        if target is not None and any(isinstance(d, GrantDecision) for d in decisions):
-            self._lateness.append(now - target)
         try:
+            decisions = self.policy.tick(now)
+            if target is not None and any(isinstance(d, GrantDecision) for d in decisions):
+                self._lateness.append(now - target)
             self._dispatch(decisions, now)
-        except Exception:
-            log.exception("internal error while dispatching decisions")
+        except Exception:  # a bug must not stop the timer: the next deadline would never be decided
+            log.exception("internal error while deciding at a deadline")
         self._arm_timer()
 
     def timer_stats(self) -> dict:

@@ -1155,6 +1155,8 @@ class Policy:
             cands.append((hkey, hg))
         for key, g in sorted(cands):
             name = key[3]
+            if g.cfg.max_util <= 0:
+                continue                # paused (MaxUtil 0): never granted, and it has no grid
             if g.vtime > least + 2 * self._grid(g)[1] / self._weight(name, at) + EPS:
                 continue
             quota = self._quota(g, at)
