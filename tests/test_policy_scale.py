@@ -5,7 +5,8 @@ Counted, not timed, so that a loaded CI machine cannot make it flaky: the lines 
 -- a list of candidates, a scan for the active set, for a grantable waiter, for the capped groups -- runs a line
 per group, so with 2000 groups such a pass shows up a hundred times larger than with 20. The driver is
 bench/bench_policy_cost.py's: every group always busy (a quarter capped, a quarter with a floor), a `tick` at
-each wakeup and the released holder asking again at once, each followed by `others_grantable`.
+each wakeup and the released holder asking again at once, each followed by `others_grantable`, and then
+`next_wakeup` (gem-schd arms its timer after every event).
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ class _LineCounter:
 
 
 def lines_per_decision(groups: int, warmup: int = 300, decisions: int = 200) -> float:
-    """Median lines of policy code per decision (a tick, the released holder's request, others_grantable),
-    after `warmup` untraced decisions."""
+    """Median lines of policy code per decision (a tick, the released holder's request, others_grantable, the
+    next wakeup), after `warmup` untraced decisions."""
     pol = Policy(config(groups))
     now = 0.0
     for g in pol.groups:
@@ -69,6 +70,7 @@ def lines_per_decision(groups: int, warmup: int = 300, decisions: int = 200) -> 
                 if isinstance(d, SlotEndDecision):
                     out += pol.request(d.group, now=now)
                     pol.others_grantable(now)
+            pol.next_wakeup(now)
         finally:
             if traced:
                 counter.__exit__()
