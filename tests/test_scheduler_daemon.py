@@ -442,3 +442,28 @@ def test_a_policy_error_at_a_deadline_does_not_stop_the_timer(schd, pmgrs, caplo
     # at a's deadline, not at whatever message comes next (a heartbeat, a second later)
     assert waited_ms <= QUOTA + 100, waited_ms
     assert "internal error while deciding at a deadline" in caplog.text
+
+
+def test_a_policy_error_that_recurs_is_retried_without_spinning(schd, pmgrs, caplog):
+    """An error at every deadline for half a second: retried every 10 ms (not at once, in a loop that would take
+    the event loop), one traceback logged a second, and the grants come back when the error stops."""
+    policy = schd.daemon.policy
+    real_tick = policy.tick
+    calls = []
+    failing_until = time.monotonic() + 0.5
+
+    def tick_failing(now):
+        if time.monotonic() < failing_until:
+            calls.append(now)
+            raise RuntimeError("a policy bug")
+        return real_tick(now)
+
+    policy.tick = tick_failing
+    pa, pb = pmgrs("a"), pmgrs("b")
+    assert isinstance(pa.request(TokenRequest("a")), Grant)
+    pb.send(TokenRequest("b"))
+    gb = pb.recv(3.0)
+    assert isinstance(gb, Grant) and gb.group == "b", gb
+    # a's deadline comes 60 ms into the half second: about 44 retries of 10 ms, not thousands
+    assert 10 <= len(calls) <= 80, len(calls)
+    assert caplog.text.count("internal error while deciding at a deadline") == 1, caplog.text[-2000:]

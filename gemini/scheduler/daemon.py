@@ -30,6 +30,7 @@ import dataclasses
 import errno
 import ipaddress
 import logging
+import math
 import os
 import threading
 import time
@@ -245,6 +246,7 @@ class SchedulerDaemon:
         self._closed: Optional[asyncio.Event] = None  # created in start(), on the loop
         self._bad_log = _RateLimitedLog()
         self._lateness: collections.deque[float] = collections.deque(maxlen=4096)
+        self._tick_error_logged = -math.inf     # monotonic time of the last logged policy error at a deadline
         self.reloader: Optional[Any] = None   # ConfigReloader, imported lazily
         self.endpoint = ""
         self.observers: list[SchedulerObserver] = []
@@ -930,7 +932,14 @@ class SchedulerDaemon:
                 self._lateness.append(now - target)
             self._dispatch(decisions, now)
         except Exception:  # a bug must not stop the timer: the next deadline would never be decided
-            log.exception("internal error while deciding at a deadline")
+            # Retried 10 ms later, not at once: an error that recurs must not spin the event loop, nor fill the
+            # log (one traceback a second).
+            if time.monotonic() - self._tick_error_logged >= 1.0:
+                self._tick_error_logged = time.monotonic()
+                log.exception("internal error while deciding at a deadline (retried every 10 ms)")
+            assert self._loop is not None
+            self._loop.call_later(0.01, self._arm_timer)
+            return
         self._arm_timer()
 
     def timer_stats(self) -> dict:
