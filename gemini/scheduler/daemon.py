@@ -30,7 +30,6 @@ import dataclasses
 import errno
 import ipaddress
 import logging
-import math
 import os
 import threading
 import time
@@ -155,23 +154,24 @@ def _members(value: list) -> list:
 
 
 class _RateLimitedLog:
-    """At most `per_second` lines a second for one kind of problem; the rest are counted and summarised."""
+    """At most `per_second` lines a second for one kind of problem (`what`); the rest are counted and summarised."""
 
-    def __init__(self, per_second: int = 20):
+    def __init__(self, per_second: int = 20, what: str = "bad frames"):
         self.per_second = per_second
+        self.what = what
         self.window_start = 0.0
         self.count = 0
         self.suppressed = 0
 
-    def __call__(self, level: int, fmt: str, *args) -> None:
+    def __call__(self, level: int, fmt: str, *args, exc_info: bool = False) -> None:
         now = time.monotonic()
         if now - self.window_start >= 1.0:
             if self.suppressed:
-                log.warning("... %d more bad frames in the last second were not logged", self.suppressed)
+                log.warning("... %d more %s in the last second were not logged", self.suppressed, self.what)
             self.window_start, self.count, self.suppressed = now, 0, 0
         if self.count < self.per_second:
             self.count += 1
-            log.log(level, fmt, *args)
+            log.log(level, fmt, *args, exc_info=exc_info)
         else:
             self.suppressed += 1
 
@@ -246,7 +246,7 @@ class SchedulerDaemon:
         self._closed: Optional[asyncio.Event] = None  # created in start(), on the loop
         self._bad_log = _RateLimitedLog()
         self._lateness: collections.deque[float] = collections.deque(maxlen=4096)
-        self._tick_error_logged = -math.inf     # monotonic time of the last logged policy error at a deadline
+        self._tick_error_log = _RateLimitedLog(per_second=1, what="policy errors at a deadline")
         self.reloader: Optional[Any] = None   # ConfigReloader, imported lazily
         self.endpoint = ""
         self.observers: list[SchedulerObserver] = []
@@ -934,9 +934,8 @@ class SchedulerDaemon:
         except Exception:  # a bug must not stop the timer: the next deadline would never be decided
             # Retried 10 ms later, not at once: an error that recurs must not spin the event loop, nor fill the
             # log (one traceback a second).
-            if time.monotonic() - self._tick_error_logged >= 1.0:
-                self._tick_error_logged = time.monotonic()
-                log.exception("internal error while deciding at a deadline (retried every 10 ms)")
+            self._tick_error_log(logging.ERROR, "internal error while deciding at a deadline (retried every 10 ms)",
+                                 exc_info=True)
             assert self._loop is not None
             self._loop.call_later(0.01, self._arm_timer)
             return
