@@ -13,7 +13,11 @@ one session:
    then each inference workload in group `infer` (MinUtil 0.5) with `Class = batch` and with
    `Class = latency`, alternating, the class switched by a live config edit while the trainer runs;
 3. with --latency-variants, each variant of the hooks' settings (GEMINI_INFLIGHT_MS, GEMINI_CLAIM_IDLE_MS, ...)
-   with a fresh trainer: its rate beside the idle latency group, then each workload served as `Class = latency`.
+   with a fresh trainer: its rate beside the idle latency group, then each workload served as `Class = latency`;
+4. with --idle-then-busy BUSY:IDLE, each workload once more alone, next to the native trainer and as
+   `Class = latency` next to the hooked one, its requests arriving for BUSY s and then pausing for IDLE s: the
+   requests in the first 0.5 s after each pause (cases `*-itb`, serve.py's `after_idle`) are those of a serving
+   group that comes back from idle while the trainer had the GPU to itself.
 
 Every run records the inference p50 / p99 / p99.9 and the trainer's steps/s over the same span (from its
 progress lines). Ratios: inference p99 against its best alone p99 (the native one, measured in the same session
@@ -103,6 +107,10 @@ def main(argv=None) -> int:
     p.add_argument("--min-util", type=float, default=0.5)
     p.add_argument("--alone-seconds", type=float, default=8, help="the trainer's rate alone is measured this long")
     p.add_argument("--gemini-only", action="store_true", help="skip the native phase")
+    p.add_argument("--idle-then-busy", default="", metavar="BUSY:IDLE",
+                   help="also serve each workload with pauses: BUSY s of requests, IDLE s of none (e.g. 2:3)")
+    p.add_argument("--idle-then-busy-seconds", type=float, default=30,
+                   help="length of each --idle-then-busy run (pauses included)")
     p.add_argument("--latency-variants", default="",
                    help="NAME:VAR=V,VAR=V;... after the gemini phase, for each: a fresh trainer and server with these "
                         "GEMINI_* settings in their environment, `Class = latency` (e.g. "
@@ -121,19 +129,25 @@ def main(argv=None) -> int:
     out: dict = {"seconds": args.seconds, "repeats": args.repeats, "trainer": args.trainer,
                  "min_util": args.min_util, "runs": []}
 
-    def serve(model, arrival, rate, run_env, seconds=None):
-        argv = [sys.executable, str(WORKLOADS / "serve.py"), model, arrival, rate, str(seconds or args.seconds)]
-        proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=args.seconds + 300)
+    gaps = ["--idle-gaps", args.idle_then_busy] if args.idle_then_busy else []
+    itb_seconds = args.idle_then_busy_seconds
+
+    def serve(model, arrival, rate, run_env, seconds=None, extra=()):
+        argv = [sys.executable, str(WORKLOADS / "serve.py"), model, arrival, rate, str(seconds or args.seconds),
+                *extra]
+        proc = subprocess.run(argv, env=run_env, capture_output=True, text=True,
+                              timeout=(seconds or args.seconds) + 300)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)}: {proc.stderr[-2000:]}")
         return last_json(proc.stdout)
 
-    def serve_in(be, w, run_env):
+    def serve_in(be, w, run_env, extra=(), seconds=None):
         """The inference workload in group `infer`, through launch-command."""
         model, arrival, rate = w
         argv = be.command("infer", [sys.executable, str(WORKLOADS / "serve.py"), model, arrival, rate,
-                                    str(args.seconds)])
-        proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=args.seconds + 300)
+                                    str(seconds or args.seconds), *extra])
+        proc = subprocess.run(argv, env=run_env, capture_output=True, text=True,
+                              timeout=(seconds or args.seconds) + 300)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)}: {proc.stderr[-2000:]}")
         return last_json(proc.stdout)
@@ -141,6 +155,8 @@ def main(argv=None) -> int:
     def record(case, w, res, trainer=None):
         row = {"case": case, "workload": ":".join(w), **{k: res[k] for k in ("p50_ms", "p99_ms", "p999_ms",
                                                                              "mean_ms", "requests", "late")}}
+        if "after_idle" in res:
+            row["after_idle"] = res["after_idle"]
         if trainer is not None:
             row["train_steps_per_s"] = trainer.rate(res["t0"], res["t1"])
         out["runs"].append(row)
@@ -152,6 +168,8 @@ def main(argv=None) -> int:
         for _ in range(args.repeats):
             for w in workloads:
                 record("alone", w, serve(*w, env))
+        for w in workloads if gaps else ():
+            record("alone-itb", w, serve(*w, env, seconds=itb_seconds, extra=gaps))
         trainer = Trainer(train_argv, env)
         try:
             trainer.wait_ready()
@@ -159,6 +177,8 @@ def main(argv=None) -> int:
             for _ in range(args.repeats):
                 for w in workloads:
                     record("native", w, serve(*w, env), trainer)
+            for w in workloads if gaps else ():
+                record("native-itb", w, serve(*w, env, seconds=itb_seconds, extra=gaps), trainer)
         finally:
             trainer.stop()
 
@@ -192,6 +212,11 @@ def main(argv=None) -> int:
                         write_config(cls)
                         time.sleep(0.5)       # the edit is in force (gem-schd reloads within ~10 ms)
                         record(f"gemini-{cls}", w, serve_in(be, w, henv), trainer)
+            if gaps:
+                write_config("latency")
+                time.sleep(0.5)
+                for w in workloads:
+                    record("gemini-latency-itb", w, serve_in(be, w, henv, extra=gaps, seconds=itb_seconds), trainer)
         except Exception as exc:
             raise RuntimeError(f"{exc}\nbackend logs:\n{be.logs()}") from exc
         finally:
@@ -222,7 +247,11 @@ def main(argv=None) -> int:
         base = min(r["p99_ms"] for r in alone_rows) if alone_rows else None
         base999 = min(r["p999_ms"] for r in alone_rows) if alone_rows else None   # p99.9 against p99.9
         variant_cases = {f"gemini-latency[{name}]": name for name in variants}
-        for case in ("alone", "native", "gemini-batch", "gemini-latency", *variant_cases):
+        itb_alone = next((r["after_idle"] for r in out["runs"]
+                          if r["workload"] == key and r["case"] == "alone-itb" and r["after_idle"].get("requests")),
+                         None)
+        for case in ("alone", "native", "gemini-batch", "gemini-latency", *variant_cases,
+                     "alone-itb", "native-itb", "gemini-latency-itb"):
             rows = [r for r in out["runs"] if r["workload"] == key and r["case"] == case]
             if not rows:
                 continue
@@ -233,19 +262,31 @@ def main(argv=None) -> int:
                 s["p99_vs_alone"] = s["p99_ms"] / base
                 s["p999_vs_alone"] = s["p999_ms"] / base999
                 s["worst_p99_vs_alone"] = s["worst_p99_ms"] / base
-            if case != "alone":
+            after = [r["after_idle"] for r in rows if r.get("after_idle", {}).get("requests")]
+            if after:
+                # the requests just after each pause, against the same requests served alone and against the
+                # steady alone p99
+                s["after_idle"] = after[0]
+                if base:
+                    s["after_idle_p99_vs_alone"] = after[0]["p99_ms"] / base
+                if itb_alone:
+                    s["after_idle_p99_vs_alone_itb"] = after[0]["p99_ms"] / itb_alone["p99_ms"]
+            if case not in ("alone", "alone-itb"):
                 s["train_steps_per_s"] = med("train_steps_per_s")
-                alone_rate = out.get("train_alone_native" if case == "native" else "train_alone_gemini")
+                alone_rate = out.get("train_alone_native" if case.startswith("native") else "train_alone_gemini")
                 if case in variant_cases:   # against the trainer hooked alone (batch config, default settings)
                     s["train_latency_idle"] = out["train_latency_idle_variants"][variant_cases[case]]
                 if alone_rate:
                     s["train_vs_alone"] = s["train_steps_per_s"] / alone_rate
             summary[f"{key} {case}"] = s
     native_rates = {k.split(" ")[0]: v.get("train_steps_per_s") for k, v in summary.items() if k.endswith(" native")}
+    itb_native_rates = {k.split(" ")[0]: v.get("train_steps_per_s") for k, v in summary.items()
+                        if k.endswith(" native-itb")}
     for k, v in summary.items():
         w = k.split(" ")[0]
-        if "gemini" in k and native_rates.get(w):
-            v["train_vs_native"] = v["train_steps_per_s"] / native_rates[w]
+        rates = itb_native_rates if k.endswith("-itb") else native_rates
+        if "gemini" in k and rates.get(w):
+            v["train_vs_native"] = v["train_steps_per_s"] / rates[w]
     out["summary"] = summary
     print(json.dumps(out, indent=1))
     return 0

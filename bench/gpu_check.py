@@ -8,7 +8,6 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   probe    the driver's cuGetProcAddress returns the pointers dlsym gives (the hook routes by pointer)
   tests    pytest -m gpu (tests/gpu): frameworks under the hook, gating, static cudart, -lcuda
   launch   host cost per launch, native vs hooked, interleaved
-  launch_bound  the same with an idle latency group configured (the grant carries the in-flight bound)
   alloc    cuMemAlloc/cuMemFree latency through the pod manager, native vs hooked
   share    always-busy spin tenants: native time-slicing, then gemini with MaxUtil 0.3 / 0.6
   reaction how fast a config edit shows on the GPU
@@ -43,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-ALL_STEPS = ["env", "build", "probe", "tests", "launch", "launch_bound", "alloc", "share", "transport", "reaction",
+ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "transport", "reaction",
              "infer", "infer_graph", "sharing", "floor", "trainers", "soak", "policy_cost", "train", "um"]
 
 
@@ -118,13 +117,8 @@ def bench(ctx, argv: list, timeout: float) -> dict:
 
 
 def step_launch(ctx) -> dict:
-    return bench(ctx, ["bench/bench_overhead.py", "launch", "--rounds", "3" if ctx.args.quick else "5"], 300)
-
-
-def step_launch_bound(ctx) -> dict:
-    # the launch path with a latency group configured: the grant carries the in-flight bound
-    return bench(ctx, ["bench/bench_overhead.py", "launch", "--latency-neighbour", "--rounds",
-                       "3" if ctx.args.quick else "5"], 300)
+    # native, hooked, and hooked beside an idle latency group (the in-flight bound on), paired in each round
+    return bench(ctx, ["bench/bench_overhead.py", "launch", "--rounds", "5" if ctx.args.quick else "11"], 300)
 
 
 def step_alloc(ctx) -> dict:
@@ -203,7 +197,7 @@ def step_reaction(ctx) -> dict:
 def step_infer(ctx, trainer: str = "eager") -> dict:
     argv = ["bench/bench_inference.py", "--seconds", "8" if ctx.args.quick else str(ctx.args.infer_seconds),
             "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads,
-            "--latency-variants", ctx.args.infer_variants]
+            "--latency-variants", ctx.args.infer_variants, "--idle-then-busy", ctx.args.infer_idle_then_busy]
     return bench(ctx, argv, 590)   # hook_stats kept: claims, pauses and waits per process
 
 
@@ -301,7 +295,7 @@ def step_um(ctx) -> dict:
 
 
 STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests": step_tests,
-              "launch": step_launch, "launch_bound": step_launch_bound, "alloc": step_alloc, "share": step_share,
+              "launch": step_launch, "alloc": step_alloc, "share": step_share,
               "transport": step_transport,
               "reaction": step_reaction,
               "infer": step_infer, "infer_graph": step_infer_graph, "sharing": step_sharing,
@@ -333,10 +327,13 @@ def write_report(ctx, results: dict) -> None:
             for row in res["rows"]:
                 lines.append(f"- {row['test']}: " + ", ".join(f"{k}={fmt(v, 3)}" for k, v in row.items()
                                                              if k != "test"))
-        elif name in ("launch", "launch_bound"):
-            lines.append(f"native {fmt(res['native_median'])} ns, hooked {fmt(res['hooked_median'])} ns, "
-                         f"added {fmt(res['added_ns_per_launch'])} ns per launch (rounds: {res['native']} / "
-                         f"{res['hooked']}); clock_gettime {fmt(res.get('clock_monotonic_ns'))} ns, coarse "
+        elif name == "launch":
+            lines.append(f"native {fmt(res['native_median'])} ns, hooked {fmt(res['hooked_median'])} ns, beside a "
+                         f"latency group {fmt(res['bound_median'])} ns; added per launch (median of each round's "
+                         f"difference, one core) {fmt(res['added_ns_per_launch'])} ns, with the in-flight bound "
+                         f"{fmt(res['added_ns_per_launch_bound'])} ns (rounds: {res['added_each_round']} / "
+                         f"{res['added_bound_each_round']}); clock_gettime {fmt(res.get('clock_monotonic_ns'))} ns, "
+                         f"coarse "
                          f"{fmt(res.get('clock_coarse_ns'))} ns (tick {res.get('coarse_resolution_ns')} ns)")
         elif name == "alloc":
             nat, hk = res["runs"]["native"][-1], res["runs"]["hooked"][-1]
@@ -457,6 +454,8 @@ def main(argv=None) -> int:
     p.add_argument("--infer-repeats", type=int, default=2)
     p.add_argument("--infer-workloads", default="mlp:periodic:50,resnet18:poisson:100")
     p.add_argument("--infer-variants", default="", help="bench_inference --latency-variants")
+    p.add_argument("--infer-idle-then-busy", default="", metavar="BUSY:IDLE",
+                   help="bench_inference --idle-then-busy: each workload also served with pauses (e.g. 2:3)")
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
     p.add_argument("--trainers-groups", default="a:0:0.3,b:0:0.6",
                    help="the trainers step's group sets (name:min:max,...), ';' between sets")
