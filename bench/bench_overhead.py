@@ -12,9 +12,11 @@ Prints one JSON object with every round and the medians.
 The launch benchmark measures three cases in every round, in a rotating order, each process pinned to the same
 core: native, hooked, and hooked with an idle `Class = latency` group configured beside it (its grants then carry
 the in-flight bound, so launches also pay for the marker events; the class is switched by a live config edit).
-A round's cases run seconds apart on one core, so the added cost is the median of each round's difference:
-separate processes on free cores differed by up to 1 us per launch from one run to the next, ten times the
-goal of +0.1 us.
+Separate processes differ by up to 1 us per launch from one run to the next (pinned to one core or not), ten
+times the goal of +0.1 us, so each process also times its launches in alternate batches through the pointer
+it was given and through the driver's own cuLaunchKernel (launch_cost.c): the median of those pairs'
+differences is the hook's added cost on one driver state (`in_process_added_ns`, the median over rounds; the
+native runs' same figure, where both are the driver's function, is the measurement's own noise).
 """
 from __future__ import annotations
 
@@ -79,7 +81,13 @@ def launch_rounds(rounds: int, quota_ms: float, program: list, key: str, timeout
     vals = {c: [x[key] for x in runs[c]] for c in cases}
     added = [h - n for h, n in zip(vals["hooked"], vals["native"])]
     added_bound = [b - n for b, n in zip(vals["bound"], vals["native"])]
-    return {"cpu": cpu, "native": vals["native"], "hooked": vals["hooked"], "bound": vals["bound"],
+    paired = {c: [x["paired_added_median"] for x in runs[c] if x.get("paired_found")] for c in cases}
+    return {"cpu": cpu,
+            "in_process_added_ns": statistics.median(paired["hooked"]) if paired["hooked"] else None,
+            "in_process_added_ns_bound": statistics.median(paired["bound"]) if paired["bound"] else None,
+            "in_process_native_control_ns": statistics.median(paired["native"]) if paired["native"] else None,
+            "in_process_each_round": paired,
+            "native": vals["native"], "hooked": vals["hooked"], "bound": vals["bound"],
             "native_median": statistics.median(vals["native"]), "hooked_median": statistics.median(vals["hooked"]),
             "bound_median": statistics.median(vals["bound"]),
             "added_ns_per_launch": statistics.median(added),
