@@ -76,17 +76,24 @@ def launch_rounds(rounds: int, quota_ms: float, program: list, key: str, timeout
                     extra = {k: v for k, v in res.items() if k.startswith("clock") or k.startswith("coarse")}
                 else:
                     configure("latency" if case == "bound" else "batch")
-                    res = run_json(be.command("solo", program), env, timeout, cpu)
+                    henv = dict(env, GEMINI_STATS_FILE=str(work / f"stats-{case}"))
+                    res = run_json(be.command("solo", program), henv, timeout, cpu)
                 runs[case].append(res)
     vals = {c: [x[key] for x in runs[c]] for c in cases}
     added = [h - n for h, n in zip(vals["hooked"], vals["native"])]
     added_bound = [b - n for b, n in zip(vals["bound"], vals["native"])]
     paired = {c: [x["paired_added_median"] for x in runs[c] if x.get("paired_found")] for c in cases}
+    # what the hooks did (every process of a case together): markers per launch tell the bound's amortisation
+    hook = {}
+    for c in ("hooked", "bound"):
+        procs = read_stats(work / f"stats-{c}").values()
+        hook[c] = {k: sum(p.get(k, 0) for p in procs) for k in ("launches", "markers", "marker_waits", "marker_grows",
+                                                                  "marker_shrinks", "grants")}
     return {"cpu": cpu,
             "in_process_added_ns": statistics.median(paired["hooked"]) if paired["hooked"] else None,
             "in_process_added_ns_bound": statistics.median(paired["bound"]) if paired["bound"] else None,
             "in_process_native_control_ns": statistics.median(paired["native"]) if paired["native"] else None,
-            "in_process_each_round": paired,
+            "in_process_each_round": paired, "hook_stats": hook,
             "native": vals["native"], "hooked": vals["hooked"], "bound": vals["bound"],
             "native_median": statistics.median(vals["native"]), "hooked_median": statistics.median(vals["hooked"]),
             "bound_median": statistics.median(vals["bound"]),

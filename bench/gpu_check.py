@@ -332,7 +332,7 @@ def write_report(ctx, results: dict) -> None:
                          f"added {fmt(res.get('in_process_added_ns'))} ns per launch, beside a latency group "
                          f"{fmt(res.get('in_process_added_ns_bound'))} ns; native control "
                          f"{fmt(res.get('in_process_native_control_ns'))} ns "
-                         f"(rounds: {res.get('in_process_each_round')})")
+                         f"(rounds: {res.get('in_process_each_round')}); hooks: {res.get('hook_stats')}")
             lines.append(f"native {fmt(res['native_median'])} ns, hooked {fmt(res['hooked_median'])} ns, beside a "
                          f"latency group {fmt(res['bound_median'])} ns; added per launch (median of each round's "
                          f"difference, one core) {fmt(res['added_ns_per_launch'])} ns, with the in-flight bound "
