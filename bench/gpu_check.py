@@ -197,7 +197,8 @@ def step_reaction(ctx) -> dict:
 def step_infer(ctx, trainer: str = "eager") -> dict:
     argv = ["bench/bench_inference.py", "--seconds", "8" if ctx.args.quick else str(ctx.args.infer_seconds),
             "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads,
-            "--latency-variants", ctx.args.infer_variants, "--idle-then-busy", ctx.args.infer_idle_then_busy]
+            "--latency-variants", ctx.args.infer_variants, "--idle-then-busy", ctx.args.infer_idle_then_busy,
+            *(["--gemini-only"] if ctx.args.infer_gemini_only else [])]
     return bench(ctx, argv, 590)   # hook_stats kept: claims, pauses and waits per process
 
 
@@ -365,7 +366,8 @@ def write_report(ctx, results: dict) -> None:
             lines.append(f"save -> new shares on the GPU: {res['reactions_ms']} ms (median {res['median_ms']})")
         elif name in ("infer", "infer_graph"):
             lines.append(f"trainer alone: native {fmt(res.get('train_alone_native'), 2)} steps/s, hooked "
-                         f"{fmt(res.get('train_alone_gemini'), 2)} steps/s")
+                         f"{fmt(res.get('train_alone_gemini'), 2)} steps/s, hooked beside an idle latency group "
+                         f"{fmt(res.get('train_latency_idle_gemini'), 2)} steps/s")
             for key, one in res.get("summary", {}).items():
                 lines.append(f"- {key}: p50 {fmt(one['p50_ms'], 2)} / p99 {fmt(one['p99_ms'], 2)} / p99.9 "
                              f"{fmt(one['p999_ms'], 2)} ms, p99 x{fmt(one.get('p99_vs_alone'), 2)} of alone, "
@@ -459,6 +461,8 @@ def main(argv=None) -> int:
     p.add_argument("--infer-repeats", type=int, default=2)
     p.add_argument("--infer-workloads", default="mlp:periodic:50,resnet18:poisson:100")
     p.add_argument("--infer-variants", default="", help="bench_inference --latency-variants")
+    p.add_argument("--infer-gemini-only", action="store_true",
+                   help="bench_inference --gemini-only: no alone or native runs (A/B of hook changes on one machine)")
     p.add_argument("--infer-idle-then-busy", default="", metavar="BUSY:IDLE",
                    help="bench_inference --idle-then-busy: each workload also served with pauses (e.g. 2:3)")
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
