@@ -44,11 +44,6 @@ static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ring rings[MAX_RINGS];
 static int nrings;
 static int table_full_said;
-/* The ring this thread recorded on last: a marker then skips the table's lock and scan (a launching thread
- * keeps to one stream for long stretches). `table_gen` changes when the table is reset (after fork). */
-static _Atomic unsigned table_gen;
-static __thread struct ring *last_ring;
-static __thread unsigned last_ring_gen;
 
 /* Until an interval is measured nothing is known of the kernels' lengths: a marker after every launch and
  * two of them queued (a millisecond kernel must not queue a dozen before the first measurement). The rate
@@ -69,11 +64,6 @@ static unsigned depth_of(const struct gem_inflight *f, int64_t budget_ns) {
 }
 
 static struct ring *ring_for(CUcontext ctx, CUstream s) {
-    unsigned gen = atomic_load_explicit(&table_gen, memory_order_acquire);
-    struct ring *cached = last_ring;
-    /* a cached ring is this thread's own lookup: for the per-thread stream it is this thread's ring */
-    if (cached && last_ring_gen == gen && cached->ctx == ctx && cached->stream == s)
-        return cached;
     pthread_t self = pthread_self();
     int per_thread = s == CU_STREAM_PER_THREAD;
     pthread_mutex_lock(&table_mu);
@@ -94,10 +84,6 @@ static struct ring *ring_for(CUcontext ctx, CUstream s) {
                 "not kept short (a slot's end may take longer to take effect there)", MAX_RINGS);
     }
     pthread_mutex_unlock(&table_mu);
-    if (r) {
-        last_ring = r;
-        last_ring_gen = gen;
-    }
     return r;
 }
 
@@ -111,9 +97,8 @@ static void adapt(struct gem_inflight *f, struct ring *r, unsigned done) {
     /* (the interval below is scaled to the current rate: see `per`) */
     unsigned prev = (done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     float ms = 0;
-    /* `done` is complete, and a ring's events are one stream's, so the one before it is too; were it not,
-     * cuEventElapsedTime would say so (not ready) -- no query of its own (each costs about a microsecond) */
-    if (r->count < 2 || REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
+    if (r->count < 2 || REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
+        REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
         return;
     uint64_t n = atomic_load(&f->launches_per_marker);
     int64_t interval = (int64_t)((double)ms * 1e6 * (double)n / (double)(r->per[done] ? r->per[done] : 1));
@@ -165,15 +150,13 @@ void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int6
     if (r->count >= depth) {
         /* Wait for the marker `depth` back: then at most `depth` intervals of work stay queued. */
         unsigned back = (slot + GEM_INFLIGHT_MARKERS - depth) % GEM_INFLIGHT_MARKERS;
-        CUresult q = REAL(cuEventQuery)(r->ev[back]);
-        if (q == CUDA_ERROR_NOT_READY) {
+        if (REAL(cuEventQuery)(r->ev[back]) == CUDA_ERROR_NOT_READY) {
             int64_t t0 = gem_now_ns();
-            q = REAL(cuEventSynchronize)(r->ev[back]);
+            REAL(cuEventSynchronize)(r->ev[back]);
             atomic_fetch_add(&gem_stats.marker_waits, 1);
             atomic_fetch_add(&gem_stats.marker_wait_ns, (unsigned long long)(gem_now_ns() - t0));
         }
-        if (q == CUDA_SUCCESS)
-            adapt(f, r, back);
+        adapt(f, r, back);
     }
     unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     r->behind[slot] = r->count > 0 && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
@@ -189,7 +172,6 @@ void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int6
 
 void gem_inflight_after_fork(void) {
     pthread_mutex_init(&table_mu, NULL);
-    atomic_fetch_add(&table_gen, 1);
     nrings = 0;
     table_full_said = 0;
 }
