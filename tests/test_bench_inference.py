@@ -1,0 +1,115 @@
+"""bench/bench_inference.py's bookkeeping, with its processes replaced by fakes: which cases run, and how the
+idle-then-busy runs are summarised (the requests just after each pause against the same requests alone, and the
+trainer against native time-slicing in the same pattern)."""
+from __future__ import annotations
+
+import json
+import re
+import types
+
+import pytest
+
+import bench.bench_inference as bi
+
+# What the fake serve.py reports in each case: its p99, and with --idle-gaps the p99 just after the pauses.
+P99 = {"alone": 2.0, "native": 6.0, "gemini-batch": 90.0, "gemini-latency": 4.0}
+AFTER_IDLE_P99 = {"alone": 1.5, "native": 7.0, "gemini-latency": 6.0}
+# The fake trainer's steps/s over each case's span.
+TRAIN = {"native": 60.0, "native-itb": 62.0, "gemini-batch": 55.0, "gemini-latency": 50.0,
+         "gemini-latency-itb": 54.0}
+
+
+class FakeWorld:
+    """Stands in for subprocess, the trainers and the backend, and tells the cases apart as the bench runs them:
+    a run through launch-command is gemini's (its class read from the live config), otherwise native when a
+    trainer is running, else alone."""
+
+    def __init__(self):
+        self.trainers = 0
+        self.config = None
+        self.last = ""
+        self.served: list[str] = []
+
+    def run(self, argv, **_kw):
+        if argv[0] == "launch-command":
+            case = "gemini-" + re.search(r"\[infer\][^[]*Class = (\w+)", self.config.read_text()).group(1)
+        else:
+            case = "native" if self.trainers else "alone"
+        itb = "--idle-gaps" in argv
+        self.last = case + ("-itb" if itb else "")
+        self.served.append(self.last)
+        res = {"ok": True, "p50_ms": 1.0, "p99_ms": P99[case], "p999_ms": 2 * P99[case], "mean_ms": 1.0,
+               "requests": 100, "late": 0, "t0": 0.0, "t1": 1.0}
+        if itb:
+            res["after_idle"] = {"phases": 5, "requests": 50, "p50_ms": 1.0, "p99_ms": AFTER_IDLE_P99[case],
+                                 "max_ms": 9.0, "first_ms": [1.0] * 5}
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps(res), stderr="")
+
+
+@pytest.fixture
+def world(monkeypatch):
+    w = FakeWorld()
+
+    class Trainer:
+        def __init__(self, argv, env):
+            w.trainers += 1
+
+        def wait_ready(self):
+            pass
+
+        def measure_alone(self, seconds):
+            return 64.0
+
+        def rate(self, t0, t1):
+            return TRAIN[w.last]
+
+        def stop(self):
+            w.trainers -= 1
+
+    class Backend:
+        def __init__(self, workdir, groups, config=None, **kw):
+            w.config = config
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def command(self, group, argv):
+            return ["launch-command", group, *argv]
+
+        def logs(self):
+            return ""
+
+    monkeypatch.setattr(bi, "subprocess", types.SimpleNamespace(run=w.run))
+    monkeypatch.setattr(bi, "Trainer", Trainer)
+    monkeypatch.setattr(bi, "Backend", Backend)
+    monkeypatch.setattr(bi, "read_stats", lambda path: {})
+    monkeypatch.setattr(bi, "time", types.SimpleNamespace(sleep=lambda s: None))
+    return w
+
+
+def run_bench(capsys, *extra) -> dict:
+    assert bi.main(["--seconds", "1", "--repeats", "1", "--workloads", "mlp:poisson:100", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_idle_then_busy_runs_alone_native_and_latency_and_compares_the_requests_after_a_pause(world, capsys):
+    out = run_bench(capsys, "--idle-then-busy", "2:3")
+    assert [c for c in world.served if c.endswith("-itb")] == ["alone-itb", "native-itb", "gemini-latency-itb"]
+    s = out["summary"]
+    itb = s["mlp:poisson:100 gemini-latency-itb"]
+    assert itb["after_idle"]["p99_ms"] == 6.0
+    assert itb["after_idle_p99_vs_alone_itb"] == pytest.approx(6.0 / 1.5)    # the same requests served alone
+    assert itb["after_idle_p99_vs_alone"] == pytest.approx(6.0 / 2.0)        # the steady alone p99
+    # the trainer against native time-slicing with the same pauses, not against the steady native run
+    assert itb["train_vs_native"] == pytest.approx(54.0 / 62.0)
+    assert s["mlp:poisson:100 gemini-latency"]["train_vs_native"] == pytest.approx(50.0 / 60.0)
+    assert s["mlp:poisson:100 native-itb"]["after_idle_p99_vs_alone_itb"] == pytest.approx(7.0 / 1.5)
+
+
+def test_without_pauses_no_idle_then_busy_run(world, capsys):
+    out = run_bench(capsys)
+    assert not [c for c in world.served if c.endswith("-itb")]
+    assert not [k for k in out["summary"] if k.endswith("-itb")]

@@ -1,0 +1,41 @@
+"""bench/launch_cost.c's in-process comparison: the driver's own cuLaunchKernel, found in libcuda's dynamic symbol
+table, against the pointer cuGetProcAddress gave (the hook's, when it is preloaded). On the simulated driver."""
+from __future__ import annotations
+
+import subprocess
+
+from bench.harness import Group
+from tests.e2e_fixtures import REPO_ROOT, run
+
+LAUNCH_COST = REPO_ROOT / "build" / "bench" / "launch_cost"
+
+
+def build_launch_cost() -> None:
+    proc = subprocess.run(["make", "--no-print-directory", "-s", "bench-native"], cwd=REPO_ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_natively_both_pointers_are_the_drivers(sim):
+    build_launch_cost()
+    res = run([str(LAUNCH_COST), "40", "16"], sim.env())
+    assert res.rc == 0, res
+    out = res.json
+    assert out["paired_found"] is True          # the symbol table lookup found cuLaunchKernel in libcuda
+    assert out["paired_same_function"] is True  # no hook: cuGetProcAddress gave the driver's own function
+    assert out["paired_pairs"] == 20
+
+
+def test_under_the_hook_the_pairs_compare_the_hook_with_the_driver(sim, backends):
+    build_launch_cost()
+    be = backends([Group("solo", 0.0, 1.0)], quota_ms=5000, min_quota_ms=10)
+    res = run([str(LAUNCH_COST), "40", "16"], sim.hooked(be, "solo"))
+    assert res.rc == 0, res
+    out = res.json
+    assert out["paired_found"] is True
+    # the lookup bypassed the hook: the pointer it found is not the one the hook handed out
+    assert out["paired_same_function"] is False
+    assert out["paired_via_median"] > 0 and out["paired_driver_median"] > 0
+    # only the hooked half of the launches went through the hook: 200 warm-up + 40 batches + 20 of the 40 paired
+    (stats,) = sim.stats().values()
+    assert stats["launches"] == 200 + 40 * 16 + 20 * 16
