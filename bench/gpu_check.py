@@ -7,7 +7,8 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   build    libgemhook, the spin workload and the launch-cost program
   probe    the driver's cuGetProcAddress returns the pointers dlsym gives (the hook routes by pointer)
   tests    pytest -m gpu (tests/gpu): frameworks under the hook, gating, static cudart, -lcuda
-  launch   host cost per launch, native vs hooked, interleaved
+  launch   host cost per launch: native, hooked and hooked beside an idle latency group, interleaved; and
+           inside each process, the hook's cuLaunchKernel against the driver's own in alternate batches
   alloc    cuMemAlloc/cuMemFree latency through the pod manager, native vs hooked
   share    always-busy spin tenants: native time-slicing, then gemini with MaxUtil 0.3 / 0.6
   reaction how fast a config edit shows on the GPU
@@ -339,8 +340,7 @@ def write_report(ctx, results: dict) -> None:
                          f"difference, one core) {fmt(res['added_ns_per_launch'])} ns, with the in-flight bound "
                          f"{fmt(res['added_ns_per_launch_bound'])} ns (rounds: {res['added_each_round']} / "
                          f"{res['added_bound_each_round']}); clock_gettime {fmt(res.get('clock_monotonic_ns'))} ns, "
-                         f"coarse "
-                         f"{fmt(res.get('clock_coarse_ns'))} ns (tick {res.get('coarse_resolution_ns')} ns)")
+                         f"coarse {fmt(res.get('clock_coarse_ns'))} ns (tick {res.get('coarse_resolution_ns')} ns)")
         elif name == "alloc":
             nat, hk = res["runs"]["native"][-1], res["runs"]["hooked"][-1]
             lines.append(f"cuMemAlloc 2 MiB p50/p99: native {nat['alloc_us_p50']}/{nat['alloc_us_p99']} us, hooked "
