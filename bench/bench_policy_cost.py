@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """CPU cost of one scheduling decision in gem-schd's policy, against the number of groups.
 
-    python bench/bench_policy_cost.py [--groups 2,16,64,256] [--slots 4000] [--cpu 0]
+    python bench/bench_policy_cost.py [--groups 2,16,64,256] [--slots 4000] [--cpu 0] [--mix capped]
 
 Issue 14 asks for the CPU time from a slot's deadline to the next grant at 64 groups (goal: <= 100 us at p50)
 and the ceiling in slots/s at 2, 16, 64 and 256 groups on one core. This drives the pure policy
 (gemini/scheduler/policy.py) on simulated time with every group always busy: a quarter of the groups capped
-(MaxUtil 0.05), a quarter with a floor, the rest plain. At each deadline the daemon calls `tick`; the holder's
+(MaxUtil 0.05), a quarter with a floor, the rest plain; with `--mix capped`, every group capped at 0.9 / n, so that
+most of them wait for their buckets at any moment. At each deadline the daemon calls `tick`; the holder's
 pod manager then asks again (its clients still have work) -- both are timed together as one decision, as gem-schd
 makes them on one event-loop turn, each followed by `others_grantable` (what gem-schd then writes on the board).
 The process is pinned to one CPU (`--cpu`) when the OS allows it. The policy's work per decision should not
@@ -46,8 +47,12 @@ def config(n: int) -> Config:
     return Config(tuple(groups))
 
 
-def measure(n: int, slots: int) -> dict:
-    pol = Policy(config(n))
+def all_capped(n: int) -> Config:
+    return Config(tuple(GroupConfig(f"g{i}", 0.0, round(0.9 / n, 9)) for i in range(n)))
+
+
+def measure(n: int, slots: int, mix: str = "mixed") -> dict:
+    pol = Policy(all_capped(n) if mix == "capped" else config(n))
     now = 0.0
     for g in pol.groups:                      # everyone asks at t=0
         pol.request(g, now=now)
@@ -69,7 +74,7 @@ def measure(n: int, slots: int) -> dict:
             samples.append(t1 - t0)
     samples.sort()
     mean = statistics.fmean(samples)
-    return {"groups": n, "decisions": len(samples), "p50_us": samples[len(samples) // 2] / 1000,
+    return {"groups": n, "mix": mix, "decisions": len(samples), "p50_us": samples[len(samples) // 2] / 1000,
             "p99_us": samples[int(len(samples) * 0.99)] / 1000, "mean_us": mean / 1000,
             "ceiling_slots_per_s": round(1e9 / mean)}
 
@@ -79,6 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", default="2,16,64,256")
     ap.add_argument("--slots", type=int, default=4000)
     ap.add_argument("--cpu", type=int, default=0, help="pin to this CPU (-1: do not pin)")
+    ap.add_argument("--mix", choices=["mixed", "capped"], default="mixed")
     args = ap.parse_args(argv)
     pinned = None
     if args.cpu >= 0 and hasattr(os, "sched_setaffinity"):
@@ -87,7 +93,7 @@ def main(argv=None) -> int:
             pinned = args.cpu
         except OSError:
             pass
-    points = [measure(int(n), args.slots) for n in args.groups.split(",")]
+    points = [measure(int(n), args.slots, args.mix) for n in args.groups.split(",")]
     print(json.dumps({"pinned_cpu": pinned, "python": sys.version.split()[0], "points": points}, indent=1))
     return 0
 

@@ -276,7 +276,8 @@ class _Group:
     claim_ms: float = 0.0
     # bookkeeping of the policy's incremental indexes (see Policy._index_groups)
     order: int = 0                      # its place in the config: the order of Policy._groups
-    wstamp: int = 0                     # its live entry in Policy._wheap (older entries are stale)
+    wstamp: int = 0                     # its live entry in Policy._wheap or Policy._held (older entries are stale)
+    parked: bool = False                # waiting, but held back by its cap until its entry in Policy._held
 
 
 def fair_targets(caps: dict[str, float], floors: Optional[dict[str, float]] = None) -> dict[str, float]:
@@ -374,6 +375,13 @@ class Policy:
         self._waiting: dict[str, _Group] = {}
         self._wheap: list[tuple[float, bool, float, str, int]] = []
         self._stamp = 0
+        # - the waiting groups a decision found held back by their cap ("parked"), out of _wheap, in a heap keyed by
+        #   (until, stamp, name): `until` is a lower bound of when the bucket allows a slot, so nothing before it
+        #   needs to look at them (with many capped groups most of them wait for their buckets: every decision
+        #   walked them all, 181 us at 64 groups). Any event that may move that time earlier re-keys the group
+        #   (_rekey), which takes it back into _wheap; `_ready` is the waiting groups not parked;
+        self._held: list[tuple[float, int, str]] = []
+        self._ready: dict[str, _Group] = {}
         # - the active set (_active_names): `_recent` holds the groups with last_active >= `_since` (= the last time
         #   asked about - active_ms) in increasing last_active (raising it moves a group to the end: it is then
         #   the newest); `_expired` the groups that fell off its front, oldest first (with the last_active they
@@ -421,10 +429,12 @@ class Policy:
     def others_grantable(self, now: float) -> bool:
         """Could a group other than the holder be granted at `now` (it waits, and its cap and any swap pacing
         allow a slot)? gem-schd tells the holder's hooks on the board, so that they give the GPU back when
-        their burst ends rather than keep it idle through the idle release. Stops at the first such group."""
+        their burst ends rather than keep it idle through the idle release. Stops at the first such group.
+        (A parked group cannot be: its bucket allows no slot before its `until`.)"""
         now = self._now(now)
+        self._unpark_due(now)
         holder = self._holder.group if self._holder is not None else None
-        for name, g in self._waiting.items():
+        for name, g in self._ready.items():
             if name != holder and self._quota(g, now) is not None:
                 return True
         return False
@@ -466,6 +476,7 @@ class Policy:
             self._activate(g, now)
         else:  # a re-sent request (e.g. after a pod manager re-registered): keep its place in the queue
             g.waiting.burst = burst
+            self._rekey(g)      # its burst may lower the slot worth granting it: no longer parked
         return out + self._schedule(now)
 
     def release(self, group: str, token_seq: int, overuse_ms: float = 0.0, now: float = 0.0,
@@ -587,10 +598,18 @@ class Policy:
             else:
                 best = max(now, h.deadline)
         else:
-            # (only while the GPU is idle: every waiting group is held back by its cap or swap pacing; in config
-            # order, as min keeps the first of equal values)
-            for name in self.waiting():
-                best = min(best, self._eligible_at(self._groups[name], now))
+            # (only while the GPU is idle: every waiting group is held back by its cap or swap pacing) The parked
+            # ones in the order of their lower bounds, only while one could still come first.
+            for g in self._ready.values():
+                best = min(best, self._eligible_at(g, now))
+            popped = []
+            while self._held and self._held[0][0] < best:
+                entry = heapq.heappop(self._held)
+                if self._held_live(entry):
+                    popped.append(entry)
+                    best = min(best, self._eligible_at(self._groups[entry[2]], now))
+            for entry in popped:
+                heapq.heappush(self._held, entry)
         for g in self._latency.values():
             if not g.claim_allowed and g.claim_bucket is not None:
                 best = min(best, g.claim_bucket.time_to_reach(self._claim_regrant_level(), now))
@@ -834,15 +853,20 @@ class Policy:
 
     def _clear_waiting(self, name: str, g: _Group) -> None:
         g.waiting = None
+        g.parked = False
         del self._waiting[name]
+        self._ready.pop(name, None)
         self._refresh(name, g)
 
     def _rekey(self, g: _Group) -> None:
-        """A waiting group's place in _choose's order (its virtual time, or its request) changed."""
+        """A waiting group's place in _choose's order (its virtual time, or its request) changed, or what its cap
+        allows may have: it goes (back) into _wheap, unparked."""
         if g.waiting is None:
             return
         self._stamp += 1
         g.wstamp = self._stamp
+        g.parked = False
+        self._ready[g.cfg.name] = g
         heapq.heappush(self._wheap, (g.vtime, False, g.waiting.arrival, g.cfg.name, self._stamp))
         if len(self._wheap) > 2 * len(self._waiting) + 64:
             self._wheap = [e for e in self._wheap if self._live(e)]
@@ -850,11 +874,45 @@ class Policy:
 
     def _live(self, entry: tuple[float, bool, float, str, int]) -> bool:
         g = self._groups.get(entry[3])
-        return g is not None and g.waiting is not None and g.wstamp == entry[4]
+        return g is not None and g.waiting is not None and g.wstamp == entry[4] and not g.parked
+
+    def _park(self, g: _Group, at: float) -> bool:
+        """A waiting free-slot capped group whose bucket allows no slot at `at`: out of _wheap until a lower bound
+        of when it will (the bucket only fills between the events that re-key it). False if it cannot be."""
+        if g.bucket is None or g.cfg.aligned or g.waiting is None:
+            return False
+        cap = g.cfg.max_util
+        # _quota allows a slot once level / (1 - cap) >= theta - EPS; a little below that level, so that `until`
+        # is never later than the first moment it does (time_to_reach has its own EPS)
+        need = (self._theta(g) - EPS) * (1.0 - cap) - 2 * EPS if cap > 0.0 else math.inf
+        until = g.bucket.time_to_reach(need, at) if cap > 0.0 else math.inf
+        if until <= at:
+            return False
+        self._stamp += 1
+        g.wstamp = self._stamp
+        g.parked = True
+        self._ready.pop(g.cfg.name, None)
+        heapq.heappush(self._held, (until, self._stamp, g.cfg.name))
+        if len(self._held) > 2 * len(self._waiting) + 64:
+            self._held = [e for e in self._held if self._held_live(e)]
+            heapq.heapify(self._held)
+        return True
+
+    def _held_live(self, entry: tuple[float, int, str]) -> bool:
+        g = self._groups.get(entry[2])
+        return g is not None and g.waiting is not None and g.parked and g.wstamp == entry[1]
+
+    def _unpark_due(self, at: float) -> None:
+        """The parked groups whose lower bound `at` has reached go back into _wheap."""
+        while self._held and self._held[0][0] <= at:
+            entry = heapq.heappop(self._held)
+            if self._held_live(entry):
+                self._rekey(self._groups[entry[2]])
 
     def _forget(self, name: str) -> None:
         """A reload removed the group: out of the indexes (its heap and _expired entries go stale)."""
         self._waiting.pop(name, None)
+        self._ready.pop(name, None)
         self._recent.pop(name, None)
         self._active.discard(name)
 
@@ -866,6 +924,8 @@ class Policy:
         self._aligned = {n: g for n, g in self._groups.items() if g.bucket is not None and g.cfg.aligned}
         for name, g in self._groups.items():
             self._refresh(name, g)
+            if g.parked:
+                self._rekey(g)      # its cap or class may have changed: looked at again
         self._invalidate_targets()
 
     def _invalidate_targets(self) -> None:
@@ -1110,6 +1170,7 @@ class Policy:
         # Cheap keys first, the quota (bucket arithmetic) only as far down the order as needed: the waiting
         # groups are kept in a heap in this order (_rekey), so a decision pops the ineligible ones at its top
         # (they go back after) and looks at no other group (bench/bench_policy_cost.py).
+        self._unpark_due(at)
         hg = self._groups.get(holder) if holder is not None else None
         hkey = (hg.vtime, True, math.inf, holder) if hg is not None else None
         heap = self._wheap
@@ -1138,6 +1199,8 @@ class Policy:
                 if quota is not None:
                     best = (key, key[3], quota)
                     break
+                if g is not hg and self._park(g, at):
+                    popped.pop()                    # parked: its entry is stale now
         finally:
             for entry in popped:
                 heapq.heappush(heap, entry)
