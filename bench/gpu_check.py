@@ -18,7 +18,8 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   floor    MinUtil 0.7 vs 0 with two busy PyTorch trainers (bench_trainers.py)
   trainers MaxUtil 0.3 / 0.6 with two busy PyTorch trainers (bench_trainers.py)
   soak     8 processes in 4 groups for 2 minutes, ProcessSharing = turns and together
-  policy_cost  CPU per scheduling decision at 2/16/64/256 groups on one pinned core (no GPU used)
+  policy_cost  CPU per scheduling decision at 2/16/64/256 groups on one pinned core (no GPU used), the default mix
+           of groups and every group capped (under `capped`)
   train    ResNet-18 single-tenant overhead, native vs hooked, interleaved
   um       unified groups: 3 PyTorch jobs of ~10 GiB against gemini's 24 GiB capacity, sequential vs swapped
            by gem-schd (bench_um.py; aborts unless their managed memory stays below 80% of the free memory)
@@ -215,7 +216,9 @@ def step_sharing(ctx) -> dict:
 
 def step_policy_cost(ctx) -> dict:
     # no GPU needed: the node's idle cores give a quieter number than a shared development machine
-    return bench(ctx, ["bench/bench_policy_cost.py", "--groups", "2,16,64,256"], 300)
+    res = bench(ctx, ["bench/bench_policy_cost.py", "--groups", "2,16,64,256"], 300)
+    res["capped"] = bench(ctx, ["bench/bench_policy_cost.py", "--groups", "2,16,64,256", "--mix", "capped"], 300)
+    return res
 
 
 def step_floor(ctx) -> dict:
