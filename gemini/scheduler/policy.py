@@ -277,7 +277,6 @@ class _Group:
     # bookkeeping of the policy's incremental indexes (see Policy._index_groups)
     order: int = 0                      # its place in the config: the order of Policy._groups
     wstamp: int = 0                     # its live entry in Policy._wheap or Policy._held (older entries are stale)
-    parked: bool = False                # waiting, but held back by its cap until its entry in Policy._held
 
 
 def fair_targets(caps: dict[str, float], floors: Optional[dict[str, float]] = None) -> dict[str, float]:
@@ -378,8 +377,9 @@ class Policy:
         # - the waiting groups a decision found held back by their cap ("parked"), out of _wheap, in a heap keyed by
         #   (until, stamp, name): `until` is a lower bound of when the bucket allows a slot, so nothing before it
         #   needs to look at them (with many capped groups most of them wait for their buckets: every decision
-        #   walked them all, 181 us at 64 groups). Any event that may move that time earlier re-keys the group
-        #   (_rekey), which takes it back into _wheap; `_ready` is the waiting groups not parked;
+        #   walked them all, 96 us at 64 groups, bench_policy_cost.py --mix capped). Any event that may move that
+        #   time earlier re-keys the group (_rekey), which takes it back into _wheap; `_ready` is the waiting
+        #   groups not parked;
         self._held: list[tuple[float, int, str]] = []
         self._ready: dict[str, _Group] = {}
         # - the active set (_active_names): `_recent` holds the groups with last_active >= `_since` (= the last time
@@ -853,7 +853,6 @@ class Policy:
 
     def _clear_waiting(self, name: str, g: _Group) -> None:
         g.waiting = None
-        g.parked = False
         del self._waiting[name]
         self._ready.pop(name, None)
         self._refresh(name, g)
@@ -865,7 +864,6 @@ class Policy:
             return
         self._stamp += 1
         g.wstamp = self._stamp
-        g.parked = False
         self._ready[g.cfg.name] = g
         heapq.heappush(self._wheap, (g.vtime, False, g.waiting.arrival, g.cfg.name, self._stamp))
         if len(self._wheap) > 2 * len(self._waiting) + 64:
@@ -874,7 +872,7 @@ class Policy:
 
     def _live(self, entry: tuple[float, bool, float, str, int]) -> bool:
         g = self._groups.get(entry[3])
-        return g is not None and g.waiting is not None and g.wstamp == entry[4] and not g.parked
+        return g is not None and g.waiting is not None and g.wstamp == entry[4]
 
     def _park(self, g: _Group, at: float) -> bool:
         """A waiting free-slot capped group whose bucket allows no slot at `at`: out of _wheap until a lower bound
@@ -882,15 +880,16 @@ class Policy:
         if g.bucket is None or g.cfg.aligned or g.waiting is None:
             return False
         cap = g.cfg.max_util
-        # _quota allows a slot once level / (1 - cap) >= theta - EPS; a little below that level, so that `until`
-        # is never later than the first moment it does (time_to_reach has its own EPS)
-        need = (self._theta(g) - EPS) * (1.0 - cap) - 2 * EPS if cap > 0.0 else math.inf
-        until = g.bucket.time_to_reach(need, at) if cap > 0.0 else math.inf
+        until = math.inf        # MaxUtil 0: never, until a reload re-keys it
+        if cap > 0.0:
+            # _quota allows a slot once level / (1 - cap) >= theta - EPS; a little below that level, so that `until`
+            # is never later than the first moment it does (time_to_reach has its own EPS)
+            until = g.bucket.time_to_reach((self._theta(g) - EPS) * (1.0 - cap) - 2 * EPS, at)
         if until <= at:
             return False
+        # a new stamp: its _wheap entries go stale, and its _held entry is live until a re-key
         self._stamp += 1
         g.wstamp = self._stamp
-        g.parked = True
         self._ready.pop(g.cfg.name, None)
         heapq.heappush(self._held, (until, self._stamp, g.cfg.name))
         if len(self._held) > 2 * len(self._waiting) + 64:
@@ -900,7 +899,7 @@ class Policy:
 
     def _held_live(self, entry: tuple[float, int, str]) -> bool:
         g = self._groups.get(entry[2])
-        return g is not None and g.waiting is not None and g.parked and g.wstamp == entry[1]
+        return g is not None and g.waiting is not None and g.wstamp == entry[1]
 
     def _unpark_due(self, at: float) -> None:
         """The parked groups whose lower bound `at` has reached go back into _wheap."""
@@ -924,8 +923,8 @@ class Policy:
         self._aligned = {n: g for n, g in self._groups.items() if g.bucket is not None and g.cfg.aligned}
         for name, g in self._groups.items():
             self._refresh(name, g)
-            if g.parked:
-                self._rekey(g)      # its cap or class may have changed: looked at again
+            if g.waiting is not None and name not in self._ready:
+                self._rekey(g)      # parked: its cap or class may have changed, so it is looked at again
         self._invalidate_targets()
 
     def _invalidate_targets(self) -> None:
