@@ -331,6 +331,42 @@ def test_a_release_before_the_continuation_starts_voids_it():
     assert p.history()[-2][2] == 49.5                 # the continued slot really ended at the release
 
 
+def test_a_request_before_the_continuation_starts_voids_it_and_is_answered():
+    """The holder's pod manager asks for its next slot in the lead time, crossing the continuation on the wire: it
+    ignores a continuation while its request is out, so gem-schd must void the continuation and answer the request
+    with a grant of its own. Kept, the continuation was continued again at every deadline (the holder won against
+    its own request), and the request waited out the pod manager's 300 s token timeout (a CI hang in
+    test_faults.py::test_sigkill_of_a_pod_manager)."""
+    p = Policy(config(("a", 0.0, 1.0)), 50.0, 5.0, 10_000.0)
+    [g] = grants(p.request("a", now=0.0))
+    [c] = grants(p.tick(49.0))
+    assert c.continuation
+    ds = p.request("a", now=49.5)
+    [fresh] = grants(ds)
+    assert not fresh.continuation and fresh.start_ms == 49.5 and fresh.token_seq > c.token_seq
+    assert [(e.token_seq, e.end_ms, e.reason) for e in ends(ds)] == [(c.token_seq, 50.0, "release")]
+    assert p.history()[-3][1:3] == (0.0, 49.5)        # the continued slot really ended at the request
+    assert p.holder == "a" and p.holder_seq == fresh.token_seq and not p.waiting()
+
+
+def test_a_group_back_from_idle_is_charged_its_overuse_at_its_weight_as_an_active_group():
+    """A group that asks after more than active_ms idle reports the overuse of its last slot: charged at the
+    weight of an inactive group (1e-3), 4 ms of it put it 4 s of virtual time behind, and its busy neighbour took
+    the GPU for seconds."""
+    p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 20.0, 5.0, 10_000.0)
+    [ga] = grants(p.request("a", now=0.0))
+    p.release("a", ga.token_seq, now=10.0)
+    [gb] = grants(p.request("b", now=30.0))          # (a's overrun ran into idle time: charged whole)
+    t = 30.0 + gb.quota_ms
+    for _ in range(100):                      # b alone and busy for 2 s: a is idle past active_ms (500 ms)
+        p.tick(t - 1.0)
+        p.tick(t)
+        t += 20.0
+    p.request("a", overuse_ms=4.0, now=t - 10.0)
+    va, vb = p._groups["a"].vtime, p._groups["b"].vtime
+    assert va - vb <= 4.0 / 0.5 + 1e-6, (va, vb)      # caught up with b, then its 4 ms at the weight of one of two
+
+
 def test_a_holder_whose_pod_manager_went_away_is_not_continued():
     p = Policy(config(("a", 0.0, 1.0)), 50.0, 5.0, 10_000.0)
     [g] = grants(p.request("a", now=0.0))

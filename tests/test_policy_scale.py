@@ -68,7 +68,7 @@ def lines_per_decision(groups: int, warmup: int = 300, decisions: int = 200, cap
             out = pol.tick(now)
             pol.others_grantable(now)
             for d in list(out):
-                if isinstance(d, SlotEndDecision):
+                if isinstance(d, SlotEndDecision) and d.reason != "continued":
                     out += pol.request(d.group, now=now)
                     pol.others_grantable(now)
             pol.next_wakeup(now)

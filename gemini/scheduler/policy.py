@@ -463,17 +463,29 @@ class Policy:
             self._started = True
             self.start_ms = now
         out: list[Decision] = []
+        # Active first: what the request reports is charged at the weight of an active group. A group back from
+        # idle has the weight of an inactive one (1e-3), and its last slot's 4 ms of overuse put it 4 s of virtual
+        # time behind its busy neighbour.
+        self._activate(g, now)
         self._apply_overuse(group, overuse_ms, now)
         h = self._holder
         if h is not None and h.group == group and h.start <= now:
             # As in Gemini: the holder asking again means its clients stopped using this slot.
             out += self._end_slot(now, "release", used_ms)
+        elif h is not None and h.group == group and self._continues(h, h.prev_seq):
+            # It asks for its next slot before the continuation granted for it starts: the request crossed the
+            # continuation, which its pod manager ignores while a request is out. The continuation is void and the
+            # slot it continued ends now, as at a release; the request is answered below. (Kept, the holder won
+            # every next continuation against its own request, which waited out the pod manager's token timeout.)
+            prev = h.prev_seq
+            out += self._end_slot(now, "release")
+            out += self._shorten_past(prev, now)
+            self._apply_used(group, used_ms, now, prev)
         else:
             self._apply_used(group, used_ms, now)
         burst = burst_ms if (math.isfinite(burst_ms) and burst_ms > 0) else 0.0
         if g.waiting is None:
             self._set_waiting(group, g, _Waiting(now, burst))
-            self._activate(g, now)
         else:  # a re-sent request (e.g. after a pod manager re-registered): keep its place in the queue
             g.waiting.burst = burst
             self._rekey(g)      # its burst may lower the slot worth granting it: no longer parked
