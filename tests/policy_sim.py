@@ -201,8 +201,10 @@ class Model:
                     _, t.work_end = self.run_on_gpu(n, t.work_end, t.local_deadline + self.inflight)
                 self.push(t.local_deadline, "deadline", n, seq)
                 return
-            if not t.asked:
-                return  # it released before: the continuation went nowhere (the policy was told)
+            # It released before (the continuation went nowhere: the policy was told), or it asked for its next
+            # slot meanwhile: a pod manager ignores a continuation while its request is out, and gem-schd answers
+            # that request with a fresh grant (gemini/podmgr/manager.py, `_on_grant`).
+            return
         t.asked = False
         t.holding = True
         t.seq = seq

@@ -328,7 +328,8 @@ def test_a_release_before_the_continuation_starts_voids_it():
     ds = p.release("a", g.token_seq, now=49.5)        # the hooks went idle before they saw it
     assert p.holder is None
     assert [(e.token_seq, e.end_ms) for e in ends(ds)] == [(c.token_seq, 50.0)]
-    assert p.history()[-2][2] == 49.5                 # the continued slot really ended at the release
+    assert p.history()[-1][2] == 49.5                 # the continued slot really ended at the release
+    assert c.token_seq not in [seq for *_, seq in p.history()]   # the continuation never ran
 
 
 def test_a_request_before_the_continuation_starts_voids_it_and_is_answered():
@@ -345,7 +346,8 @@ def test_a_request_before_the_continuation_starts_voids_it_and_is_answered():
     [fresh] = grants(ds)
     assert not fresh.continuation and fresh.start_ms == 49.5 and fresh.token_seq > c.token_seq
     assert [(e.token_seq, e.end_ms, e.reason) for e in ends(ds)] == [(c.token_seq, 50.0, "release")]
-    assert p.history()[-3][1:3] == (0.0, 49.5)        # the continued slot really ended at the request
+    assert p.history()[-2][1:3] == (0.0, 49.5)        # the continued slot really ended at the request
+    assert c.token_seq not in [seq for *_, seq in p.history()]   # the continuation never ran
     assert p.holder == "a" and p.holder_seq == fresh.token_seq and not p.waiting()
 
 
@@ -365,6 +367,53 @@ def test_a_group_back_from_idle_is_charged_its_overuse_at_its_weight_as_an_activ
     p.request("a", overuse_ms=4.0, now=t - 10.0)
     va, vb = p._groups["a"].vtime, p._groups["b"].vtime
     assert va - vb <= 4.0 / 0.5 + 1e-6, (va, vb)      # caught up with b, then its 4 ms at the weight of one of two
+
+
+def test_a_holder_asking_again_late_in_a_long_slot_keeps_its_place():
+    """A unified group's slot can last seconds (its quota_floor), longer than active_ms: when its pod manager asks
+    again 900 ms into it, the holder has been active all along, and its virtual time must not catch up with its
+    neighbour's as if it came back from idle (that cost u a 46 s lead when the catch-up ran before the slot was
+    settled)."""
+    p = Policy(config(("u", 1.0, 1.0), ("b", 0.0, 1.0)), 100.0)
+    p.quota_floor = {"u": 2000.0}
+    p.request("u", now=0.0)
+    p.request("b", now=10.0)
+    p.tick(1998.0)
+    p.tick(2000.0)
+    p.request("u", now=2000.0)
+    p.release("b", p.holder_seq, now=2050.0)        # u holds a 2 s slot from 2050
+    p.request("b", now=2060.0)
+    assert p.holder == "u"
+    before_u, before_b = p._groups["u"].vtime, p._groups["b"].vtime
+    assert before_b - before_u > 10_000.0
+    p.request("u", now=2950.0)                      # its clients went idle and came back, 900 ms in
+    # settled (900 of its 2000 ms) and granted its next slot: 4000 - 1100 + 2000, far below b's (50910 if caught up)
+    assert p._groups["u"].vtime == pytest.approx(before_u - 1100.0 + 2000.0), (before_u, p._groups["u"].vtime)
+
+
+def test_a_voided_continuation_leaves_no_slot_behind_that_an_overrun_could_be_matched_with():
+    """A continuation voided before it began never ran. Kept in the finished slots (zero length, at the old
+    deadline, after the slots granted since), it was what a later overrun's search for "the next slot" met first:
+    b's 2 ms overrun into a's slot was charged to b whole and a was credited nothing, instead of 1 ms each."""
+    p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 50.0, 5.0, 10_000.0)
+    p.request("a", now=0.0)
+    p.request("b", now=10.0)
+    p.tick(48.0)
+    p.tick(50.0)
+    p.release("b", p.holder_seq, now=55.0)
+    p.request("a", now=55.0)
+    p.tick(103.0)                                   # a is continued from 105
+    p.request("b", now=103.5)
+    [gb] = grants(p.request("a", now=104.0))        # a's request crossed it: void; b is behind and goes first
+    assert gb.group == "b"
+    p.release("b", gb.token_seq, now=104.5)         # a (waiting) is granted at 104.5
+    sa = p.holder_seq
+    p.release("a", sa, now=110.0)
+    va = p._groups["a"].vtime
+    p.request("b", overuse_ms=2.0, now=111.0)       # b's drain ran 2 ms into a's slot
+    pa = next(x for x in p._past if x.token_seq == sa)
+    assert pa.head_shared == pytest.approx(2.0)
+    assert p._groups["a"].vtime - va == pytest.approx(-1.0 / 0.5)   # a credited half the overlap at weight 0.5
 
 
 def test_a_holder_whose_pod_manager_went_away_is_not_continued():

@@ -133,23 +133,52 @@ def test_early_release_hands_over_at_once(pmgrs):
     assert (time.monotonic() - t0) * 1000 < 20
 
 
-def test_a_request_that_crosses_a_continuation_is_answered(pmgrs):
-    """A lone holder's pod manager asks for its next slot just as gem-schd continues its slot (2 ms before the
-    deadline): the pod manager ignores a continuation while its request is out, so gem-schd must answer the request
-    with a fresh grant. It kept continuing the slot instead, and the request waited out the pod manager's 300 s
-    token timeout (a rare hang of test_faults.py::test_sigkill_of_a_pod_manager). If this machine is so slow that
-    the request arrives after the continuation started, it is answered as a release: the test passes either way,
-    tests/test_policy.py pins the crossing itself."""
+def test_a_request_that_crosses_a_continuation_is_answered(schd, pmgrs):
+    """A lone holder's pod manager asks for its next slot after gem-schd continued its slot but before the
+    continuation began: the pod manager ignores a continuation while its request is out, so gem-schd must answer
+    the request with a fresh grant. It kept continuing the slot instead, and the request waited out the pod
+    manager's 300 s token timeout (a rare hang of test_faults.py::test_sigkill_of_a_pod_manager). The lead is
+    30 ms here (2 ms by default), so that the request surely arrives before the continuation begins."""
+    schd.daemon.policy.continue_lead_ms = 30.0
     pa = pmgrs("a")
     ga = pa.request(TokenRequest("a"))
     assert isinstance(ga, Grant)
     cont = pa.recv_type(Grant, 1.0)
     assert isinstance(cont, Grant) and cont.continuation and cont.prev_seq == ga.token_seq
-    pa.send(TokenRequest("a"))                  # sent before its continuation starts, 2 ms after it was decided
+    pa.send(TokenRequest("a"))
     fresh = pa.recv_type(Grant, 1.0)
-    if isinstance(fresh, Grant) and fresh.continuation:
-        fresh = pa.recv_type(Grant, 1.0)        # (one more continuation only if the request arrived that late)
     assert isinstance(fresh, Grant) and not fresh.continuation and fresh.token_seq > cont.token_seq, fresh
+    assert fresh.deadline_s < cont.deadline_s       # granted now, not at the continuation's start
+
+
+def test_a_voided_continuation_is_withdrawn_from_the_board(schd, pmgrs):
+    """The continuation voided by a crossing request stays on the board unless gem-schd takes it back, and the
+    holder's other hooks take a continuation up from the board when their slot runs out: they would launch
+    until its deadline while b, granted instead, holds the GPU. Its line must end where the continuation was to
+    begin."""
+    schd.daemon.policy.continue_lead_ms = 30.0
+    pa, pb = pmgrs("a"), pmgrs("b")
+    g1 = pa.request(TokenRequest("a"))
+    pb.send(TokenRequest("b"))                      # b waits, and is behind at a's lead point: b goes next
+    gb = pb.recv_type(Grant, 1.0)
+    assert isinstance(gb, Grant) and gb.group == "b" and not gb.continuation
+    pa.send(TokenRequest("a"))                      # a waits; b gives its slot back at once: a's turn
+    pb.send(TokenRelease("b", gb.token_seq))
+    g3 = pa.recv_type(Grant, 1.0)
+    assert isinstance(g3, Grant) and not g3.continuation and g3.token_seq > g1.token_seq
+    cont = pa.recv_type(Grant, 1.0)                 # nobody waits at the lead point: a is continued
+    assert isinstance(cont, Grant) and cont.continuation and cont.prev_seq == g3.token_seq
+    pb.send(TokenRequest("b"))                      # b asks in the lead time: it has used far less than a
+    time.sleep(0.002)
+    pa.send(TokenRequest("a"))                      # a's request crosses its continuation: void, b goes first
+    gb2 = pb.recv_type(Grant, 1.0)
+    assert isinstance(gb2, Grant) and gb2.group == "b", gb2
+    slot = schd.daemon._board_slots["a"]
+    seq, prev, deadline_ns = schd.daemon.board.read(slot)
+    assert (seq, prev) == (cont.token_seq, g3.token_seq)
+    # the line ends where the continuation was to begin (g3's deadline), not at the continuation's own
+    assert deadline_ns <= int((cont.deadline_s - cont.quota_ms / 1000.0) * 1e9) + 1000, \
+        (deadline_ns, cont.deadline_s)
 
 
 def test_bad_frames_are_dropped_and_the_daemon_keeps_running(schd, pmgrs):

@@ -697,6 +697,7 @@ class SchedulerDaemon:
                     # ended by the group itself (it asked again, which queued it) or by a stop needs nothing.
                     self._drop_held(f"its slot ended ({d.reason}) before the evictions were answered", now,
                                     requeue=d.reason == "deadline")
+                self._withdraw_from_board(d)
                 self._notify("on_slot_end", d.group, d.token_seq, d.quota_ms, d.start_ms, d.end_ms, d.wait_ms,
                              d.reason)
             elif isinstance(d, ClaimRightDecision):
@@ -707,6 +708,21 @@ class SchedulerDaemon:
                 log.info("refused group %s: %s", d.group, d.message)
                 if owner is not None:
                     self._send(owner, Error(d.code, d.message, d.group))
+
+    def _withdraw_from_board(self, d: SlotEndDecision) -> None:
+        """A slot that ended before its deadline (released, or a continuation voided before it began) ends on the
+        board too: a holder's hooks take a continuation up from the board when their own slot runs out, and one
+        that read a voided continuation there would launch until its deadline while another group holds the GPU."""
+        slot = self._board_slots.get(d.group)
+        if self.board is None or slot is None:
+            return
+        line = self.board.read(slot)
+        if line is None:
+            return
+        seq, prev, deadline_ns = line
+        end_ns = self._abs_ns(d.end_ms)
+        if seq == d.token_seq and end_ns < deadline_ns:
+            self.board.publish(slot, seq, prev, end_ns)
 
     def _send_grant(self, owner: bytes, d: GrantDecision) -> None:
         deadline = d.start_ms + d.quota_ms

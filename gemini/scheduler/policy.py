@@ -758,8 +758,11 @@ class Policy:
 
     def _activate(self, g: _Group, now: float) -> None:
         """A group becomes active (asks, or claims): its virtual time catches up with the active groups', so
-        that idle time is not banked and a group that comes back cannot take a long run while others wait."""
-        if now - g.last_active > self.active_ms:
+        that idle time is not banked and a group that comes back cannot take a long run while others wait. The
+        holder is active however long ago its slot began (a unified group's slot may last seconds, longer than
+        active_ms): asking again it keeps its place."""
+        h = self._holder
+        if now - g.last_active > self.active_ms and not (h is not None and h.group == g.cfg.name):
             floor = self._min_active_vtime(now, exclude=g)
             if floor is not None and g.vtime < floor:
                 g.vtime = floor
@@ -1016,7 +1019,10 @@ class Policy:
             self._rekey(g)
             g.usage.add(h.start, end, charge)
             self._touch(g, now)
-        self._past.append(_Past(h.group, h.token_seq, h.start, end, charge, used=used, head_shared=head))
+        if span > 0 or not h.prev_seq:
+            self._past.append(_Past(h.group, h.token_seq, h.start, end, charge, used=used, head_shared=head))
+        # (a continuation voided before it began never ran: no report can name it, and kept, it sat in _past
+        # out of time order, where a later overrun's search for the slot it ran into met it first)
         self._prune(now)
         return [SlotEndDecision(h.group, h.token_seq, h.quota, h.start, end, h.wait_ms, reason)]
 
