@@ -464,8 +464,8 @@ class Policy:
             self.start_ms = now
         out: list[Decision] = []
         # Active first: what the request reports is charged at the weight of an active group. A group back from
-        # idle has the weight of an inactive one (1e-3), and its last slot's 4 ms of overuse put it 4 s of virtual
-        # time behind its busy neighbour.
+        # idle has the weight of an inactive one (1e-3): its last slot's 4 ms of overuse added 4 s to its virtual
+        # time, and it fell 1.5 s behind its busy neighbour (tests/test_policy.py).
         self._activate(g, now)
         self._apply_overuse(group, overuse_ms, now)
         h = self._holder
