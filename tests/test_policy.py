@@ -353,8 +353,8 @@ def test_a_request_before_the_continuation_starts_voids_it_and_is_answered():
 
 def test_a_group_back_from_idle_is_charged_its_overuse_at_its_weight_as_an_active_group():
     """A group that asks after more than active_ms idle reports the overuse of its last slot: charged at the
-    weight of an inactive group (1e-3), 4 ms of it put it 4 s of virtual time behind, and its busy neighbour took
-    the GPU for seconds."""
+    weight of an inactive group (1e-3), 4 ms of it added 4 s to its virtual time, 1.5 s more than its busy
+    neighbour's, which then had the GPU for that long."""
     p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)), 20.0, 5.0, 10_000.0)
     [ga] = grants(p.request("a", now=0.0))
     p.release("a", ga.token_seq, now=10.0)

@@ -169,7 +169,8 @@ def test_a_voided_continuation_is_withdrawn_from_the_board(schd, pmgrs):
     cont = pa.recv_type(Grant, 1.0)                 # nobody waits at the lead point: a is continued
     assert isinstance(cont, Grant) and cont.continuation and cont.prev_seq == g3.token_seq
     pb.send(TokenRequest("b"))                      # b asks in the lead time: it has used far less than a
-    time.sleep(0.002)
+    st = pb.request(StatusRequest())                # (answered after b's request: b surely waits when a asks)
+    assert isinstance(st, StatusReply) and next(g for g in st.groups if g["name"] == "b")["waiting"], st
     pa.send(TokenRequest("a"))                      # a's request crosses its continuation: void, b goes first
     gb2 = pb.recv_type(Grant, 1.0)
     assert isinstance(gb2, Grant) and gb2.group == "b", gb2
