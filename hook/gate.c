@@ -358,6 +358,30 @@ static int try_continue_locked(struct gem_gate *g, int64_t now) {
     return 1;
 }
 
+/* gem-schd ended the slot this process holds before its deadline: the group's line on the board names the token
+ * with an earlier deadline (the daemon rewrites it when a slot is released, or when a request crosses the
+ * continuation it was granted: architecture.md, "Continuations"). The pod manager's messages reach only hooks
+ * that ask, and a hook that took a continuation up from the board asks nobody: before this look it launched
+ * until the old deadline while another group held the GPU. The watcher looks at every pass it makes anyway (every
+ * GEMINI_IDLE_RELEASE_MS in a burst, every GEM_BOARD_POLL_NS while idle); the launch path does not. Only an
+ * end earlier by more than GEM_WITHDRAW_SLACK_NS counts: a grant's deadline here is its quota from the moment it
+ * arrived, later than gem-schd's by the message's way. Called with g->mu held and the state HELD. */
+#define GEM_WITHDRAW_SLACK_NS (1 * GEM_NS_PER_MS)
+static void follow_withdrawal_locked(struct gem_gate *g) {
+    if (!g->board || g->board_slot < 0 || g->latency)
+        return;
+    uint64_t seq, prev;
+    int64_t deadline;
+    if (!gemhook_board_read(g->board, (uint32_t)g->board_slot, &seq, &prev, &deadline) || seq != g->token_seq ||
+        deadline + GEM_WITHDRAW_SLACK_NS >= g->slot_deadline_ns)
+        return;
+    GEM_LOG(GEM_LOG_DEBUG, "GPU %d: token %llu was ended %.3f ms before its deadline", g->dev->ordinal,
+            (unsigned long long)seq, (double)(g->slot_deadline_ns - deadline) / 1e6);
+    g->slot_deadline_ns = deadline;
+    atomic_store(&g->deadline_ns, deadline);
+    atomic_fetch_add(&gem_stats.withdrawals, 1);
+}
+
 /* A latency group claims the GPU: a batch holder launches nothing until the claim ends (its queued work,
  * kept short, still runs). Called without g->mu. A claim is bounded by its pod manager and its budget;
  * the hook still never waits more than 2 s in one pause. */
@@ -894,6 +918,7 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
         pthread_mutex_unlock(&g->mu);
         return next;
     }
+    follow_withdrawal_locked(g);
     if (now >= g->slot_deadline_ns && try_continue_locked(g, now)) {
         pthread_mutex_unlock(&g->mu);
         return now;     /* look again at once: the new deadline */

@@ -57,6 +57,10 @@ class FakePmgr:
         self._stop = False
         threading.Thread(target=self._accept, daemon=True).start()
 
+    def ack(self, hello: hp.Hello) -> hp.HelloAck:
+        """The handshake's answer (a subclass may put the hook on a board page)."""
+        return hp.HelloAck(client_id=len(self.hellos), mem_limit=self.mem_limit, mem_used=0, group=hello.pod_name)
+
     def answer_meminfo(self, conn: FakeConn, seq: int, msg: hp.Message) -> None:
         if isinstance(msg, hp.MemInfo):
             conn.send(hp.MemReply(verdict=0, used=0, limit=self.mem_limit), seq)
@@ -87,8 +91,7 @@ class FakePmgr:
                 if isinstance(msg, hp.Hello):
                     conn.hello = msg
                     self.hellos.append(msg)
-                    conn.send(hp.HelloAck(client_id=len(self.hellos), mem_limit=self.mem_limit, mem_used=0,
-                                          group=msg.pod_name), seq)
+                    conn.send(self.ack(msg), seq)
                     continue
                 self.requests.append((conn.hello.pid if conn.hello else 0, msg))
                 self.handler(conn, seq, msg)
