@@ -351,6 +351,75 @@ def test_a_request_before_the_continuation_starts_voids_it_and_is_answered():
     assert p.holder == "a" and p.holder_seq == fresh.token_seq and not p.waiting()
 
 
+def test_a_release_naming_the_continuation_before_it_starts_ends_the_slot_it_continues():
+    """The pod manager took the continuation up (its token is the new seq) and its hooks went idle in the lead
+    time: the release names the continuation. As for a release naming the old slot, that slot ends at the
+    release and takes the measured use. Before: it stayed charged to its deadline while b was granted at once, and
+    the measured use went to the zero-length continuation."""
+    got = {}
+    for which in ("old", "new"):
+        p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)))
+        [g] = grants(p.request("a", now=0.0))
+        [c] = grants(p.tick(g.quota_ms - 2.0))
+        p.request("b", now=98.1)
+        ds = p.release("a", g.token_seq if which == "old" else c.token_seq, now=98.5, used_ms=90.0)
+        assert [d.group for d in grants(ds)] == ["b"]
+        slots = {seq: (start, end) for grp, start, end, seq in p.history() if grp == "a"}
+        got[which] = (slots, p.usage("a", 200.0))
+    assert got["new"] == got["old"]
+    assert got["new"][0] == {1: (0.0, 98.5)}
+
+
+def test_a_release_of_the_continued_slot_that_arrives_after_the_continuation_began_ends_it():
+    """The pod manager gave slot 1 back just before its deadline, before the continuation reached it (it ignores
+    it then); the release arrives just after the continuation began. Its group is idle: the continuation ends at
+    the release, and b, waiting, is granted. Before: the continuation ran its whole 100 ms for nobody."""
+    p = Policy(config(("a", 0.7, 1.0), ("b", 0.0, 1.0)))
+    [g] = grants(p.request("a", now=0.0))
+    [c] = grants(p.tick(98.0))
+    p.request("b", now=99.0)
+    p.tick(100.0)
+    assert p.holder == "a" and p.holder_seq == c.token_seq
+    ds = p.release("a", g.token_seq, now=100.1)
+    assert [(e.token_seq, e.end_ms, e.reason) for e in ends(ds)] == [(c.token_seq, 100.1, "release")]
+    assert [d.group for d in grants(ds)] == ["b"]
+
+
+def test_status_shows_the_holder_while_its_continued_slot_runs_out():
+    """In the lead time the running slot's continuation is decided (the policy's holder is the continuation, not
+    begun): status still says the group holds the GPU (gem-ctl, gemini_token_holder)."""
+    p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)))
+    grants(p.request("a", now=0.0))
+    [c] = grants(p.tick(98.0))
+    assert c.continuation
+    assert p.status(99.0)["a"].holding and p.status(101.0)["a"].holding
+
+
+@pytest.mark.parametrize("cfg", [(("lat", 0.0, 1.0, "latency"), ("b", 0.0, 1.0)),
+                                 (("lat", 0.1, 0.1, "latency"), ("b", 0.0, 1.0))], ids=["min-util-0", "cap-empty"])
+def test_a_latency_group_that_cannot_claim_yet_sets_no_timer_before_it_can(cfg):
+    """A latency group without the right to claim wakes gem-schd's timer when it could get the right back: both
+    its claim budget half full and its cap's bucket above empty. Waking at the budget alone, the timer fired at
+    once, for nothing, again and again: for good with MinUtil 0 (such a group never claims, and its budget is
+    always full: an idle daemon spun a core), until the cap refilled with the cap's bucket empty."""
+    p = Policy(config(*cfg))
+    now = 40.0
+    if cfg[0][1] > 0:
+        p.request("b", now=0.0)
+        p.claimed("lat", 10.0, 30.0, now=30.0, used_ms=20.0)
+        p.claimed("lat", 30.0, 40.0, now=40.0, used_ms=10.0)     # its cap's bucket (25 ms at 0.1) is spent
+        assert not p.claim_right("lat").allowed
+    for _ in range(3):
+        w = p.next_wakeup(now)
+        assert w is None or w > now, f"next_wakeup({now}) = {w}: the timer fires at once"
+        if w is not None and math.isfinite(w):
+            assert not any(isinstance(d, ClaimRightDecision) for d in p.tick(w - 0.01))
+            now = w
+        p.tick(now)
+    if cfg[0][1] > 0:
+        assert p.claim_right("lat").allowed         # woken when the right came back, and given it
+
+
 def test_a_group_back_from_idle_is_charged_its_overuse_at_its_weight_as_an_active_group():
     """A group that asks after more than active_ms idle reports the overuse of its last slot: charged at the
     weight of an inactive group (1e-3), 4 ms of it added 4 s to its virtual time, 1.5 s more than its busy

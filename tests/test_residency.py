@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -601,3 +602,47 @@ def test_gem_schd_evicts_at_once_when_the_holder_grows_past_the_capacity():
         assert isinstance(evict, Evict) and evict.group == "j0"
         for pm in pms.values():
             pm.close()
+
+
+def test_a_grant_held_for_evictions_goes_out_with_what_is_left_of_its_slot():
+    """j1's grant waits 0.4 s for j0's eviction, and its slot's clock runs meanwhile. A pod manager counts a
+    fresh grant's quota from its arrival: sent whole, it ran j1's hooks 0.4 s past gem-schd's deadline, into the
+    next group's slot."""
+    cfg = parse_config("".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n" for i in range(3)))
+    with DaemonThread(cfg, device_memory=240 * MiB, board_path=None, base_quota_ms=5000.0) as dt:
+        pms, evict_seq, held_seq = _held_grant_setup(dt)
+        try:
+            time.sleep(0.4)
+            pms["j0"].send(Swapped("j0", "host", seq=evict_seq, moved_bytes=100 * MiB, took_ms=10.0))
+            grant = pms["j1"].recv_type(Grant)
+            left_ms = (grant.deadline_s - time.monotonic()) * 1000.0
+            assert isinstance(grant, Grant) and grant.token_seq == held_seq
+            assert grant.quota_ms <= left_ms + 50.0, f"quota {grant.quota_ms:.0f} ms, {left_ms:.0f} ms left"
+        finally:
+            for pm in pms.values():
+                pm.close()
+
+
+@pytest.mark.parametrize("how", ["pod-manager-gone", "group-removed"])
+def test_a_held_grant_stops_waiting_for_an_evictee_that_is_gone(how):
+    """j1's grant waits for j0's eviction; then j0's pod manager is swept (silent for an hour: its memory went with
+    its processes), or j0 is removed from the config. The grant goes out at once, instead of after the eviction
+    timeout (15 s and more) with the GPU idle."""
+    cfg = parse_config("".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n" for i in range(3)))
+    without_j0 = parse_config("".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n"
+                                      for i in (1, 2)))
+    with DaemonThread(cfg, device_memory=240 * MiB, board_path=None, base_quota_ms=5000.0) as dt:
+        pms, _evict_seq, held_seq = _held_grant_setup(dt)
+        try:
+            def j0_gone():
+                if how == "pod-manager-gone":
+                    dt.daemon._peers[b"j0"].last_seen -= 3600.0
+                    dt.daemon._sweep()
+                else:
+                    dt.daemon.apply_config(without_j0)
+            dt.call(j0_gone)
+            grant = pms["j1"].recv_type(Grant, timeout=1.0)
+            assert isinstance(grant, Grant) and grant.token_seq == held_seq, "j1's grant is still held"
+        finally:
+            for pm in pms.values():
+                pm.close()

@@ -516,3 +516,56 @@ def test_a_policy_error_that_recurs_is_retried_without_spinning(schd, pmgrs, cap
     # a's deadline comes 60 ms into the half second: about 44 retries of 10 ms, not thousands
     assert 10 <= len(calls) <= 80, len(calls)
     assert caplog.text.count("internal error while deciding at a deadline") == 1, caplog.text[-2000:]
+
+
+LATENCY_NEVER_CLAIMS = parse_config("[lat]\nClass = latency\nMinUtil = 0\nMaxUtil = 1.0\n[b]\nMaxUtil = 1.0\n",
+                                    "rc.txt")
+
+
+def test_an_idle_daemon_with_a_latency_group_that_never_claims_does_not_spin():
+    """A latency group with MinUtil 0 never gets the right to claim. gem-schd's timer used to wake at its claim
+    budget's refill, which was always now: an idle daemon ran thousands of ticks a second, a core at 100%."""
+    with DaemonThread(LATENCY_NEVER_CLAIMS, board_path=None) as d:
+        ticks = [0]
+
+        def count_ticks():
+            tick = d.daemon.policy.tick
+
+            def counted(now):
+                ticks[0] += 1
+                return tick(now)
+            d.daemon.policy.tick = counted
+            d.daemon._arm_timer()
+        d.call(count_ticks)
+        time.sleep(0.5)
+        n = d.call(lambda: ticks[0])
+    assert n < 10, f"{n} ticks in 0.5 s of an idle daemon"
+
+
+def test_observers_are_told_of_the_claim_the_policy_took_not_the_raw_report():
+    """A claim report with a stale start (100 s ago): the policy takes at most max_claim_ms + 5 ms of it; the
+    metrics (gemini_claim_seconds_total) and the trace were told of the whole 100 s."""
+    cfg = parse_config("[lat]\nClass = latency\nMinUtil = 0.3\nMaxUtil = 1.0\n[b]\nMaxUtil = 1.0\n", "rc.txt")
+
+    class Claims:
+        def __init__(self):
+            self.spans = []
+
+        def on_claim(self, group, start, end):
+            self.spans.append(end - start)
+
+    with DaemonThread(cfg, board_path=None) as d:
+        seen = Claims()
+        d.call(lambda: d.daemon.observers.append(seen))
+        with FakePodManager(d.endpoint) as pm:
+            assert isinstance(pm.request(Hello("lat", pid=os.getpid())), Welcome)
+            pm.drain()
+            now = time.monotonic()
+            pm.send(ClaimReport("lat", start_s=now - 100.0, end_s=now - 0.001, used_ms=5.0))
+            st = pm.request(StatusRequest())
+            while not isinstance(st, StatusReply):
+                st = pm.recv()
+        claim_ms = next(g["claim_ms"] for g in st.groups if g["name"] == "lat")
+        max_span = d.daemon.policy.max_claim_ms + 5.0
+    assert 0 < claim_ms <= max_span
+    assert len(seen.spans) == 1 and 0 < seen.spans[0] <= max_span + 1e-6, seen.spans

@@ -532,9 +532,12 @@ class SchedulerDaemon:
             if self._check_registered(identity, msg.group, envelope):
                 now = self.now_ms()
                 start, end = self._policy_ms(msg.start_s), self._policy_ms(msg.end_s)
+                span = self.policy.claim_span(start, end, now)
                 decisions = self.policy.claimed(msg.group, start, end, now, used_ms=msg.used_ms,
                                                 ahead_ms=msg.ahead_ms)
-                self._notify("on_claim", msg.group, start, min(end, now))
+                if span is not None:
+                    # what the policy took: a report's raw span (a stale start) added 100 s to the metrics
+                    self._notify("on_claim", msg.group, *span)
                 self._dispatch(decisions, now)
         elif isinstance(msg, Swapped):
             if self._check_registered(identity, msg.group, envelope):
@@ -632,6 +635,17 @@ class SchedulerDaemon:
                 info.connected = False
             self.residency.disconnected(peer.group)
             self._residency_to_policy()
+            self._stop_waiting_for(peer.group)
+
+    def _stop_waiting_for(self, group: str) -> None:
+        """A held grant waits for no eviction of a group that is gone (its pod manager, and with it its memory, or
+        the group itself): kept, the grant and everyone behind it waited out the eviction timeout, 15 s or more,
+        while the GPU idled."""
+        held = self._held
+        if held is not None and group in held.waiting:
+            held.waiting.discard(group)
+            if not held.waiting:
+                self._release_held()
 
     # --- sending ----------------------------------------------------------------------------------------------------
 
@@ -724,13 +738,19 @@ class SchedulerDaemon:
         if seq == d.token_seq and end_ns < deadline_ns:
             self.board.publish(slot, seq, prev, end_ns)
 
-    def _send_grant(self, owner: bytes, d: GrantDecision) -> None:
+    def _send_grant(self, owner: bytes, d: GrantDecision, held: bool = False) -> None:
         deadline = d.start_ms + d.quota_ms
         slot = self._board_slots.get(d.group)
         if self.board is not None and slot is not None:
             # First the board (a continuation reaches the holder's hooks there), then the message.
             self.board.publish(slot, d.token_seq, d.prev_seq, self._abs_ns(deadline))
-        self._send(owner, Grant(d.group, d.quota_ms, d.token_seq, d.continuation, d.prev_seq,
+        quota = d.quota_ms
+        if held and not d.continuation:
+            # What is left of the slot: a grant held back for evictions goes out late, and its clock ran meanwhile.
+            # A pod manager counts a fresh grant's quota from its arrival; the whole of it ran the hooks as long
+            # past gem-schd's deadline as the grant was held, into the next group's slot.
+            quota = min(quota, max(0.0, deadline - self.now_ms()))
+        self._send(owner, Grant(d.group, quota, d.token_seq, d.continuation, d.prev_seq,
                                 self._abs_ns(deadline) / 1e9))
         self._notify("on_grant", d.group, d.token_seq, d.quota_ms, d.start_ms, d.wait_ms)
         log.debug("grant %s quota %.3f ms seq %d%s", d.group, d.quota_ms, d.token_seq,
@@ -883,7 +903,7 @@ class SchedulerDaemon:
         if owner is None:
             return
         if self.policy.holder_seq == held.decision.token_seq:
-            self._send_grant(owner, held.decision)
+            self._send_grant(owner, held.decision, held=True)
         else:
             # (the slot's end and continuation are handled in _dispatch; this is the safety net)
             log.info("held grant of group %s is stale (slot %d is over): asking again", held.decision.group,
@@ -1015,6 +1035,7 @@ class SchedulerDaemon:
                 self._send(owner, GroupRemoved(name))
                 self._forget_peer(owner)
             self._info.pop(name, None)
+            self._stop_waiting_for(name)
         if not diff.empty:
             log.info("config applied: added %s, changed %s, removed %s", list(diff.added) or "none",
                      list(diff.changed) or "none", list(diff.removed) or "none")

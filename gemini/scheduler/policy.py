@@ -498,17 +498,30 @@ class Policy:
         now = self._now(now)
         h = self._holder
         out: list[Decision] = []
+        if h is not None and h.group == group and h.prev_seq and h.start > self._last_now and \
+                token_seq in (h.token_seq, h.prev_seq):
+            # Released before the deadline at which its continuation was to start: the continuation never runs,
+            # and the slot it continued ends now instead of at its deadline -- whichever of the two the release
+            # names (a pod manager that took the continuation up names the new one; what its hooks measured is
+            # the old one's).
+            prev = h.prev_seq
+            out += self._end_slot(now, "release")
+            out += self._shorten_past(prev, now)
+            self._apply_overuse(group, overuse_ms, now)
+            self._apply_used(group, used_ms, now, prev)
+            return out + self._schedule(now)
         if h is not None and h.group == group and h.token_seq == token_seq:
             self._apply_overuse(group, overuse_ms, now)
             out += self._end_slot(now, "release", used_ms)
             return out + self._schedule(now)
-        if h is not None and h.group == group and self._continues(h, token_seq):
-            # Released before the deadline at which its continuation was to start: the continuation never runs,
-            # and the slot it continued ends now instead of at its deadline.
-            out += self._end_slot(now, "release")
-            out += self._shorten_past(token_seq, now)
+        if h is not None and h.group == group and h.prev_seq == token_seq:
+            # The slot it continued, released just before its deadline, the release arriving after the
+            # continuation began: the pod manager gave the slot back before the continuation reached it, and
+            # ignores it now (protocol.md). Its group is idle: the continuation ends here, not a whole slot later
+            # while others wait.
             self._apply_overuse(group, overuse_ms, now)
             self._apply_used(group, used_ms, now, token_seq)
+            out += self._end_slot(now, "release")
             return out + self._schedule(now)
         if group not in self._groups and not any(p.group == group for p in self._past):
             return [self._unknown(group)]
@@ -529,6 +542,15 @@ class Policy:
             h.decided = True
         return self._schedule(now)
 
+    def claim_span(self, start_ms: float, end_ms: float, now: float) -> Optional[tuple[float, float]]:
+        """The part of a reported claim the policy takes: not in the future, nor longer than its bound plus a
+        margin for the report's travel (None: nothing of it). Observers are told of this span, not the report's."""
+        if not (math.isfinite(start_ms) and math.isfinite(end_ms)):
+            return None
+        end_ms = min(end_ms, now)
+        start_ms = max(start_ms, end_ms - self.max_claim_ms - 5.0)
+        return (start_ms, end_ms) if end_ms > start_ms else None
+
     def claimed(self, group: str, start_ms: float, end_ms: float, now: float, used_ms: float = 0.0,
                 ahead_ms: float = 0.0) -> list[Decision]:
         """A latency group's pod manager reports a claim it made: [start_ms, end_ms] on the policy's clock, and
@@ -542,14 +564,11 @@ class Policy:
         g = self._groups.get(group)
         if g is None:
             return [self._unknown(group)]
-        if not (math.isfinite(start_ms) and math.isfinite(end_ms)):
+        bounded = self.claim_span(start_ms, end_ms, now)
+        if bounded is None:
             return []
-        # A claim cannot be in the future, nor longer than its bound plus a margin for the report's travel.
-        end_ms = min(end_ms, now)
-        start_ms = max(start_ms, end_ms - self.max_claim_ms - 5.0)
+        start_ms, end_ms = bounded
         span = end_ms - start_ms
-        if span <= 0:
-            return []
         ahead = min(max(0.0, ahead_ms), MAX_CLAIM_AHEAD_MS) if math.isfinite(ahead_ms) else 0.0
         dur = span
         if math.isfinite(used_ms) and used_ms > 0:
@@ -623,8 +642,8 @@ class Policy:
             for entry in popped:
                 heapq.heappush(self._held, entry)
         for g in self._latency.values():
-            if not g.claim_allowed and g.claim_bucket is not None:
-                best = min(best, g.claim_bucket.time_to_reach(self._claim_regrant_level(), now))
+            if not g.claim_allowed:
+                best = min(best, self._claim_right_back_at(g, now))
         return None if best == math.inf else best
 
     def apply_config(self, config: Config, now: float) -> list[Decision]:
@@ -706,7 +725,9 @@ class Policy:
             out[name] = GroupStatus(
                 name=name, min_util=g.cfg.min_util, max_util=g.cfg.max_util, sched_class=g.cfg.sched_class,
                 share=self.share(name, now),
-                holding=h is not None and h.group == name and h.start <= now < h.deadline,
+                # (a continuation decided but not begun: the slot it continues still runs)
+                holding=h is not None and h.group == name and (h.start <= now < h.deadline or
+                                                              (h.prev_seq != 0 and now < h.start)),
                 waiting=g.waiting is not None, wait_ms=(now - g.waiting.arrival) if g.waiting else 0.0,
                 quota_ms=g.last_quota, grants=g.grants, continuations=g.continuations,
                 bucket_ms=self._level(g, now) if g.bucket is not None else math.inf,
@@ -1357,6 +1378,18 @@ class Policy:
         if g.bucket is not None and g.bucket.at(now) <= 0:
             return False
         return g.claim_bucket.at(now) > 0
+
+    def _claim_right_back_at(self, g: _Group, now: float) -> float:
+        """The earliest time `_update_claim_right` could give a latency group its right back: both its claim budget
+        half full and its cap's bucket above empty (inf: never, e.g. MinUtil 0). Waking at the budget alone, the
+        daemon's timer fired at once and for nothing, again and again, while the cap held the right back -- and
+        for good with MinUtil 0 (a budget that never drains is always full)."""
+        if g.claim_bucket is None or g.cfg.min_util <= 0 or g.cfg.max_util <= 0:
+            return math.inf
+        at = g.claim_bucket.time_to_reach(self._claim_regrant_level(), now)
+        if g.bucket is not None and g.bucket.at(at) <= 0:
+            at = max(at, g.bucket.time_to_reach(2 * EPS, at))   # (reached: above EPS, so above 0)
+        return at
 
     def _update_claim_right(self, g: _Group, now: float) -> list[Decision]:
         """Take the right to claim away when the budget is spent; give it back when it is half full again."""
