@@ -54,6 +54,16 @@ class BoardError(RuntimeError):
     """The board page cannot be created or opened."""
 
 
+def _check_path(path: Path) -> None:
+    """The page's path travels to the hooks in a fixed field (HELLO_ACK's board_path): one that does not fit could
+    be created and mapped, but no hook could be told of it (every handshake failed to encode)."""
+    ffi, lib = _ffi()
+    limit = int(lib.GEM_BOARD_PATH_LEN)
+    if len(os.fsencode(str(path))) >= limit:
+        raise BoardError(f"the board page's path {str(path)!r} is {len(os.fsencode(str(path)))} bytes; hooks are "
+                         f"told paths of at most {limit - 1}")
+
+
 class Board:
     """A mapped board page. `create` (gem-schd) makes a new one; `open` (a pod manager) maps an existing one."""
 
@@ -69,6 +79,7 @@ class Board:
         ffi, lib = _ffi()
         size = ffi.sizeof("struct gem_board")
         path = Path(path)
+        _check_path(path)
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
@@ -91,6 +102,7 @@ class Board:
         ffi, _ = _ffi()
         size = ffi.sizeof("struct gem_board")
         path = Path(path)
+        _check_path(path)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError as exc:

@@ -975,3 +975,136 @@ def test_grant_flags_say_how_short_the_hooks_queue_must_be(max_util, latency_gro
     r.m.on_hook(a, 5, hp.TokenRequest())
     [g] = to_hook(r.grant(50.0, 7))
     assert g.msg.flags == flags
+
+
+# --- after review: continued slots, claims that run out, residency reports, class changes ---------------------
+
+def test_a_turn_holder_that_did_not_take_the_continuation_up_still_passes_the_turn_on():
+    """Turns: b waits, so a's hook does not take gem-schd's continuation up (the board shows a waiter) and gives
+    back the seq it was granted. The pod manager had moved its token to the continuation's seq and ignored that
+    release: a stayed a holder, and b waited while gem-schd continued the slot again and again."""
+    r = Rig(turns=True)
+    a, b = r.hook(pid=1), r.hook(pid=2)
+    r.m.on_hook(a, 1, hp.TokenRequest())
+    assert granted(r.grant(50.0, 1)) == {a: 50.0}
+    r.clock.advance(0.010)
+    assert granted(r.m.on_hook(b, 1, hp.TokenRequest())) == {}
+    r.clock.advance(0.038)
+    assert r.m.on_scheduler(sm.Grant(group=GROUP, quota_ms=50.0, token_seq=2, continuation=True, prev_seq=1)) == []
+    r.clock.advance(0.002)
+    assert granted(r.m.on_hook(a, 2, hp.TokenRelease(token_seq=1))) == {b: pytest.approx(50.0)}
+
+
+def test_a_latency_hook_that_never_takes_continuations_gives_the_continued_slot_back():
+    """A latency group without the right to claim gets slots; its hooks never take a continuation up, so an idle
+    one gives back the seq it was granted. That release must give the continued slot back to gem-schd (before:
+    ignored, and the GPU sat idle for the rest of the slot)."""
+    r, board = latency_rig()
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=False, max_claim_ms=20.0))
+    a = r.hook(pid=1)
+    r.m.on_hook(a, 1, hp.TokenRequest())
+    r.grant(50.0, 1)
+    r.clock.advance(0.048)
+    r.m.on_scheduler(sm.Grant(group=GROUP, quota_ms=50.0, token_seq=2, continuation=True, prev_seq=1))
+    r.clock.advance(0.003)
+    [release] = [m for m in upstream(r.m.on_hook(a, 2, hp.TokenRelease(token_seq=1))) if isinstance(m, sm.TokenRelease)]
+    assert release.token_seq == 2
+
+
+def test_a_fresh_grant_forgets_the_slot_given_back_before():
+    """A restarted gem-schd numbers its slots from 1 again: a fresh slot that happens to carry the seq the group
+    last gave back early must still be continued."""
+    r = Rig()
+    a = r.hook(pid=1)
+    r.m.on_hook(a, 1, hp.TokenRequest())
+    r.grant(50.0, 1)
+    r.m.on_hook(a, 2, hp.TokenRelease(token_seq=1))             # given back early
+    r.m.on_hook(a, 3, hp.TokenRequest())
+    assert granted(r.grant(50.0, 1)) == {a: 50.0}                 # the new gem-schd's first slot
+    r.clock.advance(0.048)
+    r.m.on_scheduler(sm.Grant(group=GROUP, quota_ms=50.0, token_seq=2, continuation=True, prev_seq=1))
+    assert r.m.token.token_seq == 2 and r.m.token.left(r.clock.now) == pytest.approx(0.052)
+
+
+def test_a_claim_that_runs_out_while_a_holder_is_busy_is_charged_whole():
+    """a gives the claim back after 1 ms with 0.5 ms measured; b is still busy when the claim runs out, and its
+    measure comes only with its next request, where no claim takes it. The claim is reported as not measured
+    (used 0: gem-schd charges the whole span). Before: reported used 0.5 ms, charged a quarter of the span for
+    about 20 ms of GPU time, and an honest group's claim budget went four times as far."""
+    r, board = latency_rig()
+    a, b = r.hook(pid=1), r.hook(pid=2)
+    [ga] = to_hook(r.m.on_hook(a, 1, hp.TokenRequest()))
+    to_hook(r.m.on_hook(b, 1, hp.TokenRequest()))
+    r.clock.advance(0.001)
+    assert upstream(r.m.on_hook(a, 2, hp.TokenRelease(token_seq=ga.msg.token_seq, used_ns=MS // 2))) == []
+    r.clock.advance(0.0195)
+    [report] = [m for m in upstream(r.m.on_hook(b, 2, hp.TokenRequest(used_ns=19 * MS)))
+                if isinstance(m, sm.ClaimReport)]
+    assert (report.end_s - report.start_s) * 1000 == pytest.approx(20.0) and report.used_ms == 0.0
+
+
+def unified_rig():
+    board = FakeBoard()
+    r = Rig(welcomed=False, board_open=lambda path: board)
+    r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=1.0, mem_limit=1000, scheduler_id="s1",
+                                memory_mode="unified", board_path="/dev/shm/b", board_slot=2))
+    return r
+
+
+def test_a_residency_report_is_bounded_by_the_memory_the_client_holds():
+    """A hook that holds 400 bytes says it manages 2**62 (resident as much): gem-schd was told the group's size
+    from it (it never fit, and the others were evicted for it), and an eviction's give-up time grew to a century."""
+    r = unified_rig()
+    a = r.hook(pid=1)
+    r.m.on_hook(a, 2, hp.MemAlloc(bytes=400, kind=hp.MemKind.MANAGED))
+    r.m.on_hook(a, 3, hp.Residency(managed_bytes=2**62, resident_bytes=2**62, direction=hp.RESIDENCY_TO_DEVICE))
+    assert r.m.residency.managed_bytes == 400 and r.m.residency.resident_bytes == 400
+    r.clock.advance(1.0)
+    [hb] = [m for m in upstream(r.m.tick()) if isinstance(m, sm.Heartbeat)]
+    assert hb.managed == 400
+
+
+def test_a_device_groups_residency_reports_are_ignored():
+    r = Rig()
+    a = r.hook(pid=1)
+    [ack] = to_hook(r.m.on_hook(a, 2, hp.Residency(managed_bytes=500, direction=hp.RESIDENCY_TO_DEVICE)))
+    assert isinstance(ack.msg, hp.Ack) and r.m.residency.managed_bytes == 0
+
+
+def test_a_process_that_joined_as_batch_is_not_granted_claims_after_the_group_turns_latency():
+    """Its HELLO_ACK said batch, so its hook pauses on the board's claim word, its own group's claims included: a
+    claim granted to it stopped its own next launch until the claim ended. It asks gem-schd like a batch hook
+    until it restarts (README: processes keep the class they connected with)."""
+    board = FakeBoard()
+    r = Rig(welcomed=False, board_open=lambda path: board)
+    r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.5, max_util=1.0, mem_limit=1000, scheduler_id="s1",
+                                sched_class="batch", board_path="/dev/shm/b", board_slot=3))
+    a = r.hook(pid=1)
+    r.m.on_scheduler(sm.ConfigUpdate(group=GROUP, min_util=0.5, max_util=1.0, mem_limit=1000, sched_class="latency"))
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    acts = r.m.on_hook(a, 2, hp.TokenRequest())
+    assert to_hook(acts) == [] and upstream(acts) == [sm.TokenRequest(group=GROUP)] and board.claims == {}
+    b = r.hook(pid=2)                                             # a process that joins now is latency class
+    [g] = to_hook(r.m.on_hook(b, 2, hp.TokenRequest()))
+    assert g.msg.flags & hp.GRANT_CLAIM
+
+
+def test_a_board_path_too_long_for_the_hooks_is_refused_and_the_group_runs_without_it(tmp_path, caplog):
+    """gem-schd's --board (or k8s --board-root) longer than HELLO_ACK's 127-byte field: the page could be created and
+    mapped, but no hook could be told of it -- every HELLO_ACK failed to encode and every process was locked
+    out. Now the page is refused where it is made or mapped, with the reason, and the group runs without it."""
+    from gemini.board import Board, BoardError
+    long_path = tmp_path / ("d" * 70) / ("e" * 70) / "board"
+    long_path.parent.mkdir(parents=True)
+    with pytest.raises(BoardError, match="bytes; hooks are told paths of at most 127"):
+        Board.create(long_path)
+    with pytest.raises(BoardError, match="hooks are told paths"):
+        Board.open(long_path)
+    r = Rig(welcomed=False, board_open=Board.open)
+    r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.5, max_util=1.0, mem_limit=1000, scheduler_id="s1",
+                                sched_class="latency", board_path=str(long_path), board_slot=0))
+    assert r.m.board is None and "hooks are told paths" in caplog.text
+    cid = r.m.connect("p")
+    [ack] = to_hook(r.m.on_hook(cid, 1, hp.Hello(pid=1, pod_name=GROUP)))
+    assert ack.msg.board_path == "" and ack.msg.board_slot == -1
+    hp.encode(ack.msg, ack.seq)                                   # it fits its frame

@@ -85,6 +85,7 @@ class Client:
     mem: int = 0                # bytes this connection holds
     creds: PeerCredentials | None = None    # from SO_PEERCRED; None on TCP
     pid_visible: bool = False   # `pid` names a process of the pod manager's own pid namespace (it can tell if it lives)
+    latency: bool = False       # its HELLO_ACK said latency class: its hook takes claims (it keeps the class for life)
 
     @property
     def uid(self) -> int:
@@ -281,6 +282,7 @@ class PodManager:
 
     def _hello_ack(self, client: Client, seq: int) -> ToHook:
         flags = hp.ACK_LATENCY if self.sched_class == "latency" else 0
+        client.latency = bool(flags)
         if self.memory_mode == "unified":
             flags |= hp.ACK_UNIFIED
         slot = self.board_slot if self.board is not None else -1
@@ -451,7 +453,13 @@ class PodManager:
                 return []
             return self._memory(client, seq, msg, now)
         if isinstance(msg, hp.Residency):
-            return [ToHook(client_id, seq, hp.Ack())] + self._swapped(*self.residency.on_report(client_id, msg))
+            if self.memory_mode != "unified":
+                return [ToHook(client_id, seq, hp.Ack())]     # a device group has no residency to report
+            # Bounded by what the ledger counts for the client: a report is a hook's word, and 2**62 managed
+            # bytes went to gem-schd as the group's size (it never fit, and evicted the others) and stretched an
+            # eviction's give-up time to a century.
+            reports = self.residency.on_report(client_id, msg, held=client.mem)
+            return [ToHook(client_id, seq, hp.Ack())] + self._swapped(*reports)
         return [_error(client_id, seq, hp.ErrorCode.PROTOCOL, f"unexpected {msg.TYPE.name}"), CloseHook(client_id)]
 
     def _on_hello(self, client: Client, seq: int, msg: hp.Hello, now: float) -> list[Action]:
@@ -509,8 +517,10 @@ class PodManager:
     # --- token -------------------------------------------------------------------------------
 
     def _on_token_request(self, client: Client, seq: int, msg: hp.TokenRequest, now: float) -> list[Action]:
-        if self.claims.usable and not self.link.unknown_reason:
-            # Latency class: the GPU at once, on the board; gem-schd hears of it when the claim ends.
+        if self.claims.usable and client.latency and not self.link.unknown_reason:
+            # Latency class: the GPU at once, on the board; gem-schd hears of it when the claim ends. (Only for a
+            # hook that was told it is latency class: a batch hook pauses on the board's claim word, its own
+            # group's claim included, so a claim granted to it stopped its own next launch until the claim ended.)
             # (an early claim's launches began before this request arrived: from then, on the shared monotonic clock)
             ahead = now - msg.launched_ns / 1e9 if msg.launched_ns > 0 else 0.0
             token_seq, quota_ns, ended = self.claims.request(client.id, now, ahead)
@@ -536,13 +546,13 @@ class PodManager:
                     and self.link.upstream is None):
                 # The slot continues: the holders keep the token, and the deadline moves on by the new quota.
                 # (Slow to arrive, it counts from now.)
-                token.token_seq = msg.token_seq
+                token.continue_as(msg.token_seq)
                 token.deadline = max(token.deadline, now) + msg.quota_ms / 1000.0
             # Otherwise we gave the slot back or asked for the next one meanwhile: gem-schd ends the
             # continuation when that message reaches it, and answers a request with a grant of its own.
             return []
         self.link.upstream = None
-        token.token_seq = msg.token_seq
+        token.fresh(msg.token_seq)      # (a restarted gem-schd numbers from 1 again: no released seq carries over)
         token.deadline = now + msg.quota_ms / 1000.0
         token.holders = set()
         quota_ns = int(msg.quota_ms * NS_PER_MS)

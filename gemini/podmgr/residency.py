@@ -85,10 +85,14 @@ class GroupResidency:
         self.evicting = _Eviction(seq, started, waiting, limit)
         return self._finish_if_done()
 
-    def on_report(self, client_id: int, msg: hp.Residency) -> list[Report]:
-        """A hook moved its memory."""
-        self.resident[client_id] = msg.resident_bytes
-        self.managed[client_id] = max(self.managed.get(client_id, 0), msg.managed_bytes)
+    def on_report(self, client_id: int, msg: hp.Residency, held: int | None = None) -> list[Report]:
+        """A hook moved its memory. `held`: the bytes the group's ledger counts for the client, which bound what
+        it may say it manages (None: unbounded)."""
+        managed = max(0, msg.managed_bytes)
+        if held is not None:
+            managed = min(managed, max(0, held))
+        managed = self.managed[client_id] = max(self.managed.get(client_id, 0), managed)
+        self.resident[client_id] = min(max(0, msg.resident_bytes), managed)
         took = max(0, msg.moved_ns) / 1e9
         if msg.moved_bytes:
             self.totals.swaps += 1

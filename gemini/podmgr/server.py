@@ -243,10 +243,17 @@ class PodManagerServer:
         if writer is None or writer.is_closing():
             return
         msg = action.msg
-        if isinstance(msg, hp.Error):
-            frame = hp.error_frame(hp.ErrorCode(msg.code), msg.message, action.seq)
-        else:
-            frame = hp.encode(msg, action.seq)
+        try:
+            if isinstance(msg, hp.Error):
+                frame = hp.error_frame(hp.ErrorCode(msg.code), msg.message, action.seq)
+            else:
+                frame = hp.encode(msg, action.seq)
+        except (ValueError, OverflowError, TypeError) as exc:
+            # A reply that does not fit its frame is our bug, not the hook's: it gets an error naming it instead of
+            # no answer, and the actions after it still go out.
+            log.error("cannot encode %s for client %d: %s", msg.TYPE.name, action.client_id, exc)
+            frame = hp.error_frame(hp.ErrorCode.INTERNAL, f"the pod manager could not encode its {msg.TYPE.name}: "
+                                   f"{exc}", action.seq)
         writer.write(frame)
         if writer.transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
             log.warning("client %d does not read its replies: closing it", action.client_id)

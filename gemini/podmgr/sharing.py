@@ -22,6 +22,7 @@ from typing import Protocol
 TOKEN_MIN_LEFT_S = 0.0005   # a token with less time left than this counts as expired
 MIN_TURN_S = 0.002          # turns: less left than this is not worth a context switch; the slot goes back
 TURN_REPORT_GRACE_S = 0.010  # turns: how long after its deadline a silent holder is waited for
+CONTINUED_KEPT = 4          # earlier seqs of a continued slot whose releases still count
 
 
 @dataclass
@@ -32,6 +33,9 @@ class GroupToken:
     holders: set[int] = field(default_factory=set)
     waiting: list[tuple[int, int]] = field(default_factory=list)  # (client_id, seq) of unanswered requests
     released_seq: int | None = None     # the slot given back to gem-schd early (its continuation is void)
+    # The slots this one continues, newest last (a few): a hook that did not take a continuation up (a turn
+    # others wait for, a latency group's hook) gives back the seq it was granted, and that release must count.
+    continued: tuple[int, ...] = ()
 
     def left(self, now: float) -> float:
         """Seconds left on the token (<= 0 when there is none)."""
@@ -40,6 +44,20 @@ class GroupToken:
     def valid(self, now: float) -> bool:
         """Pure: is there a token with time left?"""
         return self.token_seq is not None and self.deadline - now > TOKEN_MIN_LEFT_S
+
+    def names(self, token_seq: int) -> bool:
+        """Does a hook's `token_seq` name the current slot (its own seq, or one of the slots it continues)?"""
+        return self.token_seq is not None and (token_seq == self.token_seq or token_seq in self.continued)
+
+    def fresh(self, token_seq: int) -> None:
+        """A fresh slot from gem-schd (not a continuation)."""
+        self.token_seq, self.continued, self.released_seq = token_seq, (), None
+
+    def continue_as(self, token_seq: int) -> None:
+        """gem-schd continued the slot under a new seq."""
+        assert self.token_seq is not None
+        self.continued = (*self.continued[-(CONTINUED_KEPT - 1):], self.token_seq)
+        self.token_seq = token_seq
 
 
 class SharingContext(Protocol):
@@ -103,7 +121,7 @@ class Together:
 
     def release(self, ctx: SharingContext, client_id: int, token_seq: int, now: float) -> list:
         token = ctx.token
-        if token_seq == token.token_seq and client_id in token.holders:
+        if token.names(token_seq) and client_id in token.holders:
             token.holders.discard(client_id)
             return release_if_unused(ctx, now)
         return []   # a release of an older token only contributes its reports
@@ -143,7 +161,7 @@ class Turns:
         return self.next_turn(ctx, now)
 
     def release(self, ctx: SharingContext, client_id: int, token_seq: int, now: float) -> list:
-        if token_seq == ctx.token.token_seq:
+        if ctx.token.names(token_seq):
             ctx.token.holders.discard(client_id)
         return self.next_turn(ctx, now)     # also after the slot ran out: the next one goes upstream
 
