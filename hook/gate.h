@@ -39,6 +39,7 @@ struct gem_gate {
     int state;                  /* enum gem_token_state */
     int waiters;                /* threads blocked for a grant */
     uint64_t token_seq;
+    int from_board;             /* the token is a continuation taken up from the board (not a pod manager's grant) */
     int64_t granted_ns;
     int64_t slot_deadline_ns;   /* the deadline of the token held, kept when deadline_ns is cleared */
     atomic_llong burst_start_ns;

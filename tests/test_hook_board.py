@@ -1,12 +1,16 @@
 """The hook against a board page the test writes (hook/gate.c, the watcher).
 
-gem-schd publishes each group's current slot on the board; when a slot ends before its deadline (the group
-released it, or its pod manager's request crossed the continuation gem-schd granted it) the daemon rewrites the
-line with the earlier end. A hook that took a continuation up from the board hears of that from nobody else: the
-pod manager answers only hooks that ask. Here a scripted pod manager grants a busy process a slot of 400 ms and
-publishes it on a real board page; the test then ends the slot on the board 100 ms in. The process must stop
-launching (expire, drain and ask again) within a few milliseconds, not run to the old deadline while another
-group holds the GPU.
+gem-schd publishes each group's current slot on the board; a holder's hooks take a continuation up from there
+at their deadline, without asking anybody. When a slot ends before its deadline (the group released it, or its
+pod manager's request crossed the continuation) the daemon rewrites the line with the earlier end -- and a hook
+that took the continuation up hears of that from nobody else: the pod manager answers only hooks that ask.
+
+Here a scripted pod manager grants a busy process slots of 100 ms and publishes them on a real board page (as
+gem-schd would, 5 ms earlier than the quota it hands the hook: the grant's way through the pod manager); the
+test continues the slot on the board, and once the process has taken the continuation up, ends it there. The
+process must stop launching (expire, drain and ask again) within a few milliseconds, not run to the
+continuation's old deadline while another group holds the GPU -- and it must not cut its fresh grants short to
+the board's earlier deadline (the GPU would idle while the next group's grant travels).
 """
 from __future__ import annotations
 
@@ -22,8 +26,9 @@ from tests.e2e_fixtures import finish, start
 from tests.fake_pmgr import FakeConn, FakePmgr
 
 MiB = 1 << 20
-SLOT_MS = 400
-WITHDRAW_AFTER_MS = 100
+SLOT_MS = 100
+CONTINUED_MS = 400
+TRANSIT_MS = 5          # the board's deadline of a fresh grant is this much earlier than the hook's
 
 
 class BoardPmgr(FakePmgr):
@@ -34,6 +39,7 @@ class BoardPmgr(FakePmgr):
         self.board = board
         self.seq = 6
         self.asked: list[int] = []          # CLOCK_MONOTONIC ns of each token request
+        self.granted_at = 0
         self.granted = threading.Event()
         super().__init__(self.answer)
 
@@ -45,7 +51,8 @@ class BoardPmgr(FakePmgr):
         if isinstance(msg, hp.TokenRequest):
             self.asked.append(now_ns())
             self.seq += 1
-            self.board.publish(0, self.seq, 0, now_ns() + SLOT_MS * 1_000_000)
+            self.granted_at = now_ns()
+            self.board.publish(0, self.seq, 0, self.granted_at + (SLOT_MS - TRANSIT_MS) * 1_000_000)
             conn.send(hp.TokenGrant(quota_ns=SLOT_MS * 1_000_000, token_seq=self.seq), seq)
             self.granted.set()
         elif isinstance(msg, hp.TokenRelease):
@@ -61,17 +68,22 @@ def board(tmp_path):
     b.close()
 
 
-def test_a_slot_ended_on_the_board_stops_the_holders_launches(sim, board):
+def test_a_continuation_ended_on_the_board_stops_the_holders_launches(sim, board):
     pmgr = BoardPmgr(board)
     try:
         env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
                       GEMINI_POD_MANAGER_PORT=pmgr.port)
-        proc = start(native.client_cmd("workload-linked", "--kernel-us", "200", "--seconds", "0.8",
+        proc = start(native.client_cmd("workload-linked", "--kernel-us", "200", "--seconds", "1.0",
                                        "--sync-every", "8"), env)
         assert pmgr.granted.wait(10), "the process never asked for a token"
-        time.sleep(WITHDRAW_AFTER_MS / 1000)
+        first, granted_at = pmgr.seq, pmgr.granted_at
+        time.sleep(0.05)
+        continued_until = granted_at + (SLOT_MS + CONTINUED_MS) * 1_000_000
+        board.publish(0, first + 1, first, continued_until)       # gem-schd continues the slot
+        time.sleep((SLOT_MS + 100) / 1000 - 0.05)                  # the hook took it up at its deadline
+        assert pmgr.asked == [pmgr.asked[0]], "the process asked again instead of taking the continuation up"
         ended = now_ns()
-        board.publish(0, pmgr.seq, 0, ended)        # gem-schd ended the slot now
+        board.publish(0, first + 1, first, ended)                 # ... and ends it now
         r = finish(proc, timeout=30)
         assert r.rc == 0, r
         later = [t for t in pmgr.asked if t > ended]
@@ -79,8 +91,10 @@ def test_a_slot_ended_on_the_board_stops_the_holders_launches(sim, board):
         reacted_ms = (later[0] - ended) / 1e6
         # The watcher looks at the board every GEMINI_IDLE_RELEASE_MS (5 ms) in a burst; then a drain of at most
         # 8 kernels of 0.2 ms. Without the look the next request came at the old deadline, ~300 ms after.
-        assert reacted_ms < 60, f"asked again {reacted_ms:.1f} ms after its slot ended on the board"
+        assert reacted_ms < 60, f"asked again {reacted_ms:.1f} ms after its continuation ended on the board"
         stats = sim.stats_of(proc.pid)
-        assert stats["withdrawals"] >= 1, stats
+        assert stats["continuations"] == 1 and stats["withdrawals"] == 1, stats
+        # the fresh grants after it ran to their own deadlines, not to the board's 5 ms earlier ones
+        assert stats["expiries"] >= 2, stats
     finally:
         pmgr.close()
