@@ -125,10 +125,26 @@ static void adapt(struct gem_inflight *f, struct ring *r, unsigned done) {
     }
 }
 
+/* The marker's own calls run in the program's launching thread, in its capture mode (GLOBAL unless it chose
+ * otherwise): a capture another thread begins after the check below made the marker's event query or
+ * synchronisation an unsafe call, and the driver invalidated that capture (10 of 300 short captures beside a
+ * bounded launcher ended with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; tests/test_e2e_hook.py). So the marker runs
+ * in relaxed mode, as the drain does, and gives the thread its mode back. */
+static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns);
+
 void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns) {
     if (atomic_load(&gem_active_captures) > 0 || !HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventQuery) ||
         !HAVE_REAL(cuEventSynchronize) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent))
         return;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
+                    REAL(cuThreadExchangeStreamCaptureMode)(&mode) == CUDA_SUCCESS;
+    marker_body(f, stream, ptsz, budget_ns);
+    if (exchanged)
+        REAL(cuThreadExchangeStreamCaptureMode)(&mode);
+}
+
+static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns) {
     CUcontext ctx = NULL;
     if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
         return;

@@ -290,6 +290,8 @@ E2E_CLIENT = r'''
     chunks BYTES BARRIER          when BARRIER exists, cuMemAlloc_v2(BYTES) until refused; print JSON; wait for EOF
     idle SECONDS KERNELS US SLEEP_MS   bursts of KERNELS kernels of US, each followed by a host sleep
     capture SECONDS               a GLOBAL capture in one thread while another launches (gated)
+    capture_race CAPTURES         one thread launches short kernels all along; the main thread begins, fills and
+                                  ends CAPTURES short GLOBAL captures on a stream of its own
     fork FORKS                    a thread launches all along while the main thread forks FORKS children
 """
 import ctypes, json, os, sys, threading, time
@@ -454,6 +456,45 @@ def capture(args):
     print(json.dumps(out))
 
 
+def capture_race(args):
+    captures = int(args[0])
+    ctx = setup()
+    spin = Spin(4)
+    out = {"pid": os.getpid(), "launches": 0, "launch_errors": []}
+    stop = threading.Event()
+
+    def launcher():
+        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        s = c_void_p()
+        check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
+        while not stop.is_set():
+            rc = spin.launch(s, 1, 300)
+            out["launches"] += 1
+            if rc:
+                out["launch_errors"].append(rc)
+        cu.cuStreamSynchronize(s)
+
+    t = threading.Thread(target=launcher)
+    t.start()
+    time.sleep(0.3)
+    s = c_void_p()
+    check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
+    ends = []
+    for _ in range(captures):
+        begin = cu.cuStreamBeginCapture_v2(s, GLOBAL)
+        launched = spin.launch(s, 2, 100)
+        time.sleep(0.001)
+        g = c_void_p()
+        ends.append((begin, launched, cu.cuStreamEndCapture(s, byref(g))))
+        if g.value:
+            cu.cuGraphDestroy(g)
+        time.sleep(0.001)
+    stop.set()
+    t.join()
+    out["bad"] = [e for e in ends if e != (0, 0, 0)]
+    print(json.dumps(out))
+
+
 def fork(args):
     forks = int(args[0])
     ctx = setup()
@@ -503,5 +544,6 @@ def fork(args):
                       "parent_errors": parent["errors"], "parent_result_written": ok}))
 
 
-{"serve": serve, "chunks": chunks, "idle": idle, "capture": capture, "fork": fork}[sys.argv[1]](sys.argv[2:])
+{"serve": serve, "chunks": chunks, "idle": idle, "capture": capture, "capture_race": capture_race,
+ "fork": fork}[sys.argv[1]](sys.argv[2:])
 '''

@@ -444,6 +444,21 @@ def test_without_a_pod_manager_calls_fail_quickly_or_run_ungated_when_told(sim):
 
 # --- fork ------------------------------------------------------------------------------------------------
 
+def test_the_queue_bound_never_breaks_a_capture_another_thread_begins(sim, backends, client_script):
+    """A capped group's hooks keep the queue short (a marker event every few launches, waiting on an older one).
+    One thread launches all along; another begins, fills and ends 300 short GLOBAL captures. A marker's own event
+    calls in the launching thread (query, synchronise, record) must not invalidate a capture that began after the
+    marker checked for one: before, 10 of 300 captures ended with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901),
+    none without the hook."""
+    be = backends([Group("cap", 0.0, 0.9)])
+    res = run(client_argv("e2e", "capture_race", 300, script=client_script), sim.hooked(be, "cap"), timeout=120)
+    assert res.rc == 0, res
+    out = res.json
+    stats = sim.stats_of(out["pid"])
+    assert stats["markers"] > 100, stats           # the queue was bounded all along
+    assert out["launch_errors"] == [] and out["bad"] == [], out
+
+
 def test_fork_child_exits_cleanly_and_the_parent_keeps_launching(sim, backends, client_script):
     be = backends([Group("f", 0.0, 1.0), Group("rival", 0.0, 1.0)])
     rival = start(workload("workload-linked", "--seconds", 1.5, "--sync-every", 4), sim.hooked(be, "rival"))
