@@ -462,10 +462,15 @@ int gem_conn_alive(struct gem_conn *c) {
     if (s && !s->broken) {
         /* current and not broken: its descriptor is open. A zero-timeout poll reads nothing. */
         struct pollfd pfd = {.fd = s->fd, .events = POLLRDHUP};
-        if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+        if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) {
             mark_broken(c, s, "the pod manager closed the connection");
-        else
+            /* No call uses it, so no user will leave it: free it here (each pod manager restart seen while the
+             * process was idle kept one descriptor open for good). */
+            s->users++;
+            session_leave(c, s);
+        } else {
             alive = 1;
+        }
     }
     pthread_mutex_unlock(&c->mu);
     return alive;

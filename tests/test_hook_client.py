@@ -15,12 +15,13 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from gemini.wire import hook as hp
-from tests.e2e_fixtures import Sim, finish, start
+from tests.e2e_fixtures import Holder, Sim, client_argv, finish, start, wait_for
 from tests.fake_pmgr import FakeConn, FakePmgr, fake_pmgrs
 
 MiB = 1 << 20
@@ -225,3 +226,29 @@ def test_a_fork_child_gets_its_own_nvml_connection(sim, fake_pmgr, client_py):
     assert child["total"] == limit and child["seconds"] < 3, child
     assert child["pid"] in {h.pid for h in pmgr.hellos}, f"the child used its parent's connection: {pmgr.hellos}"
     assert set(out["parent_totals"]) == {limit}, out["parent_totals"]
+
+
+def test_a_pod_manager_restart_seen_while_idle_leaves_no_descriptor_behind(sim, fake_pmgr, client_script):
+    """A process that holds memory and sits idle notices its pod manager going away (the rejoin thread's look every
+    100 ms) and reconnects at once to re-announce its memory. The old connection's descriptor must be closed: no
+    call was using it, so nobody else would (each restart kept one open for good, and a long-lived server that
+    outlives many pod manager restarts ran out of descriptors)."""
+    def answer(conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, (hp.MemAlloc, hp.MemFree, hp.MemInfo)):
+            conn.send(hp.MemReply(verdict=0, used=0, limit=64 * MiB), seq)
+
+    pmgr = fake_pmgr(answer)
+    holder = Holder(client_argv("e2e", "serve", script=client_script), hooked_env(sim, pmgr))
+    try:
+        assert holder.alloc(1 * MiB) == 0
+        fds = lambda: len(os.listdir(f"/proc/{holder.pid}/fd"))  # noqa: E731
+        before = fds()
+        for restart in range(5):
+            hellos = len(pmgr.hellos)
+            for conn in list(pmgr.conns):
+                conn.close()
+            wait_for(lambda: len(pmgr.hellos) > hellos, timeout=10, what=f"the reconnect after restart {restart}")
+        time.sleep(0.3)
+        assert fds() == before, f"{fds() - before} more descriptors after 5 pod manager restarts"
+    finally:
+        holder.close()
