@@ -73,7 +73,7 @@ static void cond_init_monotonic(pthread_cond_t *cv) {
 }
 
 void gem_conn_init(struct gem_conn *c, const struct gem_endpoint *ep, int ordinal, const char *uuid,
-                   const uint64_t *mem_in_use) {
+                   uint64_t *mem_in_use) {
     memset(c, 0, sizeof *c);
     c->board_slot = -1;
     pthread_mutex_init(&c->mu, NULL);
@@ -103,6 +103,7 @@ void gem_conn_reset_after_fork(struct gem_conn *c) {
     pthread_mutex_init(&c->send_mu, NULL);
     cond_init_monotonic(&c->cv);
     c->connecting = 0;
+    c->hello_pending = 0;
     c->waiters = NULL;
     c->next_connect_ns = 0;
     c->ever_connected = 0;
@@ -271,7 +272,20 @@ static int connect_unix(const char *path, char *why, size_t why_len) {
 }
 
 /* Connect and handshake. Returns the fd, -1 (unreachable: retry) or -2 (refused: do not retry). */
+static int handshake(struct gem_conn *c, char *why, size_t why_len);
+
 static int open_session(struct gem_conn *c, char *why, size_t why_len) {
+    int fd = handshake(c, why, why_len);
+    if (fd < 0) {   /* this try told nobody: a free waiting for it need not (the next try counts afresh) */
+        pthread_mutex_lock(&c->mu);
+        c->hello_pending = 0;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+    return fd;
+}
+
+static int handshake(struct gem_conn *c, char *why, size_t why_len) {
     int fd = c->ep.path[0] ? connect_unix(c->ep.path, why, why_len)
                            : connect_tcp(c->ep.ip, c->ep.port, 1000, why, why_len);
     if (fd < 0)
@@ -280,7 +294,14 @@ static int open_session(struct gem_conn *c, char *why, size_t why_len) {
     gemhook_msg_init(&hello, GEM_MSG_HELLO, 1);
     hello.u.hello.pid = (int32_t)getpid();
     hello.u.hello.device_ordinal = c->device_ordinal;
-    hello.u.hello.mem_in_use = c->mem_in_use ? *c->mem_in_use : 0;
+    /* What the process holds, counted under mu and marked in flight until the session is installed (or this try
+     * failed): a free meanwhile waits and goes on that session, since this count includes it (sent nowhere, it
+     * stayed counted for good). */
+    pthread_mutex_lock(&c->mu);
+    c->hello_mem = c->mem_in_use ? __atomic_load_n(c->mem_in_use, __ATOMIC_RELAXED) : 0;
+    c->hello_pending = 1;
+    hello.u.hello.mem_in_use = c->hello_mem;
+    pthread_mutex_unlock(&c->mu);
     hello.u.hello.flags = gem_cfg.fail_open ? GEM_HELLO_FLAG_FAIL_OPEN : 0;
     struct stat ns;
     hello.u.hello.pid_ns = stat("/proc/self/ns/pid", &ns) == 0 ? (uint32_t)ns.st_ino : 0;
@@ -367,6 +388,7 @@ static int ensure_connected(struct gem_conn *c) {
         }
         pthread_mutex_lock(&c->mu);
         c->connecting = 0;
+        c->hello_pending = 0;   /* installed below, or failed: a free waiting for it goes on, or nowhere */
         pthread_cond_broadcast(&c->cv);
         if (s) {
             s->fd = fd;
@@ -477,20 +499,31 @@ int gem_conn_alive(struct gem_conn *c) {
 }
 
 static int conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
-                     int may_connect);
+                     int may_connect, uint64_t only_generation);
 
 int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns) {
-    return conn_call(c, req, reply, timeout_ns, 1);
+    return conn_call(c, req, reply, timeout_ns, 1, 0);
 }
 
-int gem_conn_call_connected(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns) {
-    return conn_call(c, req, reply, timeout_ns, 0);
+int gem_conn_call_freeing(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
+                          uint64_t bytes) {
+    pthread_mutex_lock(&c->mu);
+    if (c->mem_in_use)
+        __atomic_fetch_sub(c->mem_in_use, bytes, __ATOMIC_RELAXED);
+    while (c->hello_pending)
+        pthread_cond_wait(&c->cv, &c->mu);
+    /* Only on the session that counts the bytes: one that a later HELLO opens did not. */
+    uint64_t generation = c->current ? c->current->generation : 0;
+    pthread_mutex_unlock(&c->mu);
+    return generation ? conn_call(c, req, reply, timeout_ns, 0, generation) : GEM_CALL_UNREACHABLE;
 }
 
 static int conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
-                     int may_connect) {
+                     int may_connect, uint64_t only_generation) {
     pthread_mutex_lock(&c->mu);
-    int rc = may_connect ? ensure_connected(c) : c->current ? GEM_CALL_OK : GEM_CALL_UNREACHABLE;
+    int rc = may_connect ? ensure_connected(c)
+             : c->current && (!only_generation || c->current->generation == only_generation) ? GEM_CALL_OK
+                                                                                            : GEM_CALL_UNREACHABLE;
     if (rc != GEM_CALL_OK) {
         pthread_mutex_unlock(&c->mu);
         return rc;

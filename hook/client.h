@@ -44,7 +44,9 @@ struct gem_conn {
     int ever_connected;         /* a later connect is a reconnect */
     int last_failure;           /* what a call gets while next_connect_ns has not come */
     int64_t next_connect_ns;    /* after a failed connect, calls fail fast until then */
-    const uint64_t *mem_in_use; /* the process's bytes on this device, sent in HELLO */
+    uint64_t *mem_in_use;       /* the process's bytes on this device, sent in HELLO (changed under mu) */
+    uint64_t hello_mem;         /* what the HELLO in flight says the process holds */
+    int hello_pending;          /* a HELLO was sent (or is about to be) and its session is not installed yet */
 };
 
 enum gem_call_result {
@@ -56,14 +58,17 @@ enum gem_call_result {
 };
 
 void gem_conn_init(struct gem_conn *c, const struct gem_endpoint *ep, int ordinal, const char *uuid,
-                   const uint64_t *mem_in_use);
+                   uint64_t *mem_in_use);
 /* In a fork child: forget the parent's connection (the child makes its own). */
 void gem_conn_reset_after_fork(struct gem_conn *c);
 /* Send `req` and wait for its reply (any type). timeout_ns 0 = wait forever (token waits). */
 int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns);
-/* The same on the session open now, never opening one (GEM_CALL_UNREACHABLE if none): for a message whose
- * effect the next HELLO carries anyway (a MEM_FREE: HELLO's mem_in_use no longer holds those bytes). */
-int gem_conn_call_connected(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns);
+/* The process gave `bytes` back (`req` is their MEM_FREE): take them off mem_in_use and tell the pod manager that
+ * counts them, if one does -- the current session's, or the one a HELLO in flight is telling (its count was
+ * taken before, so it includes them: the free waits for that handshake and goes on its session). Never opens a
+ * session: with none, the next HELLO's count leaves them out (GEM_CALL_UNREACHABLE). */
+int gem_conn_call_freeing(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
+                          uint64_t bytes);
 /* 1 if a session stands; 0 if none does. A session the pod manager closed (it exited) is marked broken here,
  * without reading from it. Never blocks. */
 int gem_conn_alive(struct gem_conn *c);

@@ -168,16 +168,15 @@ static CUresult reserve(struct gem_device *d, uint64_t bytes, int kind) {
 static void unreserve(struct gem_device *d, uint64_t bytes, int kind) {
     if (bytes == 0)
         return;
-    __atomic_fetch_sub(&d->mem_in_use, bytes, __ATOMIC_RELAXED);
     atomic_fetch_add(&gem_stats.mem_frees, 1);
     struct gem_msg req, reply;
     gemhook_msg_init(&req, GEM_MSG_MEM_FREE, 0);
     req.u.mem_request.bytes = bytes;
     req.u.mem_request.kind = (uint32_t)kind;
-    /* Only on the connection open now. If there is none, or it fails, the pod manager already dropped the
-     * process's count, and the next connection's HELLO carries mem_in_use, which no longer includes these
-     * bytes: sending the free on that new connection too would take them off twice. */
-    gem_conn_call_connected(&d->conn, &req, &reply, 10 * GEM_NS_PER_S);
+    /* Only to the pod manager that counts these bytes (client.h). If there is none, or the call fails, the pod
+     * manager already dropped the process's count, and the next connection's HELLO carries mem_in_use, which no
+     * longer includes them: sending the free on that new connection too would take them off twice. */
+    gem_conn_call_freeing(&d->conn, &req, &reply, 10 * GEM_NS_PER_S, bytes);
 }
 
 /* The group's (used, limit); 0 if unknown. */

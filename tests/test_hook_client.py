@@ -247,8 +247,53 @@ def test_a_pod_manager_restart_seen_while_idle_leaves_no_descriptor_behind(sim, 
             hellos = len(pmgr.hellos)
             for conn in list(pmgr.conns):
                 conn.close()
-            wait_for(lambda: len(pmgr.hellos) > hellos, timeout=10, what=f"the reconnect after restart {restart}")
+            wait_for(lambda n=hellos: len(pmgr.hellos) > n, timeout=10, what=f"the reconnect after restart {restart}")
         time.sleep(0.3)
         assert fds() == before, f"{fds() - before} more descriptors after 5 pod manager restarts"
     finally:
         holder.close()
+
+
+class SlowHandshakePmgr(FakePmgr):
+    """Counts each connection's memory as the real pod manager does (HELLO's mem_in_use, plus allocations, less
+    frees), and answers every HELLO after the first one 0.5 s late."""
+
+    def __init__(self):
+        self.count: dict[int, int] = {}
+        super().__init__(self.handle)
+
+    def ack(self, hello: hp.Hello) -> hp.HelloAck:
+        if len(self.hellos) > 1:
+            time.sleep(0.5)
+        self.count[len(self.hellos)] = hello.mem_in_use
+        return super().ack(hello)
+
+    def handle(self, conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        session = len(self.hellos)
+        if isinstance(msg, hp.MemAlloc):
+            self.count[session] = self.count.get(session, 0) + msg.bytes
+        elif isinstance(msg, hp.MemFree):
+            self.count[session] = self.count.get(session, 0) - msg.bytes
+        if isinstance(msg, (hp.MemAlloc, hp.MemFree, hp.MemInfo)):
+            conn.send(hp.MemReply(verdict=0, used=0, limit=64 * MiB), seq)
+
+
+def test_a_free_while_the_process_reconnects_reaches_the_pod_manager_that_counts_it(sim, client_script):
+    """The pod manager restarts; the process's rejoin thread reconnects at once, and its HELLO says it holds
+    16 MiB. The program frees them while that handshake is still unanswered. The free must reach the new session
+    (whose count includes the bytes): sent nowhere, the new pod manager counted the 16 MiB until the process
+    exited, and the group's room shrank by that much for good."""
+    pmgr = SlowHandshakePmgr()
+    holder = Holder(client_argv("e2e", "serve", script=client_script), hooked_env(sim, pmgr))
+    try:
+        assert holder.alloc(16 * MiB) == 0
+        for conn in list(pmgr.conns):
+            conn.close()                                         # the pod manager restarts
+        wait_for(lambda: len(pmgr.hellos) > 1, timeout=10, what="the rejoin thread's HELLO")
+        assert holder.ask("free") == [0]                         # while that HELLO waits for its answer
+        wait_for(lambda: 2 in pmgr.count, timeout=10, what="the second handshake")
+        assert pmgr.hellos[1].mem_in_use == 16 * MiB
+        wait_for(lambda: pmgr.count[2] == 0, timeout=5, what=f"the free on the new session (counts {pmgr.count})")
+    finally:
+        holder.close()
+        pmgr.close()
