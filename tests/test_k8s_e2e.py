@@ -143,10 +143,20 @@ def test_pods_get_their_limits_and_only_their_own_group(cluster):
     pb = start_client(c, procs, opts_b, uid_b)
     assert pb.line()["mem_limit"] == 2 * 256 * MiB
 
-    # gem-ctl status names each group's pod (from the file gem-node keeps beside the GPU's config)
+    # gem-schd's socket is in no directory a container gets: in the GPU's socket directory, a container's root could
+    # connect to it (a read-only mount does not stop connect()) and say hello as pod A's group
     gpu = node.inventory.gpus[0].uuid
+    schd_sock = transport.scheduler_socket(node.layout.scheduler_root, gpu)
+    assert schd_sock.is_socket()
+    for opts in (opts_a, opts_b):
+        for host_path, _ro in opts.mounts.values():
+            assert not schd_sock.is_relative_to(host_path), (schd_sock, host_path)
+    assert not any(transport.scheduler_socket(node.layout.ipc_root, gpu).parent.glob("gem-schd*"))
+
+    # gem-ctl status names each group's pod (from the file gem-node keeps beside the GPU's config)
     state = node.agent.gpus[gpu]
-    ctl = subprocess.run([sys.executable, "-m", "gemini.ctl", "--ipc-dir", node.layout.ipc_root, "--device-uuid", gpu,
+    ctl = subprocess.run([sys.executable, "-m", "gemini.ctl", "--ipc-dir", node.layout.scheduler_root,
+                          "--device-uuid", gpu,
                           "status", "--pods", str(state.pods_path)], capture_output=True, text=True, timeout=30)
     assert ctl.returncode == 0, ctl.stderr
     rows = {line.split()[0]: line.split()[1] for line in ctl.stdout.splitlines()[3:] if line.strip()}

@@ -68,7 +68,8 @@ def main(node_name: str, config_path: str | None, kubelet_dir: str, root: str, b
         sys.exit(2)
     base = Path(root)
     layout = dv.HostLayout(hook=str(base / "lib" / "libgemhook.so.1"), preload=str(base / "lib" / "ld.so.preload"),
-                           ipc_root=str(base / "ipc"), settings_root=str(base / "conf"), board_root=board_root)
+                           ipc_root=str(base / "ipc"), settings_root=str(base / "conf"), board_root=board_root,
+                           schd_root=str(base / "schd"))
     options = NodeOptions(node_name=node_name, state_dir=base / "state", layout=layout,
                           plugin_dir=Path(kubelet_dir) / "device-plugins",
                           pod_resources_socket=str(Path(kubelet_dir) / "pod-resources" / "kubelet.sock"),
@@ -76,7 +77,7 @@ def main(node_name: str, config_path: str | None, kubelet_dir: str, root: str, b
                           metrics_port=cfg.metrics_port if metrics_port is None else metrics_port)
     inventory = dv.Inventory(tuple(gpus), cfg.reserved_memory)
     launcher = ProcessLauncher(layout.ipc_root, log_dir=base / "log", schd_args=list(cfg.scheduler_args),
-                               board_root=layout.board_root)
+                               board_root=layout.board_root, schd_root=layout.scheduler_root)
     for g in gpus:
         log.info("GPU %d %s: %d MiB, %d memory units of 256 MiB", g.index, g.uuid, g.memory_bytes >> 20,
                  inventory.memory_units(g))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -193,6 +194,14 @@ class HostLayout:
     # since the daemons write the page and a file system would write it back to disk
     board_root: str = "/run/gemini/board"
     settings_root: str = "/var/lib/gemini/conf"            # one hook settings file per group
+    # gem-schd's socket per GPU, never mounted into a container: in the GPU's socket directory, which every
+    # container of that GPU gets, a container's root could connect to it (a read-only mount does not stop connect())
+    # and say hello as another pod's group, unregistering that group's pod manager. "": `schd` beside ipc_root.
+    schd_root: str = ""
+
+    @property
+    def scheduler_root(self) -> str:
+        return self.schd_root or str(Path(self.ipc_root.rstrip("/")).parent / "schd")
 
     def ipc_dir(self, gpu_uuid: str) -> str:
         return f"{self.ipc_root.rstrip('/')}/{gpu_uuid}"

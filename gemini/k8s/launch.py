@@ -111,8 +111,11 @@ class ProcessLauncher:
 
     def __init__(self, ipc_root: str | Path, log_dir: str | Path | None = None, python: str = sys.executable,
                  schd_args: list[str] | None = None, pmgr_args: list[str] | None = None,
-                 env: dict[str, str] | None = None, board_root: str | Path | None = None):
+                 env: dict[str, str] | None = None, board_root: str | Path | None = None,
+                 schd_root: str | Path | None = None):
         self.ipc_root = Path(ipc_root)
+        # gem-schd's sockets, apart from the group sockets that containers see (devices.HostLayout.schd_root)
+        self.schd_root = Path(schd_root) if schd_root else self.ipc_root.parent / "schd"
         self.board_root = Path(board_root) if board_root is not None else None  # None: gem-schd's default
         self.log_dir = Path(log_dir) if log_dir else None
         self.python = python
@@ -152,24 +155,25 @@ class ProcessLauncher:
         return d / f"{BOARD_PREFIX}{secrets.token_hex(4)}"
 
     def start_scheduler(self, gpu: dv.Gpu, config_path: Path) -> ProcessDaemon:
-        argv = [self.python, "-m", "gemini.scheduler.cli", "--ipc-dir", str(self.ipc_root), "--device-uuid", gpu.uuid,
+        argv = [self.python, "-m", "gemini.scheduler.cli", "--ipc-dir", str(self.schd_root), "--device-uuid", gpu.uuid,
                 "-f", str(config_path), "-p", str(config_path.parent)] + self.schd_args
         board = self.board_path(gpu)
         if board is not None:
             argv += ["--board", str(board)]
         proc = self._spawn(argv, f"gem-schd-{gpu.uuid}")
         log.info("GPU %d (%s): gem-schd started (pid %d)", gpu.index, gpu.uuid, proc.pid)
-        return ProcessDaemon(proc, scheduler_socket(self.ipc_root, gpu.uuid), f"gem-schd of {gpu.uuid}")
+        return ProcessDaemon(proc, scheduler_socket(self.schd_root, gpu.uuid), f"gem-schd of {gpu.uuid}")
 
     async def registered(self, gpu: dv.Gpu, group: str) -> bool:
         try:
-            reply = await scheduler_status(scheduler_endpoint(self.ipc_root, gpu.uuid))
+            reply = await scheduler_status(scheduler_endpoint(self.schd_root, gpu.uuid))
         except (TimeoutError, OSError, sm.MessageError):
             return False
         return any(g["name"] == group and g["connected"] for g in reply.groups)
 
     def start_pod_manager(self, gpu: dv.Gpu, placement: Placement) -> ProcessDaemon:
         argv = [self.python, "-m", "gemini.k8s.pmgr", "--group", placement.group, "--ipc-dir", str(self.ipc_root),
+                "--scheduler-ipc-dir", str(self.schd_root),
                 "--device-uuid", gpu.uuid, "--pod-uid", placement.pod_uid, "--pod", placement.ref] + self.pmgr_args
         proc = self._spawn(argv, f"gem-pmgr-{placement.group}")
         log.info("GPU %d: pod manager of %s started as group %s (pid %d)", gpu.index, placement.ref,

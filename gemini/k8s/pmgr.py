@@ -42,19 +42,22 @@ class PodSocketAccess(transport.SocketAccess):
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--group", required=True, help="The group (named by gem-node from the container's memory units).")
 @click.option("--ipc-dir", required=True, metavar="DIR", help="The sockets' root directory (one subdirectory a GPU).")
+@click.option("--scheduler-ipc-dir", metavar="DIR", default=None,
+              help="Where gem-schd's socket is (one subdirectory a GPU); default: --ipc-dir.")
 @click.option("--device-uuid", required=True, help="The GPU (\"GPU-...\").")
 @click.option("--pod-uid", required=True, help="The pod whose processes may join.")
 @click.option("--pod", "pod_ref", required=True, help="namespace/name/container, for messages.")
 @click.option("--proc-root", default="/proc", show_default=True, help="Where to read /proc/<pid>/cgroup.")
 @click.option("-v", "--verbose", count=True)
-def main(group: str, ipc_dir: str, device_uuid: str, pod_uid: str, pod_ref: str, proc_root: str, verbose: int) -> None:
+def main(group: str, ipc_dir: str, scheduler_ipc_dir: str | None, device_uuid: str, pod_uid: str, pod_ref: str,
+         proc_root: str, verbose: int) -> None:
     """Pod manager of one container's group on a Kubernetes node."""
     setup_logging(f"gem-pmgr[{pod_ref}]", level_from_flags(verbose or 1, None, logging.WARNING))
     authorizer = CgroupAuthorizer(pod_uid, pod_ref, read_cgroup=lambda pid: read_proc_cgroup(pid, proc_root))
     limits = Limits()
     raise_fd_limit(limits.total + 256)
     server = PodManagerServer(group, device_uuid=device_uuid, ipc_dir=ipc_dir, socket_access=PodSocketAccess(),
-                              authorizer=authorizer, limits=limits)
+                              authorizer=authorizer, limits=limits, scheduler_ipc_dir=scheduler_ipc_dir)
     try:
         asyncio.run(serve(server))
     except (OSError, transport.TransportError) as exc:

@@ -103,7 +103,7 @@ class GemNode:
             thread.start()
         if self.options.metrics_port:
             from .metrics import NodeMetrics
-            self.metrics = NodeMetrics(self.agent, self.options.layout.ipc_root)
+            self.metrics = NodeMetrics(self.agent, self.options.layout.scheduler_root)
             await self.metrics.start(self.options.metrics_ip, self.options.metrics_port)
         tasks = [asyncio.create_task(keep_registered(self.plugins, stop), name="device-plugins"),
                  asyncio.create_task(self.agent.run(stop), name="agent")]

@@ -86,7 +86,7 @@ class PodManagerServer:
 
     TCP (the default, Gemini's): hooks on ip:port, gem-schd at scheduler_ip:scheduler_port. Socket transport
     (`ipc_dir` given): hooks on DIR/<gpu>/group.<name>.sock with `socket_access`, gem-schd at
-    DIR/<gpu>/gem-schd.sock (see gemini/transport.py); no TCP port is opened.
+    SDIR/<gpu>/gem-schd.sock, SDIR `scheduler_ipc_dir` or else DIR (see gemini/transport.py); no TCP port is opened.
     """
 
     def __init__(self, group: str, ip: str = transport.DEFAULT_IP, port: int = transport.DEFAULT_POD_MANAGER_PORT, *,
@@ -95,10 +95,12 @@ class PodManagerServer:
                  ipc_dir: str | os.PathLike | None = None,
                  socket_access: transport.SocketAccess | None = None,
                  authorizer: PeerAuthorizer | None = None, limits: Limits | None = None,
-                 ledger_path: str | os.PathLike | None = None, rejoin_grace_s: float = REJOIN_GRACE_S):
+                 ledger_path: str | os.PathLike | None = None, rejoin_grace_s: float = REJOIN_GRACE_S,
+                 scheduler_ipc_dir: str | os.PathLike | None = None):
         self.ip = ip
         self.requested_port = port
         self.ipc_dir = Path(os.path.abspath(ipc_dir)) if ipc_dir is not None else None
+        self.scheduler_ipc_dir = Path(os.path.abspath(scheduler_ipc_dir)) if scheduler_ipc_dir else self.ipc_dir
         self.device_uuid = device_uuid
         self.socket_access = socket_access or transport.SocketAccess()
         self.authorizer: PeerAuthorizer = authorizer or AllowAll()
@@ -108,7 +110,8 @@ class PodManagerServer:
         self._scheduler_path: transport.ShortPath | None = None
         if self.ipc_dir is not None:
             self.socket_path = transport.group_socket(self.ipc_dir, group, device_uuid)
-            self.scheduler_endpoint = transport.ipc_endpoint(str(transport.scheduler_socket(self.ipc_dir,
+            assert self.scheduler_ipc_dir is not None
+            self.scheduler_endpoint = transport.ipc_endpoint(str(transport.scheduler_socket(self.scheduler_ipc_dir,
                                                                                              device_uuid)))
             self._scheduler_ipv6 = False
         else:
@@ -180,10 +183,11 @@ class PodManagerServer:
         self._server = await asyncio.start_unix_server(self._serve_hook, sock=sock)
 
     def _scheduler_connect_endpoint(self) -> str:
-        if self.ipc_dir is None:
+        if self.scheduler_ipc_dir is None:
             return self.scheduler_endpoint
         # zmq reconnects with this address for as long as we run: a long path's directory stays open
-        self._scheduler_path = transport.ShortPath(transport.scheduler_socket(self.ipc_dir, self.device_uuid))
+        self._scheduler_path = transport.ShortPath(transport.scheduler_socket(self.scheduler_ipc_dir,
+                                                                              self.device_uuid))
         return transport.ipc_endpoint(self._scheduler_path.address)
 
     async def stop(self, farewell: str | None = None) -> None:
