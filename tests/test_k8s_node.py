@@ -238,3 +238,19 @@ def test_a_gpu_whose_scheduler_keeps_failing_is_advertised_unhealthy(tmp_path, m
         assert node.kubelet.capacity(MEM) == node.inventory.memory_units(node.inventory.gpus[1])
         node.launcher.broken_schedulers = False                           # it runs again: healthy again
         node.wait(lambda: node.kubelet.capacity(PCT) == 200, timeout=30, what="healthy again")
+
+
+def test_gem_node_names_a_bad_gpu_list_and_exits_2(tmp_path, monkeypatch):
+    """A GPU listed twice in node.yaml: gem-node says so and exits 2 (before: a Python traceback, and the
+    DaemonSet's pod crash-looped without saying why)."""
+    from click.testing import CliRunner
+
+    from gemini.k8s.cli import main
+    hook = tmp_path / "libgemhook.so.1"
+    hook.write_bytes(b"")
+    monkeypatch.setenv("GEMINI_HOOK_LIB", str(hook))
+    node_yaml = tmp_path / "node.yaml"
+    node_yaml.write_text('gpus:\n  - {uuid: "GPU-a", memory: 8GiB}\n  - {uuid: "GPU-a", memory: 8GiB}\n')
+    r = CliRunner().invoke(main, ["--node-name", "n", "--config", str(node_yaml), "--root", str(tmp_path / "root")])
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert "gem-node:" in r.output and "listed twice" in r.output, r.output

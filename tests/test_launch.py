@@ -353,6 +353,10 @@ def test_child_env_and_exit_code_units():
     assert command.exit_code(-signal.SIGTERM) == 143 and command.exit_code(5) == 5
     ns = command.parse_args(["--name", "g", "--port", "9", "--", "prog", "--", "--port"])
     assert ns.command == ["prog", "--", "--port"] and ns.port == 9
+    # CMD without a leading "--": the program's own "--" stays its argument (it took the program's place before:
+    # `python train.py -- --lr 1` ran `--lr 1`)
+    ns = command.parse_args(["--name", "g", "--port", "9", "python", "train.py", "--", "--lr", "1"])
+    assert ns.command == ["python", "train.py", "--", "--lr", "1"] and ns.port == 9
 
 
 # --- launch-backend ------------------------------------------------------------------------------

@@ -35,7 +35,8 @@ def _core_api(kubeconfig: str | None):
 @click.option("--kubelet-dir", default="/var/lib/kubelet", show_default=True,
               help="The kubelet's directory (device-plugins/ and pod-resources/ below it).")
 @click.option("--root", default="/var/lib/gemini", show_default=True,
-              help="gem-node's host directory: lib/ (the hook, mounted into containers), ipc/ (sockets), conf/ "
+              help="gem-node's host directory: lib/ (the hook, mounted into containers), ipc/ (the group sockets, "
+                   "mounted into containers), schd/ (gem-schd's sockets), conf/ "
                    "(the hook settings of each group, mounted into its containers), state/.")
 @click.option("--board-root", default="/run/gemini/board", show_default=True,
               help="Host directory of gem-schd's board pages (a directory per GPU, mounted into containers); "
@@ -75,7 +76,11 @@ def main(node_name: str, config_path: str | None, kubelet_dir: str, root: str, b
                           pod_resources_socket=str(Path(kubelet_dir) / "pod-resources" / "kubelet.sock"),
                           defaults=cfg.defaults, hook_source=hook,
                           metrics_port=cfg.metrics_port if metrics_port is None else metrics_port)
-    inventory = dv.Inventory(tuple(gpus), cfg.reserved_memory)
+    try:
+        inventory = dv.Inventory(tuple(gpus), cfg.reserved_memory)
+    except ValueError as exc:   # a GPU listed twice, a UUID no directory can be named after
+        click.echo(f"gem-node: {config_path or 'the GPUs found'}: {exc}", err=True)
+        sys.exit(2)
     launcher = ProcessLauncher(layout.ipc_root, log_dir=base / "log", schd_args=list(cfg.scheduler_args),
                                board_root=layout.board_root, schd_root=layout.scheduler_root)
     for g in gpus:

@@ -102,7 +102,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if "--" in argv:    # everything after the first "--" belongs to the program, untouched
         cut = argv.index("--")
         ns = parser.parse_args(argv[:cut])
-        ns.command = argv[cut + 1:]
+        # ... unless the program began before it (CMD without a leading "--"): then that "--" is the program's own
+        # argument (`python train.py -- --lr 1`), which took the program's place before
+        ns.command = ns.command + argv[cut:] if ns.command else argv[cut + 1:]
     else:
         ns = parser.parse_args(argv)
     if not ns.command:
