@@ -910,6 +910,7 @@ void gem_gate_context_gone(CUcontext ctx) {
             g->ctx = NULL;      /* drain the thread's current context instead */
         pthread_mutex_unlock(&g->mu);
     }
+    gem_inflight_context_gone(ctx);     /* the queue-bound markers' events too */
 }
 
 /* ---- the watcher ------------------------------------------------------------------------------ */

@@ -186,6 +186,24 @@ static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64
     pthread_mutex_unlock(&r->mu);
 }
 
+/* The rings are keyed by the context's handle, and a reset primary context keeps its handle (a destroyed one's may
+ * be handed out again): a ring kept its dead events, every marker's record failed, and the stream's queue was no
+ * longer bounded. */
+void gem_inflight_context_gone(CUcontext ctx) {
+    pthread_mutex_lock(&table_mu);
+    for (int i = 0; i < nrings; i++) {
+        struct ring *r = &rings[i];
+        if (r->ctx != ctx)
+            continue;
+        pthread_mutex_lock(&r->mu);
+        r->used = 0;
+        r->count = 0;
+        r->head = 0;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&table_mu);
+}
+
 void gem_inflight_after_fork(void) {
     pthread_mutex_init(&table_mu, NULL);
     nrings = 0;

@@ -47,5 +47,7 @@ void gem_inflight_init(struct gem_inflight *f);
 void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns);
 
 void gem_inflight_after_fork(void);     /* the parent's events are not the child's */
+/* A context was destroyed or reset: its rings' events went with it (made afresh at their next marker). */
+void gem_inflight_context_gone(CUcontext ctx);
 
 #endif /* GEMINI_INFLIGHT_H */

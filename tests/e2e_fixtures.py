@@ -292,6 +292,8 @@ E2E_CLIENT = r'''
     capture SECONDS               a GLOBAL capture in one thread while another launches (gated)
     capture_race CAPTURES         one thread launches short kernels all along; the main thread begins, fills and
                                   ends CAPTURES short GLOBAL captures on a stream of its own
+    reset KERNELS                 KERNELS short kernels, a reset of the primary context, KERNELS more; the hook's
+                                  marker count before and after the reset
     fork FORKS                    a thread launches all along while the main thread forks FORKS children
 """
 import ctypes, json, os, sys, threading, time
@@ -495,6 +497,33 @@ def capture_race(args):
     print(json.dumps(out))
 
 
+def reset(args):
+    kernels = int(args[0])
+    stats_of_hook = ctypes.CDLL(None).gemhook_stats     # the preloaded hook's counters, in this process
+
+    def markers():
+        buf = ctypes.create_string_buffer(4096)
+        stats_of_hook(buf, ctypes.c_size_t(4096))
+        return int(dict(kv.split("=") for kv in buf.value.decode().split())["markers"])
+
+    out = {"pid": os.getpid(), "launch_errors": []}
+    for phase in ("before", "after"):
+        setup()
+        spin = Spin(2)
+        start = markers()
+        for _ in range(kernels):            # on the legacy stream: the same handle after the reset
+            rc = spin.launch(None, 0, 100)
+            if rc:
+                out["launch_errors"].append(rc)
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        out[phase] = markers() - start
+        if phase == "before":
+            dev = c_int()
+            check(cu.cuDeviceGet(byref(dev), 0), "cuDeviceGet")
+            check(cu.cuDevicePrimaryCtxReset_v2(dev), "cuDevicePrimaryCtxReset_v2")
+    print(json.dumps(out))
+
+
 def fork(args):
     forks = int(args[0])
     ctx = setup()
@@ -545,5 +574,5 @@ def fork(args):
 
 
 {"serve": serve, "chunks": chunks, "idle": idle, "capture": capture, "capture_race": capture_race,
- "fork": fork}[sys.argv[1]](sys.argv[2:])
+ "reset": reset, "fork": fork}[sys.argv[1]](sys.argv[2:])
 '''

@@ -459,6 +459,19 @@ def test_the_queue_bound_never_breaks_a_capture_another_thread_begins(sim, backe
     assert out["launch_errors"] == [] and out["bad"] == [], out
 
 
+def test_the_queue_stays_bounded_after_the_primary_context_is_reset(sim, backends, client_script):
+    """A capped group's process resets its primary context (cudaDeviceReset) and goes on launching. A reset primary
+    context keeps its handle, and the queue-bound rings are keyed by it: their events had died with the context, so
+    every marker failed to record and the queue was bounded no longer (the simulated driver's events die with
+    their context, as a real driver's do)."""
+    be = backends([Group("cap", 0.0, 0.9)])
+    res = run(client_argv("e2e", "reset", 200, script=client_script), sim.hooked(be, "cap"), timeout=120)
+    assert res.rc == 0, res
+    out = res.json
+    assert out["launch_errors"] == [], out
+    assert out["before"] >= 20 and out["after"] >= 20, out
+
+
 def test_fork_child_exits_cleanly_and_the_parent_keeps_launching(sim, backends, client_script):
     be = backends([Group("f", 0.0, 1.0), Group("rival", 0.0, 1.0)])
     rival = start(workload("workload-linked", "--seconds", 1.5, "--sync-every", 4), sim.hooked(be, "rival"))

@@ -56,6 +56,7 @@ static struct sim_ctx *ctx_new(int dev, unsigned flags, int is_primary)
 static CUresult ctx_activate(struct sim_ctx *c)
 {
     if (sim_ctx_start(c) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    __atomic_add_fetch(&c->life, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&c->active, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }
@@ -514,10 +515,20 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     struct sim_event *ev = calloc(1, sizeof *ev);
     if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
     ev->flags = Flags;
+    ev->owner = c;
+    ev->owner_life = __atomic_load_n(&c->life, __ATOMIC_ACQUIRE);
     atomic_init(&ev->refs, 1);
     sim_handle_add(ev, H_EVENT);
     *phEvent = (CUevent)ev;
     return CUDA_SUCCESS;
+}
+
+/* The event's context was reset or destroyed since it was made: the event went with it. */
+static int event_dead(const struct sim_event *ev)
+{
+    const struct sim_ctx *c = ev->owner;
+    return c && (!__atomic_load_n(&c->active, __ATOMIC_ACQUIRE) ||
+                 __atomic_load_n(&c->life, __ATOMIC_ACQUIRE) != ev->owner_life);
 }
 
 void sim_event_unref(struct sim_event *ev)
@@ -545,7 +556,7 @@ CUresult cuEventDestroy_v2(CUevent hEvent)
 static CUresult event_record(CUevent hEvent, CUstream h, int ptsz)
 {
     SIM_CHECK_INIT();
-    if (!sim_handle_is(hEvent, H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!sim_handle_is(hEvent, H_EVENT) || event_dead((struct sim_event *)hEvent)) return CUDA_ERROR_INVALID_HANDLE;
     struct sim_stream *s;
     CUresult rc = sim_stream_resolve(h, ptsz, &s);
     if (rc) return rc;
@@ -595,7 +606,7 @@ static void event_state(struct sim_event *ev, struct sim_ctx **ctx, uint64_t *se
 CUresult cuEventSynchronize(CUevent hEvent)
 {
     SIM_CHECK_INIT();
-    if (!sim_handle_is(hEvent, H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!sim_handle_is(hEvent, H_EVENT) || event_dead((struct sim_event *)hEvent)) return CUDA_ERROR_INVALID_HANDLE;
     CUresult rc = sim_capture_unsafe(); /* potentially unsafe during a capture */
     if (rc) return rc;
     struct sim_ctx *c;
@@ -608,7 +619,7 @@ CUresult cuEventSynchronize(CUevent hEvent)
 CUresult cuEventQuery(CUevent hEvent)
 {
     SIM_CHECK_INIT();
-    if (!sim_handle_is(hEvent, H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!sim_handle_is(hEvent, H_EVENT) || event_dead((struct sim_event *)hEvent)) return CUDA_ERROR_INVALID_HANDLE;
     CUresult rc = sim_capture_unsafe(); /* potentially unsafe during a capture */
     if (rc) return rc;
     struct sim_ctx *c;
@@ -622,6 +633,7 @@ static CUresult elapsed(float *ms, CUevent hStart, CUevent hEnd)
     SIM_CHECK_INIT();
     if (!ms) return CUDA_ERROR_INVALID_VALUE;
     if (!sim_handle_is(hStart, H_EVENT) || !sim_handle_is(hEnd, H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (event_dead((struct sim_event *)hStart) || event_dead((struct sim_event *)hEnd)) return CUDA_ERROR_INVALID_HANDLE;
     struct sim_event *a = (struct sim_event *)hStart, *b = (struct sim_event *)hEnd;
     if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
     struct sim_ctx *ca, *cb;

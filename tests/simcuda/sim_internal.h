@@ -179,6 +179,7 @@ struct sim_ctx {
     pthread_t worker;
     struct sim_stream legacy;
     struct sim_ctx *next_all;  /* list of every context ever made (never freed) */
+    uint64_t life;             /* counts activations: what was made in an earlier one died with it */
 };
 
 struct sim_event {
@@ -188,6 +189,8 @@ struct sim_event {
     uint64_t seq;              /* that record's item */
     uint64_t time_ns;          /* completion time of the latest executed record */
     uint64_t cap_id;           /* recorded into this capture (0: none) */
+    struct sim_ctx *owner;     /* the context it was created in, and that context's life then: as on a real */
+    uint64_t owner_life;       /* driver, an event dies with its context (a reset or destroy) */
 };
 
 struct sim_ctx *sim_ctx_current(void);
