@@ -269,6 +269,7 @@ class SchedulerDaemon:
 
     def _open_board(self) -> None:
         if self._board_path_arg is None:
+            log.warning("no board page (--board none): continuations and latency claims are off")
             return
         path = self._board_path_arg or f"/dev/shm/gemini-board-{self.scheduler_id}"
         try:
