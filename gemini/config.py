@@ -206,6 +206,11 @@ def _parse_v1(lines: list[str], path: str) -> list[GroupConfig]:
     return groups
 
 
+# A claim is answered by the group's pod manager alone, so gem-schd cannot make room for a claimer's memory, and the
+# hooks' prefetch at a claim would put it on the GPU uncounted (past --device-memory); and a swap on a request's path
+# is no latency class anyway.
+LATENCY_UNIFIED = "Class = latency cannot be combined with MemoryMode = unified (a claim cannot wait for evictions)"
+
 _SECTION_RE = re.compile(r"^\[([^\]]*)\]$")
 _KEYS = {"minutil": "min_util", "maxutil": "max_util", "memorylimit": "mem_limit", "processsharing": "turns",
          "class": "sched_class", "memorymode": "memory_mode", "slots": "slots", "socketowner": "socket_owner",
@@ -320,6 +325,8 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         seen[g.name] = g.line
         if g.min_util > g.max_util:
             raise ConfigError(path, g.line, f"group {g.name!r}: MinUtil {g.min_util} is above MaxUtil {g.max_util}")
+        if g.latency and g.unified:
+            raise ConfigError(path, g.line, f"group {g.name!r}: {LATENCY_UNIFIED}")
     warnings = []
     total_min = sum(g.min_util for g in groups)
     if total_min > 1.0 + 1e-9:

@@ -49,12 +49,12 @@ def test_v2_process_sharing():
 
 
 def test_v2_class_memory_mode_and_socket_keys():
-    cfg = parse_config("[a]\nClass = Latency\nMemoryMode = unified\nSocketOwner = alice\nSocketGroup = 1000\n"
-                       "SocketMode = 0640\n[b]\n")
+    cfg = parse_config("[a]\nClass = Latency\nSocketOwner = alice\nSocketGroup = 1000\n"
+                       "SocketMode = 0640\n[b]\nMemoryMode = unified\n")
     a, b = cfg.groups
-    assert (a.sched_class, a.latency, a.memory_mode, a.unified) == ("latency", True, "unified", True)
+    assert (a.sched_class, a.latency, a.memory_mode, a.unified) == ("latency", True, "device", False)
     assert (a.socket_owner, a.socket_group, a.socket_mode) == ("alice", "1000", 0o640)
-    assert (b.sched_class, b.latency, b.memory_mode, b.unified) == ("batch", False, "device", False)
+    assert (b.sched_class, b.latency, b.memory_mode, b.unified) == ("batch", False, "unified", True)
     assert (b.socket_owner, b.socket_group, b.socket_mode) == (None, None, None)
 
 
@@ -129,6 +129,8 @@ ERROR_CASES = [
     ("[a]\nProcessSharing = turns\nProcessSharing = turns\n", 3, "twice"),
     ("[a]\nClass = fast\n", 2, "'batch' or 'latency'"),
     ("[a]\nMemoryMode = swap\n", 2, "'device' or 'unified'"),
+    # a claim is answered by the pod manager alone: gem-schd could not make room for a claimer's memory
+    ("[a]\nClass = latency\nMemoryMode = unified\n", 1, "cannot be combined with MemoryMode = unified"),
     ("[a]\nSocketMode = 0666\n", 2, "any local user"),
     ("[a]\nSocketMode = rw\n", 2, "octal mode"),
     ("[a]\nSocketOwner = a/b\n", 2, "not a user or group name"),

@@ -67,20 +67,26 @@ def units(ns, pod, pct=(), mem=(), container="main") -> ContainerUnits:
 def test_plan_reads_requests_and_annotations():
     pct, mem = INV.device_ids(PCT), INV.device_ids(MEM)
     pods = {("a", "p"): PodInfo("a", "p", "uid-p", annotations={"gemini.io/max-util": "75%",
-                                                                "gemini.io/class": "Latency",
-                                                                "gemini.io/memory-mode": "unified"}),
-            ("a", "q"): PodInfo("a", "q", "uid-q"),
+                                                                "gemini.io/class": "Latency"}),
+            ("a", "q"): PodInfo("a", "q", "uid-q", annotations={"gemini.io/memory-mode": "unified"}),
+            ("a", "both"): PodInfo("a", "both", "uid-b", annotations={"gemini.io/class": "latency",
+                                                                      "gemini.io/memory-mode": "unified"}),
             ("a", "done"): PodInfo("a", "done", "uid-d", phase="Succeeded")}
     result = plan([units("a", "p", pct[:25], mem[:4]), units("a", "q", (), mem[12:14]),
+                   units("a", "both", (), mem[14:15]),
                    units("a", "done", pct[25:30], mem[4:5]), units("a", "unknown", pct[30:31], mem[5:6])],
                   pods, INV, Defaults(max_util=0.9, process_sharing="turns"))
     by_pod = {p.pod: p for p in result.placements}
     assert set(by_pod) == {"p", "q"}                                  # finished pods hold nothing
     p = by_pod["p"].config
     assert (p.min_util, p.max_util, p.mem_limit, p.sched_class, p.memory_mode, p.turns) == \
-           (0.25, 0.75, 4 * 256 * MiB, "latency", "unified", True)
+           (0.25, 0.75, 4 * 256 * MiB, "latency", "device", True)
     q = by_pod["q"]
     assert q.gpu == G1 and (q.config.min_util, q.config.max_util) == (0.0, 0.9)   # node defaults
+    assert q.config.memory_mode == "unified"
+    # latency and unified together: refused with the reason (a config with it would not load at all)
+    assert [str(problem) for problem in result.problems if "both" in str(problem)], result.problems
+    assert any("cannot be combined with MemoryMode = unified" in str(problem) for problem in result.problems)
     assert [w.pod for w in result.waiting] == ["unknown"]            # the API has not shown it yet
     # percent units alone: not placed, not refused (its memory units may come next)
     later = plan([units("a", "q", pct[40:41])], pods, INV, Defaults())

@@ -22,6 +22,7 @@ from pmgr_helpers import (REPO_ROOT, AsyncHook, FakeClock, FakeScheduler, eventu
 
 GROUP = "g"
 MS = 1_000_000  # ns
+MiB = 1 << 20
 
 
 # =============================================================================================
@@ -1108,3 +1109,27 @@ def test_a_board_path_too_long_for_the_hooks_is_refused_and_the_group_runs_witho
     [ack] = to_hook(r.m.on_hook(cid, 1, hp.Hello(pid=1, pod_name=GROUP)))
     assert ack.msg.board_path == "" and ack.msg.board_slot == -1
     hp.encode(ack.msg, ack.seq)                                   # it fits its frame
+
+
+@pytest.mark.parametrize("welcome_first", [True, False], ids=["welcomed", "before-the-welcome"])
+def test_a_rejoined_process_memory_counts_as_managed_in_a_unified_group(welcome_first):
+    """A restarted pod manager of a unified group hears a process rejoin holding 150 MiB (its HELLO's mem_in_use;
+    often before gem-schd's welcome says the group is unified). Those bytes are managed memory as far as anyone can
+    tell: counted as fixed device memory, gem-schd never evicted them, and an eviction was answered at once as
+    complete without waiting for the process."""
+    board = FakeBoard()
+    board.request_evict = lambda slot, seq: None
+    r = Rig(welcomed=False, board_open=lambda path: board)
+    unified = sm.Welcome(group=GROUP, min_util=0.0, max_util=1.0, mem_limit=1 << 40, scheduler_id="s1",
+                         memory_mode="unified", board_path="/dev/shm/b", board_slot=2)
+    if welcome_first:
+        r.m.on_scheduler(unified)
+    cid = r.m.connect("p")
+    r.m.on_hook(cid, 1, hp.Hello(pid=1, pod_name=GROUP, mem_in_use=150 * MiB))
+    if not welcome_first:
+        r.m.on_scheduler(unified)
+    assert r.m.ledger.used == 150 * MiB and r.m.residency.managed_bytes == 150 * MiB
+    swapped = [m for m in upstream(r.m.on_scheduler(sm.Evict(group=GROUP, seq=7))) if isinstance(m, sm.Swapped)]
+    assert swapped == [], f"answered before the process moved its memory: {swapped}"
+    r.m.on_scheduler(unified)                                    # a later welcome counts nothing twice
+    assert r.m.residency.managed_bytes == 150 * MiB

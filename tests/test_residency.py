@@ -646,3 +646,22 @@ def test_a_held_grant_stops_waiting_for_an_evictee_that_is_gone(how):
         finally:
             for pm in pms.values():
                 pm.close()
+
+
+def test_a_held_grant_stops_waiting_for_an_evictee_that_a_reload_makes_device_mode():
+    """j1's grant waits for j0's eviction; a reload makes j0 a device group. Its eviction is forgotten (device memory
+    is not swapped, and its pod manager ignores residency reports now): the grant goes out at once instead of after
+    the eviction timeout (15 s and more) with the GPU idle."""
+    cfg = parse_config("".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n" for i in range(3)))
+    j0_device = parse_config("[j0]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = device\n"
+                             + "".join(f"[j{i}]\nMaxUtil = 1\nMemoryLimit = 1GiB\nMemoryMode = unified\n"
+                                       for i in (1, 2)))
+    with DaemonThread(cfg, device_memory=240 * MiB, board_path=None, base_quota_ms=5000.0) as dt:
+        pms, _evict_seq, held_seq = _held_grant_setup(dt)
+        try:
+            dt.call(lambda: dt.daemon.apply_config(j0_device))
+            grant = pms["j1"].recv_type(Grant, timeout=1.0)
+            assert isinstance(grant, Grant) and grant.token_seq == held_seq, "j1's grant is still held"
+        finally:
+            for pm in pms.values():
+                pm.close()

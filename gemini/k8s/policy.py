@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from gemini.config import GroupConfig, parse_config
+from gemini.config import LATENCY_UNIFIED, GroupConfig, parse_config
 
 from .devices import MEMORY_UNIT_BYTES, RESOURCE_MEMORY, RESOURCE_PERCENT, AllocationError, Inventory, group_name
 from .podresources import ContainerUnits
@@ -140,6 +140,8 @@ def settings_from_annotations(annotations: Mapping[str, str], defaults: Defaults
         if value not in _CHOICES[key]:
             raise PolicyError(f"{key}: {annotations[key][:40]!r} must be " + " or ".join(_CHOICES[key]))
         out[attr] = (value == "turns") if attr == "turns" else value
+    if out["sched_class"] == "latency" and out["memory_mode"] == "unified":
+        raise PolicyError(f"{ANNOTATION_CLASS} latency with {ANNOTATION_MEMORY_MODE} unified: {LATENCY_UNIFIED}")
     return out
 
 

@@ -86,6 +86,8 @@ class Client:
     creds: PeerCredentials | None = None    # from SO_PEERCRED; None on TCP
     pid_visible: bool = False   # `pid` names a process of the pod manager's own pid namespace (it can tell if it lives)
     latency: bool = False       # its HELLO_ACK said latency class: its hook takes claims (it keeps the class for life)
+    hello_mem: int = 0          # what its HELLO said it already held (a process rejoining after a restart)
+    hello_mem_counted: bool = False  # ... counted as managed memory (a unified group), once
 
     @property
     def uid(self) -> int:
@@ -491,6 +493,8 @@ class PodManager:
             log.debug("client %d: HELLO says pid %d, the kernel %d (another pid namespace?)", client.id, msg.pid,
                       client.pid)
         self.ledger.take(client, msg.mem_in_use)
+        client.hello_mem = msg.mem_in_use
+        self._count_held_as_managed()
         log.info("client %d: pid %d%s from %s%s", client.id, client.pid,
                  f" uid {client.uid}" if client.creds is not None else "", client.peer,
                  f", already holding {msg.mem_in_use} bytes" if msg.mem_in_use else "")
@@ -770,6 +774,7 @@ class PodManager:
         if isinstance(msg, sm.ConfigUpdate):
             self.min_util, self.max_util = msg.min_util, msg.max_util
             self.sched_class, self.memory_mode = msg.sched_class, msg.memory_mode
+            self._count_held_as_managed()
             return self._after(self._set_turns(msg.turns, now) + self._set_limit(msg.mem_limit))
         if isinstance(msg, sm.HeartbeatAck):
             if link.scheduler_id is not None and msg.scheduler_id != link.scheduler_id:
@@ -788,6 +793,15 @@ class PodManager:
         log.warning("unexpected %s from gem-schd, ignored", msg.TYPE)
         return []
 
+    def _count_held_as_managed(self) -> None:
+        """A unified group's processes that said hello before its mode was known (a restarted pod manager hears its
+        processes rejoin before gem-schd's welcome): what they hold counts as managed (residency.held)."""
+        if self.memory_mode == "unified":
+            for client in self.clients.values():
+                if client.hello_mem > 0 and not client.hello_mem_counted:
+                    client.hello_mem_counted = True
+                    self.residency.held(client.id, client.hello_mem)
+
     def _on_welcome(self, msg: sm.Welcome, now: float) -> list[Action]:
         link = self.link
         if link.unknown_reason:
@@ -801,6 +815,7 @@ class PodManager:
         link.scheduler_id = msg.scheduler_id
         self.min_util, self.max_util = msg.min_util, msg.max_util
         self.sched_class, self.memory_mode = msg.sched_class, msg.memory_mode
+        self._count_held_as_managed()
         link.last_heartbeat = now
         self._attach_board(msg.board_path, msg.board_slot)
         actions = self._set_limit(msg.mem_limit)

@@ -65,6 +65,14 @@ class GroupResidency:
     def resident_bytes(self) -> int:
         return sum(self.resident.values())
 
+    def held(self, client_id: int, nbytes: int) -> None:
+        """The process says it holds `nbytes` (a HELLO's mem_in_use: it rejoined a restarted pod manager, which saw
+        none of its allocations). In a unified group they are managed memory as far as anyone can tell: counted as
+        fixed, gem-schd never evicted them, and an eviction was answered at once without waiting for the process.
+        Its next residency report says how much of it is managed (never less than counted here: see on_report)."""
+        if nbytes > 0:
+            self.managed[client_id] = max(self.managed.get(client_id, 0), nbytes)
+
     def allocated(self, client_id: int, nbytes: int) -> None:
         self.managed[client_id] = self.managed.get(client_id, 0) + nbytes
 

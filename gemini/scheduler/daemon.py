@@ -1013,6 +1013,10 @@ class SchedulerDaemon:
         self.config = config
         self._assign_board_slots(config)
         self.residency.configure({g.name: g.unified for g in config.groups})
+        if self._held is not None:
+            # an evictee that is no longer unified (or no longer there) will not answer usefully: not waited for
+            for group in sorted(self._held.waiting - self.residency.outstanding()):
+                self._stop_waiting_for(group)
         self._residency_to_policy()
         if self._needs_probe() and self._loop is not None:
             # the first unified group: take the capacity as soon as the probe answers (off the loop)
