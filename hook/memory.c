@@ -444,15 +444,20 @@ GEM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t
     if (!dptr || !pPitch || widthInBytes == 0 || height == 0 || !accounting())
         return REAL(cuMemAllocPitch_v2)(dptr, pPitch, widthInBytes, height, elementSizeBytes);
     struct gem_device *d = gem_current_device();
+    /* 512-byte rows: the driver's alignment at most. A size that does not fit 64 bits is no allocation: wrapped, a
+     * unified group's was a small one with a pitch past its end (the driver refuses such a call). */
+    uint64_t pitch, estimate;
+    if (__builtin_add_overflow((uint64_t)widthInBytes, 511u, &pitch) ||
+        __builtin_mul_overflow(pitch / 512 * 512, (uint64_t)height, &estimate))
+        return CUDA_ERROR_INVALID_VALUE;
+    pitch = pitch / 512 * 512;
     if (gem_residency_unified(d)) { /* managed memory has no pitch of its own: the driver's 512-byte rows */
-        size_t pitch = (widthInBytes + 511) / 512 * 512;
-        CUresult urc = alloc_unified(d, dptr, pitch * height, 0);
+        CUresult urc = alloc_unified(d, dptr, estimate, 0);
         if (urc == CUDA_SUCCESS)
             *pPitch = pitch;
         return urc;
     }
     /* Drivers align the pitch to 512 bytes or less; the real pitch settles the difference. */
-    uint64_t estimate = ((uint64_t)widthInBytes + 511) / 512 * 512 * (uint64_t)height;
     RESERVE_OR_RETURN(d, estimate, GEM_MEM_DEVICE);
     CUresult rc = REAL(cuMemAllocPitch_v2)(dptr, pPitch, widthInBytes, height, elementSizeBytes);
     if (rc != CUDA_SUCCESS) {

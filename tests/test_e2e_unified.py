@@ -398,3 +398,30 @@ def test_memory_allocated_in_a_slot_counts_as_moved_when_evicted(traced_sim, bac
     finally:
         proc.stdin.close()
         proc.wait(timeout=20)
+
+
+PITCH_PROBE = r"""
+import ctypes, json
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+out = {}
+for name, width, height in (("fits", 1000, 4096), ("wraps", 2**55 + 512, 512)):
+    p, pitch = ctypes.c_ulonglong(), ctypes.c_size_t()
+    rc = cu.cuMemAllocPitch_v2(ctypes.byref(p), ctypes.byref(pitch), ctypes.c_size_t(width), ctypes.c_size_t(height), 4)
+    out[name] = [rc, pitch.value]
+print(json.dumps(out))
+"""
+
+
+def test_a_pitch_allocation_whose_size_does_not_fit_64_bits_is_refused(sim, backends):
+    """In a unified group the hook makes a pitched allocation itself (managed memory, 512-byte rows). A width of
+    2**55 + 512 by 512 rows is 2**64 + 256 KiB: wrapped, it was a 256 KiB allocation that succeeded with a pitch
+    of 2**55 + 512, row 1 far past its end (the driver refuses such a call)."""
+    be = unified_backend(backends, names=("a",))
+    r = finish(start([sys.executable, "-c", PITCH_PROBE], sim.hooked(be, "a")), timeout=60)
+    assert r.rc == 0, r
+    out = r.json
+    assert out["fits"] == [0, 1024], out
+    assert out["wraps"][0] == 1, out        # CUDA_ERROR_INVALID_VALUE
