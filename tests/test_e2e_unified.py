@@ -28,9 +28,19 @@ SIZE = 128 * MiB
 CAPACITY = 300 * MiB       # two groups' memory fits, three do not
 
 
-def unified_backend(backends, names=("a", "b", "c"), capacity=CAPACITY):
+def unified_backend(backends, names=("a", "b", "c"), capacity=CAPACITY, min_slot_ms=None):
+    extra = ["--device-memory", str(capacity)]
+    if min_slot_ms is not None:
+        extra.append(f"--schd-arg=--unified-min-slot={min_slot_ms}")
     return backends([Group(n, 0.0, 1.0, "1GiB", memory_mode="unified") for n in names], quota_ms=20,
-                    extra_args=["--device-memory", str(capacity)])
+                    extra_args=extra)
+
+
+# Jobs of about 0.4 s of kernels each. With the default floor (2 s slots while the groups do not all fit) the
+# first job could run to its end in one slot when all three had reported their memory before the first grant:
+# then two fit, and no eviction was ever needed (a failure seen once in a full run). 100 ms slots make the three
+# take turns while all are alive, so the third always needs room.
+SHORT_FLOOR_MS = 100
 
 
 def job(sim, be, group, kernels=400, kernel_us=1000, **env):
@@ -69,7 +79,7 @@ def run_three(sim, be, **env):
 
 def test_three_unified_groups_swap_within_the_capacity(traced_sim, backends):
     sim = traced_sim
-    be = unified_backend(backends)
+    be = unified_backend(backends, min_slot_ms=SHORT_FLOOR_MS)
     pids, trace = run_three(sim, be)
     moves = prefetches(trace)
     # managed allocations: only managed memory can be prefetched, and every process's was, whole
@@ -242,7 +252,8 @@ def test_gem_schd_traces_evictions_and_swaps(traced_sim, backends, tmp_path):
     sim = traced_sim
     schd_trace = tmp_path / "schd-trace.json"
     be = backends([Group(n, 0.0, 1.0, "1GiB", memory_mode="unified") for n in ("a", "b", "c")], quota_ms=20,
-                  extra_args=["--device-memory", str(CAPACITY), f"--schd-arg=--trace={schd_trace}"])
+                  extra_args=["--device-memory", str(CAPACITY), f"--schd-arg=--trace={schd_trace}",
+                              f"--schd-arg=--unified-min-slot={SHORT_FLOOR_MS}"])
     pids, trace = run_three(sim, be, SIMCUDA_MIGRATE_GBPS=4)
     outs_sim = [m for m in prefetches(trace) if m[4] == "host" and m[5] > 0]
     assert outs_sim      # the simulator saw evictions: the trace must show them

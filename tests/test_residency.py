@@ -123,6 +123,8 @@ def test_a_slow_or_mismeasured_move_does_not_make_slots_of_minutes():
     assert r.quota_floor_ms() == {"a": SLOT_FLOOR_MAX_MS, "b": SLOT_FLOOR_MAX_MS}
     small = residency(a=20 * MiB, b=20 * MiB, capacity=30 * MiB)
     assert small.quota_floor_ms() == {"a": SLOT_FLOOR_MIN_MS, "b": SLOT_FLOOR_MIN_MS}
+    small.slot_floor_min_ms = 100.0                        # gem-schd --unified-min-slot 100
+    assert small.quota_floor_ms() == {"a": 100.0, "b": 100.0}
 
 
 def test_a_group_that_grows_past_the_capacity_pushes_the_least_recently_run_out():

@@ -77,8 +77,12 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
                    "unified group is configured: the --device-uuid GPU, else CUDA_VISIBLE_DEVICES's first, else "
                    "GPU 0) less a reserve of max(1 GiB, 5%); if it cannot be read, not managed (unified groups "
                    "run on the driver's page faults).")
+@click.option("--unified-min-slot", "unified_min_slot", type=click.FloatRange(1.0, 600_000.0), default=2000.0,
+              show_default=True, metavar="MS",
+              help="While the unified groups do not all fit in --device-memory: the shortest slot of each (longer if "
+                   "its swap takes more than a tenth of it), so that a swap is paid by a long slot.")
 def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_file_dir, verbose, log_level,
-         metrics_port, trace_path, ipc_dir, device_uuid, device_memory):
+         metrics_port, trace_path, ipc_dir, device_uuid, device_memory, unified_min_slot):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     ctx = click.get_current_context()
     if ipc_dir is not None:
@@ -119,7 +123,8 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
                              metrics_port=metrics_port, trace_path=trace_path,
                              board_path=None if board.lower() == "none" else board, ipc_dir=ipc_dir,
                              device_uuid=device_uuid, device_memory=capacity,
-                             memory_probe=None if capacity is not None else _memory_probe(device_uuid))
+                             memory_probe=None if capacity is not None else _memory_probe(device_uuid),
+                             unified_min_slot_ms=unified_min_slot)
 
     async def run() -> int:
         # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.

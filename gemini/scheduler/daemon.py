@@ -46,7 +46,7 @@ from gemini.config import Config
 from gemini.scheduler.capacity import DeviceMemoryProbe, ProbeError, capacity_for, reserve_for
 from gemini.scheduler.connections import HELLO_TIMEOUT_S, MAX_CONNECTIONS, ConnectionGuard
 from gemini.scheduler.observers import SchedulerObserver
-from gemini.scheduler.residency import Eviction, ResidencyPolicy
+from gemini.scheduler.residency import SLOT_FLOOR_MIN_MS, Eviction, ResidencyPolicy
 from gemini.scheduler.share import reported_share
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS,
                                      DEFAULT_WINDOW_MS, ClaimRightDecision, Decision, GrantDecision, Policy,
@@ -192,7 +192,7 @@ class SchedulerDaemon:
                  board_path: Optional[str] = "", ipc_dir: Optional[str] = None, device_uuid: Optional[str] = None,
                  hello_timeout_s: float = HELLO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
                  device_memory: Optional[int] = None, evict_timeout_s: float = EVICT_TIMEOUT_S,
-                 memory_probe: Optional[DeviceMemoryProbe] = None):
+                 memory_probe: Optional[DeviceMemoryProbe] = None, unified_min_slot_ms: float = SLOT_FLOOR_MIN_MS):
         self.config = config
         self.ip = ip
         self.port = port
@@ -216,7 +216,7 @@ class SchedulerDaemon:
                              clock_origin_ms=self._t0_ns / 1e6)
         # Unified groups' memory on the GPU (residency.py decides; this daemon carries it out): a grant that needs
         # evictions first is held until the evicted groups' pod managers answer (or evict_timeout_s passes).
-        self.residency = ResidencyPolicy(device_memory)
+        self.residency = ResidencyPolicy(device_memory, slot_floor_min_ms=unified_min_slot_ms)
         self.residency.configure({g.name: g.unified for g in config.groups})
         # Without --device-memory the capacity is the card's memory less a reserve (capacity.py), read through
         # memory_probe (NVML in gem-schd) the first time a unified group is configured; None: no way to read it.

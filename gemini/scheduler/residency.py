@@ -81,6 +81,8 @@ class Eviction:
 @dataclass
 class ResidencyPolicy:
     capacity: Optional[int]                       # bytes; None: residency is not managed
+    # the shortest slot of a unified group while they do not all fit (gem-schd --unified-min-slot)
+    slot_floor_min_ms: float = SLOT_FLOOR_MIN_MS
     default_gbps: float = DEFAULT_GBPS
     swap_fraction: float = SWAP_FRACTION
     tenants: dict[str, Tenant] = field(default_factory=dict)
@@ -294,6 +296,6 @@ class ResidencyPolicy:
         floors = {}
         for name, t in self.tenants.items():
             if t.unified and t.managed > 0:
-                floors[name] = min(SLOT_FLOOR_MAX_MS,
-                                   max(SLOT_FLOOR_MIN_MS, self.swap_ms(t.managed) / self.swap_fraction))
+                floors[name] = min(max(SLOT_FLOOR_MAX_MS, self.slot_floor_min_ms),
+                                   max(self.slot_floor_min_ms, self.swap_ms(t.managed) / self.swap_fraction))
         return floors
