@@ -485,6 +485,15 @@ int gem_conn_alive(struct gem_conn *c) {
         /* current and not broken: its descriptor is open. A zero-timeout poll reads nothing. */
         struct pollfd pfd = {.fd = s->fd, .events = POLLRDHUP};
         if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) {
+            if (!s->reader_active && s->users == 0) {
+                /* What it said before it closed is still to be read: its farewell (an ERROR push saying why it
+                 * went). Unread, the process said only that its pod manager was unreachable, and how to start
+                 * one. The peer closed, so each read ends at once. */
+                struct gem_msg m;
+                char why[128];
+                for (int i = 0; i < 8 && read_frame(s->fd, &m, 0, why, sizeof why) == 1; i++)
+                    dispatch(c, s, &m);
+            }
             mark_broken(c, s, "the pod manager closed the connection");
             /* No call uses it, so no user will leave it: free it here (each pod manager restart seen while the
              * process was idle kept one descriptor open for good). */

@@ -12,6 +12,7 @@ close the connection at a chosen moment. Each test shows one promise of client.c
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -297,3 +298,25 @@ def test_a_free_while_the_process_reconnects_reaches_the_pod_manager_that_counts
     finally:
         holder.close()
         pmgr.close()
+
+
+def test_a_pod_manager_that_leaves_while_the_process_is_idle_is_heard_saying_why(sim, fake_pmgr, client_script):
+    """The pod manager says why it goes (an ERROR push: its group was removed) and closes, while the process sits
+    idle holding memory. The rejoin thread notices the closed connection first; it must read that last word before
+    it drops the connection, so that the process says why its pod manager is gone -- not that it is unreachable and
+    how to start one (the race made tests/test_messages.py fail under load)."""
+    pmgr = fake_pmgr(lambda conn, seq, msg: conn.send(hp.MemReply(verdict=0, used=0, limit=64 * MiB), seq)
+                     if isinstance(msg, (hp.MemAlloc, hp.MemFree, hp.MemInfo)) else None)
+    holder = Holder(client_argv("e2e", "serve", script=client_script),
+                    hooked_env(sim, pmgr, GEMINI_CONNECT_TIMEOUT_MS=300))
+    try:
+        assert holder.alloc(1 * MiB) == 0
+        pmgr._stop = True                                       # nobody to reconnect to (shutdown: a close would
+        pmgr.listener.shutdown(socket.SHUT_RDWR)                # leave the accept in progress listening)
+        for conn in list(pmgr.conns):
+            conn.send_raw(hp.error_frame(hp.ErrorCode.UNKNOWN_GROUP, "group 'g' was removed from the config"))
+            conn.close()
+        time.sleep(1.5)                                         # the rejoin thread looked and tried again
+    finally:
+        r = holder.close()
+    assert "is gone" in r.err and "group 'g' was removed from the config" in r.err.split("is gone", 1)[1], r.err
