@@ -76,7 +76,7 @@ def test_a_gemini_phase_that_times_out_reports_status_counters_and_logs(tmp_path
     args = Namespace(jobs=2, job_gib=0.1, capacity_gib=1.0, stall_s=30.0, status_every_s=1.0)
     env = dict(clean_env(), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     before = set(os.listdir("/proc"))
-    out = gemini_run(fake_job(tmp_path, 50, stall_at=2), args, tmp_path, env, "gemini", limit_s=8.0)
+    out = gemini_run(fake_job(tmp_path, 50, stall_at=2), args, tmp_path, env, "gemini", limit_s=5.0)
     assert out["ok"] is False and out["timed_out"] is True
     assert out["steps_done"] == {"j0": 2, "j1": 2}
     assert {g["name"] for g in out["status"]["groups"]} == {"j0", "j1"}

@@ -83,7 +83,7 @@ def lines_per_decision(groups: int, warmup: int = 300, decisions: int = 200, cap
 
 
 def test_a_decisions_work_does_not_grow_with_the_number_of_groups():
-    few, many = lines_per_decision(20), lines_per_decision(2000)
+    few, many = lines_per_decision(20), lines_per_decision(1000)
     # HEAD before the incremental indexes: ~100x (several passes over every group per decision). Now the same
     # work up to the heap's log n, which runs in C (heapq): the margin is for the paths a decision takes, which
     # differ a little with the mix (a capped group's full bucket ends _before_overflow's walk at once, or not).
