@@ -395,6 +395,14 @@ def idle(args):
     print(json.dumps({"bursts": bursts, "launches": bursts * kernels}))
 
 
+def thread_stream(ctx):
+    """In a new thread: make ctx current and create a non-blocking stream of its own."""
+    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    s = c_void_p()
+    check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
+    return s
+
+
 def capture(args):
     seconds = float(args[0])
     ctx = setup()
@@ -404,9 +412,7 @@ def capture(args):
 
     def gated():
         # Always busy on its own non-blocking stream: its token expires (drains) while the capture is open.
-        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        s = c_void_p()
-        check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
+        s = thread_stream(ctx)
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             for slot in (40, 41):
@@ -466,9 +472,7 @@ def capture_race(args):
     stop = threading.Event()
 
     def launcher():
-        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        s = c_void_p()
-        check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
+        s = thread_stream(ctx)
         while not stop.is_set():
             rc = spin.launch(s, 1, 300)
             out["launches"] += 1
