@@ -298,9 +298,8 @@ static int handshake(struct gem_conn *c, char *why, size_t why_len) {
      * failed): a free meanwhile waits and goes on that session, since this count includes it (sent nowhere, it
      * stayed counted for good). */
     pthread_mutex_lock(&c->mu);
-    c->hello_mem = c->mem_in_use ? __atomic_load_n(c->mem_in_use, __ATOMIC_RELAXED) : 0;
+    hello.u.hello.mem_in_use = c->mem_in_use ? __atomic_load_n(c->mem_in_use, __ATOMIC_RELAXED) : 0;
     c->hello_pending = 1;
-    hello.u.hello.mem_in_use = c->hello_mem;
     pthread_mutex_unlock(&c->mu);
     hello.u.hello.flags = gem_cfg.fail_open ? GEM_HELLO_FLAG_FAIL_OPEN : 0;
     struct stat ns;

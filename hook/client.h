@@ -45,8 +45,7 @@ struct gem_conn {
     int last_failure;           /* what a call gets while next_connect_ns has not come */
     int64_t next_connect_ns;    /* after a failed connect, calls fail fast until then */
     uint64_t *mem_in_use;       /* the process's bytes on this device, sent in HELLO (changed under mu) */
-    uint64_t hello_mem;         /* what the HELLO in flight says the process holds */
-    int hello_pending;          /* a HELLO was sent (or is about to be) and its session is not installed yet */
+    int hello_pending;          /* a HELLO counted mem_in_use and its session is not installed yet (or failed) */
 };
 
 enum gem_call_result {
@@ -69,8 +68,8 @@ int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply
  * session: with none, the next HELLO's count leaves them out (GEM_CALL_UNREACHABLE). */
 int gem_conn_call_freeing(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
                           uint64_t bytes);
-/* 1 if a session stands; 0 if none does. A session the pod manager closed (it exited) is marked broken here,
- * without reading from it. Never blocks. */
+/* 1 if a session stands; 0 if none does. A session the pod manager closed (it exited) is dropped here, after
+ * reading what it said before it closed (its farewell) if no call is reading it. Never blocks. */
 int gem_conn_alive(struct gem_conn *c);
 
 #endif /* GEMINI_CLIENT_H */
