@@ -77,10 +77,9 @@ def test_a_continuation_ended_on_the_board_stops_the_holders_launches(sim, board
                                        "--sync-every", "8"), env)
         assert pmgr.granted.wait(10), "the process never asked for a token"
         first, granted_at = pmgr.seq, pmgr.granted_at
-        time.sleep(0.05)
         continued_until = granted_at + (SLOT_MS + CONTINUED_MS) * 1_000_000
         board.publish(0, first + 1, first, continued_until)       # gem-schd continues the slot
-        time.sleep((SLOT_MS + 100) / 1000 - 0.05)                  # the hook took it up at its deadline
+        time.sleep((SLOT_MS + 100) / 1000)                         # the hook took it up at its deadline
         assert pmgr.asked == [pmgr.asked[0]], "the process asked again instead of taking the continuation up"
         ended = now_ns()
         board.publish(0, first + 1, first, ended)                 # ... and ends it now
@@ -90,8 +89,9 @@ def test_a_continuation_ended_on_the_board_stops_the_holders_launches(sim, board
         assert later, f"the process never asked again: {pmgr.asked}"
         reacted_ms = (later[0] - ended) / 1e6
         # The watcher looks at the board every GEMINI_IDLE_RELEASE_MS (5 ms) in a burst; then a drain of at most
-        # 8 kernels of 0.2 ms. Without the look the next request came at the old deadline, ~300 ms after.
-        assert reacted_ms < 60, f"asked again {reacted_ms:.1f} ms after its continuation ended on the board"
+        # 8 kernels of 0.2 ms (~7 ms in all here; the bound leaves room for a loaded machine). Without the look the
+        # next request came at the old deadline, ~300 ms after.
+        assert reacted_ms < 150, f"asked again {reacted_ms:.1f} ms after its continuation ended on the board"
         stats = sim.stats_of(proc.pid)
         assert stats["continuations"] == 1 and stats["withdrawals"] == 1, stats
         # the fresh grants after it ran to their own deadlines, not to the board's 5 ms earlier ones

@@ -1133,3 +1133,36 @@ def test_a_rejoined_process_memory_counts_as_managed_in_a_unified_group(welcome_
     assert swapped == [], f"answered before the process moved its memory: {swapped}"
     r.m.on_scheduler(unified)                                    # a later welcome counts nothing twice
     assert r.m.residency.managed_bytes == 150 * MiB
+
+
+@pytest.mark.parametrize("turns", [False, True], ids=["together", "turns"])
+def test_a_late_release_of_the_continued_seq_does_not_end_the_hooks_new_hold(turns):
+    """The hook's slot 1 was continued as slot 2 without the hook taking it up. At its deadline the watcher sends
+    release(1), while a launcher asks again; the request arrives first and is granted slot 2 at once. The late
+    release(1) names a slot this hook no longer holds: counted, it gave slot 2 back to gem-schd while the hook
+    launched on its fresh grant (and another group was granted beside it)."""
+    r = Rig(turns=turns)
+    a = r.hook(pid=1)
+    r.m.on_hook(a, 1, hp.TokenRequest())
+    assert granted(r.grant(50.0, 1)) == {a: 50.0}
+    r.clock.advance(0.048)
+    r.m.on_scheduler(sm.Grant(group=GROUP, quota_ms=50.0, token_seq=2, continuation=True, prev_seq=1))
+    r.clock.advance(0.003)
+    assert a in granted(r.m.on_hook(a, 3, hp.TokenRequest()))     # slot 2
+    acts = r.m.on_hook(a, 2, hp.TokenRelease(token_seq=1))
+    assert not [m for m in upstream(acts) if isinstance(m, sm.TokenRelease)] and a in r.m.token.holders
+
+
+def test_a_rejoined_processs_managed_count_is_a_guess_that_its_reports_and_frees_correct():
+    """A rejoined process's HELLO said 800 bytes; it counts as managed until the process says better: a free of
+    600 bytes of VMM memory bounds it by what the process still holds, and its next residency report replaces it
+    (before, the guess was kept with max() whatever came after)."""
+    r = unified_rig()
+    a = r.hook(mem_in_use=800, pid=1)
+    assert r.m.residency.managed_bytes == 800
+    r.m.on_hook(a, 2, hp.MemFree(bytes=600, kind=hp.MemKind.VMM))
+    assert r.m.clients[a].mem == 200 and r.m.residency.managed_bytes == 200
+    r.m.on_hook(a, 3, hp.Residency(managed_bytes=150, resident_bytes=150, direction=hp.RESIDENCY_TO_DEVICE))
+    assert r.m.residency.managed_bytes == 150 and r.m.residency.resident_bytes == 150
+    r.m.on_hook(a, 4, hp.Residency(managed_bytes=100, resident_bytes=0, direction=hp.RESIDENCY_TO_HOST))
+    assert r.m.residency.managed_bytes == 150          # no longer a guess: a report lowers it no more

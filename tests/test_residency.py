@@ -619,7 +619,8 @@ def test_a_grant_held_for_evictions_goes_out_with_what_is_left_of_its_slot():
             grant = pms["j1"].recv_type(Grant)
             left_ms = (grant.deadline_s - time.monotonic()) * 1000.0
             assert isinstance(grant, Grant) and grant.token_seq == held_seq
-            assert grant.quota_ms <= left_ms + 50.0, f"quota {grant.quota_ms:.0f} ms, {left_ms:.0f} ms left"
+            # (the margin is for the message's way on a loaded machine; without the fix the gap is the 400 ms held)
+            assert grant.quota_ms <= left_ms + 200.0, f"quota {grant.quota_ms:.0f} ms, {left_ms:.0f} ms left"
         finally:
             for pm in pms.values():
                 pm.close()

@@ -317,6 +317,7 @@ class PodManager:
         token = self.token
         assert token.token_seq is not None
         token.holders.add(client_id)
+        token.granted_seq[client_id] = token.token_seq
         if quota_ns is None:
             quota_ns = int((token.deadline - now) * 1e9)
         return [ToHook(client_id, seq, hp.TokenGrant(quota_ns=quota_ns, token_seq=token.token_seq,
@@ -421,6 +422,7 @@ class PodManager:
             actions.append(ToScheduler(sm.Heartbeat(group=self.group, mem_used=self.ledger.used,
                                                     clients=len(self._greeted()), members=self.members(),
                                                     managed=self.residency.managed_bytes)))
+        self.token.granted_seq.pop(client_id, None)
         if client_id in self.token.holders:
             self.token.holders.discard(client_id)
             actions += self.sharing.gone(self, client_id, now)
@@ -692,6 +694,7 @@ class PodManager:
             freed = ledger.give_back(client, msg.bytes)
             if msg.kind == hp.MemKind.MANAGED:
                 self.residency.freed(client.id, freed)
+            self.residency.bound(client.id, client.mem)     # (a rejoined process's count may hold other kinds)
             if freed < msg.bytes:
                 log.warning("client %d (pid %d) frees %d bytes but holds only %d", client.id, client.pid,
                             msg.bytes, freed)

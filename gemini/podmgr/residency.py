@@ -53,6 +53,7 @@ class GroupResidency:
     timeout_s: float = EVICT_TIMEOUT_S
     managed: dict[int, int] = field(default_factory=dict)     # client id -> managed bytes it holds
     resident: dict[int, int] = field(default_factory=dict)    # client id -> of which on the GPU (last report)
+    provisional: set[int] = field(default_factory=set)         # clients whose count is a rejoin's guess (held)
     totals: SwapTotals = field(default_factory=SwapTotals)
     evicting: _Eviction | None = None
     last_seq: int = 0
@@ -69,9 +70,17 @@ class GroupResidency:
         """The process says it holds `nbytes` (a HELLO's mem_in_use: it rejoined a restarted pod manager, which saw
         none of its allocations). In a unified group they are managed memory as far as anyone can tell: counted as
         fixed, gem-schd never evicted them, and an eviction was answered at once without waiting for the process.
-        Its next residency report says how much of it is managed (never less than counted here: see on_report)."""
+        The count is provisional: the process's next residency report replaces it (it may hold VMM memory too)."""
         if nbytes > 0:
             self.managed[client_id] = max(self.managed.get(client_id, 0), nbytes)
+            self.provisional.add(client_id)
+
+    def bound(self, client_id: int, nbytes: int) -> None:
+        """The client holds `nbytes` in all now: it cannot manage more (a free of any kind may lower a provisional
+        count)."""
+        if self.managed.get(client_id, 0) > nbytes:
+            self.managed[client_id] = max(0, nbytes)
+            self.resident[client_id] = min(self.resident.get(client_id, 0), self.managed[client_id])
 
     def allocated(self, client_id: int, nbytes: int) -> None:
         self.managed[client_id] = self.managed.get(client_id, 0) + nbytes
@@ -99,7 +108,11 @@ class GroupResidency:
         managed = max(0, msg.managed_bytes)
         if held is not None:
             managed = min(managed, max(0, held))
-        managed = self.managed[client_id] = max(self.managed.get(client_id, 0), managed)
+        if client_id in self.provisional:       # the count a rejoin guessed: the report knows better
+            self.provisional.discard(client_id)
+        else:
+            managed = max(self.managed.get(client_id, 0), managed)
+        self.managed[client_id] = managed
         self.resident[client_id] = min(max(0, msg.resident_bytes), managed)
         took = max(0, msg.moved_ns) / 1e9
         if msg.moved_bytes:
@@ -121,6 +134,7 @@ class GroupResidency:
 
     def gone(self, client_id: int) -> Report | None:
         """A client disconnected: its memory is gone (a killed process's too), and it is not waited for."""
+        self.provisional.discard(client_id)
         self.managed.pop(client_id, None)
         self.resident.pop(client_id, None)
         if self.evicting is not None:

@@ -36,6 +36,7 @@ class GroupToken:
     # The slots this one continues, newest last (a few): a hook that did not take a continuation up (a turn
     # others wait for, a latency group's hook) gives back the seq it was granted, and that release must count.
     continued: tuple[int, ...] = ()
+    granted_seq: dict[int, int] = field(default_factory=dict)   # client id -> the seq its last grant named
 
     def left(self, now: float) -> float:
         """Seconds left on the token (<= 0 when there is none)."""
@@ -45,13 +46,20 @@ class GroupToken:
         """Pure: is there a token with time left?"""
         return self.token_seq is not None and self.deadline - now > TOKEN_MIN_LEFT_S
 
-    def names(self, token_seq: int) -> bool:
-        """Does a hook's `token_seq` name the current slot (its own seq, or one of the slots it continues)?"""
-        return self.token_seq is not None and (token_seq == self.token_seq or token_seq in self.continued)
+    def names(self, token_seq: int, client_id: int) -> bool:
+        """Does a hook's release of `token_seq` give back its hold on the current slot: the slot's own seq, or one
+        of the slots it continues if that is the seq the hook was last granted (a hook granted again since, under
+        the new seq, released the old one before it asked: that late release must not end its new hold)?"""
+        if self.token_seq is None:
+            return False
+        if token_seq == self.token_seq:
+            return True
+        return token_seq in self.continued and self.granted_seq.get(client_id) == token_seq
 
     def fresh(self, token_seq: int) -> None:
         """A fresh slot from gem-schd (not a continuation)."""
         self.token_seq, self.continued, self.released_seq = token_seq, (), None
+        self.granted_seq.clear()
 
     def continue_as(self, token_seq: int) -> None:
         """gem-schd continued the slot under a new seq."""
@@ -121,7 +129,7 @@ class Together:
 
     def release(self, ctx: SharingContext, client_id: int, token_seq: int, now: float) -> list:
         token = ctx.token
-        if token.names(token_seq) and client_id in token.holders:
+        if token.names(token_seq, client_id) and client_id in token.holders:
             token.holders.discard(client_id)
             return release_if_unused(ctx, now)
         return []   # a release of an older token only contributes its reports
@@ -161,7 +169,7 @@ class Turns:
         return self.next_turn(ctx, now)
 
     def release(self, ctx: SharingContext, client_id: int, token_seq: int, now: float) -> list:
-        if ctx.token.names(token_seq):
+        if ctx.token.names(token_seq, client_id):
             ctx.token.holders.discard(client_id)
         return self.next_turn(ctx, now)     # also after the slot ran out: the next one goes upstream
 
