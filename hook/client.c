@@ -49,6 +49,7 @@
 struct gem_session {
     int fd;
     uint64_t generation;        /* 1 for the conn's first session, then counting up */
+    uint64_t hello;             /* the handshake that opened it (gem_conn.hellos when its HELLO was sent) */
     int users;                  /* calls that may use fd outside c->mu */
     int broken;                 /* shut down: no new users; closed when users drops to 0 */
     int reader_active;          /* a thread is reading replies for everyone */
@@ -300,6 +301,7 @@ static int handshake(struct gem_conn *c, char *why, size_t why_len) {
     pthread_mutex_lock(&c->mu);
     hello.u.hello.mem_in_use = c->mem_in_use ? __atomic_load_n(c->mem_in_use, __ATOMIC_RELAXED) : 0;
     c->hello_pending = 1;
+    c->hellos++;                /* this handshake: the session it installs, if it succeeds, is known by it */
     pthread_mutex_unlock(&c->mu);
     hello.u.hello.flags = gem_cfg.fail_open ? GEM_HELLO_FLAG_FAIL_OPEN : 0;
     struct stat ns;
@@ -392,6 +394,7 @@ static int ensure_connected(struct gem_conn *c) {
         if (s) {
             s->fd = fd;
             s->generation = ++c->generation;
+            s->hello = c->hellos;   /* the last try's HELLO opened it */
             s->next = c->sessions;
             c->sessions = c->current = s;
             c->next_connect_ns = 0;
@@ -518,10 +521,15 @@ int gem_conn_call_freeing(struct gem_conn *c, struct gem_msg *req, struct gem_ms
     pthread_mutex_lock(&c->mu);
     if (c->mem_in_use)
         __atomic_fetch_sub(c->mem_in_use, bytes, __ATOMIC_RELAXED);
-    while (c->hello_pending)
-        pthread_cond_wait(&c->cv, &c->mu);
-    /* Only on the session that counts the bytes: one that a later HELLO opens did not. */
+    /* Only on the session that counts the bytes: the one a HELLO in flight installs, else the current one; never
+     * one that a later HELLO opens (its count left them out). */
     uint64_t generation = c->current ? c->current->generation : 0;
+    if (c->hello_pending) {
+        uint64_t counted = c->hellos;   /* the handshake whose count holds the bytes (a retry counts afresh) */
+        while (c->hello_pending && c->hellos == counted)
+            pthread_cond_wait(&c->cv, &c->mu);
+        generation = c->current && c->current->hello == counted ? c->current->generation : 0;
+    }
     pthread_mutex_unlock(&c->mu);
     return generation ? conn_call(c, req, reply, timeout_ns, 0, generation) : GEM_CALL_UNREACHABLE;
 }

@@ -46,6 +46,7 @@ struct gem_conn {
     int64_t next_connect_ns;    /* after a failed connect, calls fail fast until then */
     uint64_t *mem_in_use;       /* the process's bytes on this device, sent in HELLO (changed under mu) */
     int hello_pending;          /* a HELLO counted mem_in_use and its session is not installed yet (or failed) */
+    uint64_t hellos;            /* handshakes begun (the session each opens remembers its number) */
 };
 
 enum gem_call_result {
