@@ -498,7 +498,7 @@ class Policy:
         now = self._now(now)
         h = self._holder
         out: list[Decision] = []
-        if h is not None and h.group == group and h.prev_seq and h.start > self._last_now and \
+        if h is not None and h.group == group and h.prev_seq and self._continues(h, h.prev_seq) and \
                 token_seq in (h.token_seq, h.prev_seq):
             # Released before the deadline at which its continuation was to start: the continuation never runs,
             # and the slot it continued ends now instead of at its deadline -- whichever of the two the release
