@@ -177,6 +177,14 @@ class Board:
     def evict_seq(self, slot: int) -> int:
         return int(self._lib.gemhook_board_evict_seq(self._b, slot))
 
+    def mark_moved(self, slot: int) -> None:
+        """A pod manager leaves this page for another (gem-schd restarted): its hooks, which read the line, then
+        ask it where the new page is (BOARD_QUERY)."""
+        self._lib.gemhook_board_mark_moved(self._b, slot)
+
+    def moved(self, slot: int) -> bool:
+        return bool(self._lib.gemhook_board_moved(self._b, slot))
+
     @property
     def max_groups(self) -> int:
         return int(self._lib.GEM_BOARD_GROUPS)

@@ -123,3 +123,12 @@ GEM_EXPORT void gemhook_board_request_evict(struct gem_board *b, uint32_t slot, 
 GEM_EXPORT uint64_t gemhook_board_evict_seq(const struct gem_board *b, uint32_t slot) {
     return slot < GEM_BOARD_GROUPS ? __atomic_load_n(&b->group[slot].evict_seq, __ATOMIC_ACQUIRE) : 0;
 }
+
+GEM_EXPORT void gemhook_board_mark_moved(struct gem_board *b, uint32_t slot) {
+    if (slot < GEM_BOARD_GROUPS)
+        __atomic_store_n(&b->group[slot].moved, 1, __ATOMIC_RELEASE);
+}
+
+GEM_EXPORT uint32_t gemhook_board_moved(const struct gem_board *b, uint32_t slot) {
+    return slot < GEM_BOARD_GROUPS ? __atomic_load_n(&b->group[slot].moved, __ATOMIC_ACQUIRE) : 0;
+}

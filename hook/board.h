@@ -30,6 +30,8 @@ GEM_EXPORT void gemhook_board_set_groups_waiting(struct gem_board *b, uint32_t w
 GEM_EXPORT uint32_t gemhook_board_groups_waiting(const struct gem_board *b);
 GEM_EXPORT void gemhook_board_request_evict(struct gem_board *b, uint32_t slot, uint64_t evict_seq);
 GEM_EXPORT uint64_t gemhook_board_evict_seq(const struct gem_board *b, uint32_t slot);
+GEM_EXPORT void gemhook_board_mark_moved(struct gem_board *b, uint32_t slot);
+GEM_EXPORT uint32_t gemhook_board_moved(const struct gem_board *b, uint32_t slot);
 /* cffi-end */
 
 /* The launch path's read: a relaxed load of one word on a line that changes only when a claim starts or

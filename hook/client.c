@@ -275,6 +275,15 @@ static int connect_unix(const char *path, char *why, size_t why_len) {
 /* Connect and handshake. Returns the fd, -1 (unreachable: retry) or -2 (refused: do not retry). */
 static int handshake(struct gem_conn *c, char *why, size_t why_len);
 
+/* The board the pod manager named (HELLO_ACK, BOARD_INFO); under mu, as device.c reads it. */
+static void set_board(struct gem_conn *c, int32_t slot, const char *path) {
+    pthread_mutex_lock(&c->mu);
+    c->board_slot = slot;
+    snprintf(c->board_path, sizeof c->board_path, "%.*s", GEM_BOARD_PATH_LEN - 1, path);
+    c->board_epoch++;
+    pthread_mutex_unlock(&c->mu);
+}
+
 static int open_session(struct gem_conn *c, char *why, size_t why_len) {
     int fd = handshake(c, why, why_len);
     if (fd < 0) {   /* this try told nobody: a free waiting for it need not (the next try counts afresh) */
@@ -333,8 +342,7 @@ static int handshake(struct gem_conn *c, char *why, size_t why_len) {
     c->client_id = reply.u.hello_ack.client_id;
     snprintf(c->group, sizeof c->group, "%.*s", GEM_NAME_LEN - 1, reply.u.hello_ack.group);
     c->ack_flags = reply.u.hello_ack.flags;
-    c->board_slot = reply.u.hello_ack.board_slot;
-    snprintf(c->board_path, sizeof c->board_path, "%.*s", GEM_BOARD_PATH_LEN - 1, reply.u.hello_ack.board_path);
+    set_board(c, reply.u.hello_ack.board_slot, reply.u.hello_ack.board_path);
     return fd;
 }
 
@@ -614,4 +622,17 @@ static int conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *re
     if (w.result == GEM_CALL_OK && reply->hdr.type == GEM_MSG_ERROR)
         return GEM_CALL_REFUSED;
     return w.result;
+}
+
+int gem_conn_query_board(struct gem_conn *c, int64_t timeout_ns) {
+    struct gem_msg req, reply;
+    gemhook_msg_init(&req, GEM_MSG_BOARD_QUERY, 0);
+    /* On the session that stands (no reconnect: a new session's HELLO_ACK names the board anyway). */
+    int rc = conn_call(c, &req, &reply, timeout_ns, 0, 0);
+    if (rc != GEM_CALL_OK)
+        return rc;
+    if (reply.hdr.type != GEM_MSG_BOARD_INFO)
+        return GEM_CALL_REFUSED;
+    set_board(c, reply.u.board_info.board_slot, reply.u.board_info.board_path);
+    return GEM_CALL_OK;
 }

@@ -38,8 +38,10 @@ struct gem_conn {
     char group[GEM_NAME_LEN];
     char farewell[GEM_ERRMSG_LEN];  /* why the pod manager said it stops (group removed); cleared on connecting */
     uint32_t ack_flags;         /* HELLO_ACK: GEM_ACK_* */
-    int32_t board_slot;         /* HELLO_ACK: the group's line on the board page, -1 if none */
-    char board_path[GEM_BOARD_PATH_LEN];  /* HELLO_ACK: the GPU's board page, "" if none */
+    int32_t board_slot;         /* HELLO_ACK or BOARD_INFO: the group's line on the board page, -1 if none */
+    char board_path[GEM_BOARD_PATH_LEN];  /* HELLO_ACK or BOARD_INFO: the GPU's board page, "" if none */
+    uint64_t board_epoch;       /* counts the times the pod manager named its board (each HELLO_ACK and BOARD_INFO):
+                                 * a page under an old name may be a new file (device.c looks) */
     int connecting;             /* a thread is connecting; others wait on cv */
     int ever_connected;         /* a later connect is a reconnect */
     int last_failure;           /* what a call gets while next_connect_ns has not come */
@@ -69,6 +71,9 @@ int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply
  * session: with none, the next HELLO's count leaves them out (GEM_CALL_UNREACHABLE). */
 int gem_conn_call_freeing(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
                           uint64_t bytes);
+/* Ask the pod manager where its board is now (BOARD_QUERY; its answer replaces board_slot and board_path and
+ * counts in board_epoch), on the session that stands: GEM_CALL_OK, or why not (UNREACHABLE if none stands). */
+int gem_conn_query_board(struct gem_conn *c, int64_t timeout_ns);
 /* 1 if a session stands; 0 if none does. A session the pod manager closed (it exited) is dropped here, after
  * reading what it said before it closed (its farewell) if no call is reading it. Never blocks. */
 int gem_conn_alive(struct gem_conn *c);

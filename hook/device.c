@@ -16,9 +16,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "board.h"
 #include "device.h"
 #include "real.h"
 #include "settings.h"
+#include "stats.h"
 
 struct gem_device gem_devices[GEM_MAX_DEVICES];
 atomic_int gem_device_count;
@@ -112,7 +114,7 @@ static void device_setup(struct gem_device *d, int ordinal) {
 
 static pthread_mutex_t board_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static const struct gem_board *map_board(const char *path) {
+static const struct gem_board *map_board(const char *path, uint64_t file[2]) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         GEM_LOG(GEM_LOG_WARN, "cannot open the board page %s (%s): no claims or continuations for this "
@@ -121,8 +123,11 @@ static const struct gem_board *map_board(const char *path) {
     }
     struct stat st;
     void *p = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == (off_t)sizeof(struct gem_board))
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == (off_t)sizeof(struct gem_board)) {
         p = mmap(NULL, sizeof(struct gem_board), PROT_READ, MAP_SHARED, fd, 0);
+        file[0] = (uint64_t)st.st_dev;
+        file[1] = (uint64_t)st.st_ino;
+    }
     close(fd);
     if (p == MAP_FAILED) {
         GEM_LOG(GEM_LOG_WARN, "%s is not a board page: no claims or continuations for this process", path);
@@ -153,21 +158,57 @@ static void board_path_here(const char *named, char *out, size_t len) {
         out[0] = '\0';
 }
 
+/* Is the file at `path` the one mapped (file: its st_dev, st_ino)? */
+static int same_file(const char *path, const uint64_t file[2]) {
+    struct stat st;
+    return stat(path, &st) == 0 && (uint64_t)st.st_dev == file[0] && (uint64_t)st.st_ino == file[1];
+}
+
 const struct gem_board *gem_device_board(struct gem_device *d) {
     pthread_mutex_lock(&d->conn.mu);
     char path[GEM_BOARD_PATH_LEN];
     board_path_here(d->conn.board_path, path, sizeof path);
+    uint64_t epoch = d->conn.board_epoch;
     pthread_mutex_unlock(&d->conn.mu);
     pthread_mutex_lock(&board_mu);
-    if (strcmp(path, d->board_path) != 0) {
+    /* Named again (a new handshake, a BOARD_INFO): under the same name it may be a new gem-schd's page
+     * (--board fixes the name), which replaced the old file. */
+    if (strcmp(path, d->board_path) != 0 || (epoch != d->board_epoch && !(d->board && same_file(path, d->board_file)))) {
         snprintf(d->board_path, sizeof d->board_path, "%s", path);
-        d->board = path[0] ? map_board(path) : NULL;
+        d->board = path[0] ? map_board(path, d->board_file) : NULL;
         if (d->board)
             GEM_LOG(GEM_LOG_DEBUG, "GPU %d: board page %s", d->ordinal, path);
     }
+    d->board_epoch = epoch;
     const struct gem_board *b = d->board;
     pthread_mutex_unlock(&board_mu);
     return b;
+}
+
+void gem_device_follow_board(struct gem_device *d) {
+    const struct gem_board *b = gem_device_board(d);
+    pthread_mutex_lock(&d->conn.mu);
+    int32_t slot = d->conn.board_slot;
+    pthread_mutex_unlock(&d->conn.mu);
+    if (GEM_LIKELY(!b || slot < 0 || !gemhook_board_moved(b, (uint32_t)slot)))
+        return;
+    int64_t now = gem_now_ns();
+    int64_t after = atomic_load(&d->board_query_after_ns);
+    if (now < after || !atomic_compare_exchange_strong(&d->board_query_after_ns, &after, now + 100 * GEM_NS_PER_MS))
+        return;     /* asked lately, or another thread asks now */
+    int rc = gem_conn_query_board(&d->conn, GEM_NS_PER_S);
+    if (rc != GEM_CALL_OK) {
+        GEM_LOG(GEM_LOG_DEBUG, "GPU %d: the board page moved, and the pod manager did not say where (%d)",
+                d->ordinal, rc);
+        return;
+    }
+    b = gem_device_board(d);
+    atomic_fetch_add(&gem_stats.board_moves, 1);
+    char path[GEM_BOARD_PATH_LEN];
+    pthread_mutex_lock(&board_mu);
+    snprintf(path, sizeof path, "%s", b ? d->board_path : "none (no claims or continuations for this process)");
+    pthread_mutex_unlock(&board_mu);
+    GEM_LOG(GEM_LOG_INFO, "GPU %d: the pod manager moved to a new gem-schd's board page: %s", d->ordinal, path);
 }
 
 int gem_runtime_ready(void) { return atomic_load_explicit(&runtime_ready, memory_order_acquire); }

@@ -27,6 +27,9 @@ struct gem_device {
      * it loaded a moment ago; a new gem-schd makes a new board, and the old 64 KiB stay mapped. */
     const struct gem_board *board;
     char board_path[GEM_BOARD_PATH_LEN];
+    uint64_t board_epoch;       /* the conn's board_epoch when it was mapped */
+    uint64_t board_file[2];     /* its file's (st_dev, st_ino): a page renamed over it is a new board */
+    _Atomic int64_t board_query_after_ns;  /* gem_device_follow_board asks at most this often */
 };
 
 extern struct gem_device gem_devices[GEM_MAX_DEVICES];
@@ -59,6 +62,11 @@ int gem_ungated(void);
 /* The board the device's pod manager named in its last handshake, mapped on first use (NULL if none).
  * Call after a successful exchange with the pod manager; cheap when nothing changed. */
 const struct gem_board *gem_device_board(struct gem_device *d);
+
+/* gem-schd restarted and the pod manager moved to its new board, marking the group's line on the old one (its
+ * `moved`): ask it where the new one is (a round trip, at most every 100 ms while the mark stands) and map it.
+ * Cheap otherwise: one load. Called at grants and by the watcher, never on the launch path. */
+void gem_device_follow_board(struct gem_device *d);
 
 void gem_device_after_fork(void);        /* the child has no connection and holds no memory yet */
 

@@ -483,6 +483,11 @@ static int request_locked(struct gem_gate *g, int early) {
                 atomic_store(&g->slot_mark_ns, 0);
             }
         }
+        /* gem-schd restarted and the pod manager moved to its new board (one load unless it did): the new page
+         * before this grant's terms are read from it. Launchers wait meanwhile: the state is still REQUESTING. */
+        pthread_mutex_unlock(&g->mu);
+        gem_device_follow_board(g->dev);
+        pthread_mutex_lock(&g->mu);
         if (gem_residency_wants_grant(g->dev)) {
             /* Unified group: its memory reaches the GPU before its first kernel (the swap is part of the slot;
              * launchers wait meanwhile: the state is still REQUESTING). */

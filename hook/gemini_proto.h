@@ -42,7 +42,9 @@ enum gem_msg_type {
     /* 11 was LIMIT_UPDATE, a push of the group's new limit that nothing read (the hooks ask with MEM_INFO
      * whenever they need the limit): retired, and not to be reused. */
     GEM_MSG_ERROR = 12,         /* pmgr -> hook: the request failed; code and text */
-    GEM_MSG_RESIDENCY = 13      /* hook -> pmgr: managed memory moved (unified group); answered by ACK */
+    GEM_MSG_RESIDENCY = 13,     /* hook -> pmgr: managed memory moved (unified group); answered by ACK */
+    GEM_MSG_BOARD_QUERY = 14,   /* hook -> pmgr: where is the group's board now? answered by BOARD_INFO */
+    GEM_MSG_BOARD_INFO = 15     /* pmgr -> hook: the group's board page and line (as in HELLO_ACK) */
 };
 
 enum gem_error_code {
@@ -167,6 +169,14 @@ struct gem_mem_reply {
     uint64_t limit;             /* the group's limit */
 };
 
+/* The answer to BOARD_QUERY, which a hook sends when its board line says the pod manager moved away (gem-schd
+ * restarted with a new page): the page and line the pod manager uses now, as HELLO_ACK gives them. */
+struct gem_board_info {
+    int32_t board_slot;         /* the group's line on the board page, -1 if none */
+    uint32_t reserved;
+    char board_path[GEM_BOARD_PATH_LEN];  /* the GPU's board page; empty if none */
+};
+
 struct gem_error {
     int32_t code;               /* enum gem_error_code */
     uint32_t reserved;
@@ -183,6 +193,7 @@ union gem_payload {
     struct gem_mem_reply mem_reply;
     struct gem_error error;
     struct gem_residency residency;
+    struct gem_board_info board_info;
     uint8_t raw[GEM_PAYLOAD_SIZE];
 };
 
@@ -201,7 +212,8 @@ struct gem_msg {
  *   - turn_waiters: a pod manager in turns mode says how many processes wait for the turn;
  *   - groups_waiting: gem-schd says whether another group could be granted now, so that a holder gives the
  *     GPU back when its burst ends instead of after the idle release;
- *   - evict_seq: a unified group's pod manager asks its hooks to move their managed memory to the host.
+ *   - evict_seq: a unified group's pod manager asks its hooks to move their managed memory to the host;
+ *   - moved: a pod manager left this page for a new gem-schd's; its hooks ask it for the new one.
  * Every field is written through the gemhook_board_* functions (hook/board.c), which order the stores
  * (a seqlock for a slot; atomics for claims), so the hook and the Python daemons agree on one protocol.
  */
@@ -241,7 +253,9 @@ struct gem_board_group {                 /* one line per group */
     int64_t claim_until_ns;              /* the pod manager (latency class): its claim's end, 0 if none */
     uint64_t evict_seq;                  /* the pod manager (unified group): raised to ask the group's hooks to
                                           * move their managed memory to the host (answered by RESIDENCY) */
-    uint8_t pad[16];
+    uint32_t moved;                      /* the pod manager: 1 once it left this page for another (gem-schd
+                                          * restarted); its hooks then ask it where (BOARD_QUERY) */
+    uint8_t pad[12];
 };
 
 struct gem_board {

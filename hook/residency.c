@@ -53,6 +53,7 @@ struct residency_dev {
     int support;                /* 0 unknown, 1 concurrent managed access, -1 none */
     uint64_t hold_ticket;       /* an eviction held for the delegate (0: none); the watcher's alone */
     int64_t hold_since;
+    const struct gem_board *board_seen;  /* the page handled_evict counts on */
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -60,6 +61,21 @@ static struct managed_entry *entries;
 static size_t nentries, capentries;
 static struct residency_dev devs[GEM_MAX_DEVICES];
 static pthread_mutex_t move_mu = PTHREAD_MUTEX_INITIALIZER; /* one move at a time */
+
+/* The device's board. Eviction numbers are a gem-schd's own, and a new gem-schd (a new page, which the process
+ * follows: device.c) counts from 1 again: what the process answered on the old page says nothing of the new
+ * one. (A request on it from before the move is then answered, perhaps needlessly: the next grant brings the
+ * memory back.) */
+static const struct gem_board *board_of(struct gem_device *d) {
+    const struct gem_board *b = gem_device_board(d);
+    struct residency_dev *r = &devs[d->ordinal];
+    const struct gem_board *seen = __atomic_exchange_n(&r->board_seen, b ? b : NULL, __ATOMIC_ACQ_REL);
+    if (b && seen && b != seen)
+        __atomic_store_n(&r->handled_evict, 0, __ATOMIC_RELEASE);
+    else if (!b && seen)
+        __atomic_store_n(&r->board_seen, seen, __ATOMIC_RELEASE);
+    return b;
+}
 
 enum { ABI_UNKNOWN = 0, ABI_OLD = 1, ABI_V2 = 2, ABI_NONE = -1 };
 static int prefetch_abi;
@@ -141,7 +157,7 @@ int gem_residency_unified(struct gem_device *d) {
     struct residency_dev *r = &devs[d->ordinal];
     pthread_mutex_lock(&mu);
     if (!r->armed) {
-        const struct gem_board *b = gem_device_board(d);
+        const struct gem_board *b = board_of(d);
         uint64_t seq = b && d->conn.board_slot >= 0 ? gemhook_board_evict_seq(b, (uint32_t)d->conn.board_slot) : 0;
         if (seq > r->handled_evict)
             __atomic_store_n(&r->handled_evict, seq, __ATOMIC_RELEASE);
@@ -365,7 +381,7 @@ void gem_residency_on_grant(struct gem_device *d) {
     if (!d || !(__atomic_load_n(&d->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED))
         return;
     /* A grant supersedes the eviction requests before it (gem-schd asks none of a group it is granting). */
-    const struct gem_board *b = gem_device_board(d);
+    const struct gem_board *b = board_of(d);
     if (b && d->conn.board_slot >= 0) {
         uint64_t seq = gemhook_board_evict_seq(b, (uint32_t)d->conn.board_slot);
         if (seq > __atomic_load_n(&devs[d->ordinal].handled_evict, __ATOMIC_ACQUIRE))
@@ -488,7 +504,8 @@ static int64_t delegate_hold(int ordinal, int64_t now) {
 int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now) {
     if (!d || !(__atomic_load_n(&d->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED))
         return now + 100 * GEM_NS_PER_MS;
-    const struct gem_board *b = gem_device_board(d);
+    gem_device_follow_board(d); /* an idle process too must see eviction requests on a new gem-schd's page */
+    const struct gem_board *b = board_of(d);
     int32_t slot = d->conn.board_slot;
     if (!b || slot < 0)
         return now + 100 * GEM_NS_PER_MS;

@@ -90,7 +90,7 @@ int gemhook_msg_check(const struct gem_msg *msg, char *why, size_t why_len) {
     } else if (msg->hdr.size != GEM_MSG_SIZE) {
         snprintf(buf, sizeof buf, "frame size %u (frames are %d)", msg->hdr.size, GEM_MSG_SIZE);
         problem = buf;
-    } else if (msg->hdr.type < GEM_MSG_HELLO || msg->hdr.type > GEM_MSG_ERROR) {
+    } else if (msg->hdr.type < GEM_MSG_HELLO || msg->hdr.type > GEM_MSG_BOARD_INFO) {
         snprintf(buf, sizeof buf, "unknown message type %u", msg->hdr.type);
         problem = buf;
     }

@@ -362,3 +362,41 @@ def test_a_failed_early_claim_is_the_waiting_launchs_failure(tmp_path, hook_lib,
     assert r.err.count("no token from the pod manager") == 1, r.err[-2000:]
     # the claimer's request went out within a claim (20 ms) of the stop; the launch failed when it timed out
     assert ended - stopped < timeout_ms / 1000 * 1.6, (ended - stopped, r.err[-2000:])
+
+
+def test_processes_running_through_a_scheduler_restart_pause_for_claims_on_its_new_board(tmp_path, hook_lib,
+                                                                                          backends):
+    """gem-schd is SIGKILLed while a trainer runs; launch-backend restarts it and the new gem-schd makes a new
+    board page. The trainer's pod manager moves to it and marks the group's line on the old page `moved`, so the
+    trainer asks where the new page is at its next grant and pauses for the claims of a latency tenant that
+    starts after the restart (which its own pod manager writes on the new page). Before, a process connected
+    before the restart read the old page for good: it never paused once."""
+    from gemini.wire.sched import StatusReply, StatusRequest
+    from tests.e2e_fixtures import wait_for
+    from tests.schd_inproc import FakePodManager
+
+    sim = Sim(tmp_path / "sim", hook_lib)
+    be = backends([Group("inf", 0.5, 1.0, sched_class="latency"), Group("train", 0.0, 1.0)], quota_ms=100,
+                  min_quota_ms=5, window_ms=10_000)
+    train = start(trainer(6.0), sim.hooked(be, "train"))
+    time.sleep(0.5)
+    old = be.daemon_pids()["gem-schd"]
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: be.daemon_pids().get("gem-schd", old) != old, 10, what="gem-schd restarted")
+
+    def registered() -> bool:
+        try:
+            with FakePodManager(f"tcp://127.0.0.1:{be.port}") as peer:
+                reply = peer.request(StatusRequest(), 2.0)
+        except Exception:   # still starting
+            return False
+        return isinstance(reply, StatusReply) and all(g["connected"] for g in reply.groups)
+
+    wait_for(registered, 10, step=0.1, what="both pod managers registered with the new gem-schd")
+    time.sleep(0.3)     # the trainer's slot under the old gem-schd ends, and it is granted by the new one
+    inf = finish(start(requests(2.5), sim.hooked(be, "inf")))
+    tr = finish(train)
+    assert inf.rc == 0 and tr.rc == 0, (inf, tr)
+    st = sim.stats_of(tr.json["pid"])
+    assert st["claim_pauses"] >= 30, st
+    assert st["board_moves"] >= 1, st

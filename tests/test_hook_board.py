@@ -98,3 +98,95 @@ def test_a_continuation_ended_on_the_board_stops_the_holders_launches(sim, board
         assert stats["expiries"] >= 2, stats
     finally:
         pmgr.close()
+
+
+IDLE_UNIFIED_JOB = r'''
+"""A process of a unified group with managed memory that launches nothing (so is never granted the token): it says
+"ready" and waits for stdin to close."""
+import ctypes, os, sys
+cu = ctypes.CDLL("libcuda.so.1")
+byref, vp = ctypes.byref, ctypes.c_void_p
+def check(rc, what):
+    if rc != 0:
+        sys.exit(f"idle job: {what} failed: {rc}")
+dev, ctx, p = ctypes.c_int(), vp(), ctypes.c_ulonglong()
+check(cu.cuInit(0), "cuInit")
+check(cu.cuDeviceGet(byref(dev), 0), "cuDeviceGet")
+check(cu.cuDevicePrimaryCtxRetain(byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+check(cu.cuMemAlloc_v2(byref(p), ctypes.c_size_t(int(sys.argv[1]))), "cuMemAlloc_v2")
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+'''
+
+
+class MovingPmgr(FakePmgr):
+    """A unified group's pod manager on board page `first` (line 0), which answers BOARD_QUERY with `now` (line 3)
+    and records the hooks' RESIDENCY reports."""
+
+    def __init__(self, first: Board):
+        self.first, self.now = first, first
+        self.now_slot = 0
+        self.queries = 0
+        self.evictions: list[int] = []      # evict_seq of each report of a move to the host
+        super().__init__(self.answer, mem_limit=1 << 30)
+
+    def ack(self, hello: hp.Hello) -> hp.HelloAck:
+        return hp.HelloAck(client_id=len(self.hellos), mem_limit=self.mem_limit, mem_used=0, group=hello.pod_name,
+                           flags=hp.ACK_UNIFIED, board_slot=0, board_path=str(self.first.path))
+
+    def answer(self, conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.BoardQuery):
+            self.queries += 1
+            conn.send(hp.BoardInfo(board_slot=self.now_slot, board_path=str(self.now.path)), seq)
+        elif isinstance(msg, hp.Residency):
+            if msg.direction == hp.RESIDENCY_TO_HOST:
+                self.evictions.append(msg.evict_seq)
+            conn.send(hp.Ack(), seq)
+        elif isinstance(msg, (hp.MemAlloc, hp.MemFree, hp.MemInfo)):
+            conn.send(hp.MemReply(verdict=0, used=0, limit=self.mem_limit), seq)
+
+
+def test_an_idle_unified_process_follows_its_pod_manager_to_a_new_board(sim, tmp_path):
+    """gem-schd restarts: its new board page is a new file, where its eviction numbers start again at 1. A unified
+    group's process that is idle (never granted, so it gets no grant to learn from) must still answer an eviction
+    asked on the new page: its watcher sees its line on the old page marked `moved`, asks its pod manager where the
+    new page is (BOARD_QUERY), and answers eviction 1 there although it answered eviction 3 on the old one.
+    Before, it read the old page for good, and each such eviction waited out the pod manager's 10 s."""
+    import subprocess
+    import sys
+
+    first = Board.create(tmp_path / "board-1")
+    second = Board.create(tmp_path / "board-2")
+    pmgr = MovingPmgr(first)
+    script = tmp_path / "idle.py"
+    script.write_text(IDLE_UNIFIED_JOB)
+    env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="u", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                  GEMINI_POD_MANAGER_PORT=pmgr.port)
+    proc = subprocess.Popen([sys.executable, str(script), str(64 * MiB)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+
+        def answered(seq: int, timeout: float = 5.0) -> bool:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if seq in pmgr.evictions:
+                    return True
+                time.sleep(0.01)
+            return False
+
+        first.request_evict(0, 3)                       # the old gem-schd's third eviction
+        assert answered(3), f"the eviction on the first page was never answered: {pmgr.evictions}"
+        pmgr.now, pmgr.now_slot = second, 3             # the pod manager moves to the new gem-schd's page ...
+        first.mark_moved(0)                             # ... and marks its line on the old one
+        second.request_evict(3, 1)                      # the new gem-schd's first eviction
+        assert answered(1), (f"the eviction asked on the new page was never answered (queries {pmgr.queries}, "
+                             f"answered {pmgr.evictions})")
+        assert pmgr.queries >= 1
+    finally:
+        proc.stdin.close()   # type: ignore[union-attr]
+        proc.wait(timeout=30)
+        pmgr.close()
+        first.close()
+        second.close()

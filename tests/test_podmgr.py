@@ -1111,6 +1111,53 @@ def test_a_board_path_too_long_for_the_hooks_is_refused_and_the_group_runs_witho
     hp.encode(ack.msg, ack.seq)                                   # it fits its frame
 
 
+def test_a_new_scheduler_moves_the_pod_manager_to_its_board_and_the_hooks_are_told_where():
+    """gem-schd restarts: its welcome names its new page (here under the same name, as `--board PATH` gives). The
+    pod manager maps it afresh, marks its line on the old page `moved` (its hooks still read that one) and answers
+    their BOARD_QUERY with the new page. The same gem-schd's welcome again changes nothing."""
+    pages: list[tuple[str, "MovableBoard"]] = []
+
+    class MovableBoard(FakeBoard):
+        def __init__(self):
+            super().__init__()
+            self.moved: set[int] = set()
+            self.closed = False
+
+        def mark_moved(self, slot):
+            self.moved.add(slot)
+
+        def close(self):
+            self.closed = True
+
+    def board_open(path):
+        pages.append((path, MovableBoard()))
+        return pages[-1][1]
+
+    r = Rig(welcomed=False, board_open=board_open)
+
+    def welcome_from(sid: str, slot: int) -> None:
+        r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=1.0, mem_limit=1000, scheduler_id=sid,
+                                    board_path="/dev/shm/b", board_slot=slot))
+
+    welcome_from("s1", 2)
+    cid = r.hook()
+    welcome_from("s1", 2)
+    assert len(pages) == 1 and not pages[0][1].moved
+    welcome_from("s2", 2)       # the same name and line, but a new gem-schd: a new file
+    assert len(pages) == 2 and pages[0][1].moved == {2} and pages[0][1].closed and not pages[1][1].moved
+    welcome_from("s2", 5)       # (a reload may give the group another line)
+    assert len(pages) == 3 and pages[1][1].moved == {2}
+    [info] = to_hook(r.m.on_hook(cid, 7, hp.BoardQuery()))
+    assert info.seq == 7 and info.msg == hp.BoardInfo(board_slot=5, board_path="/dev/shm/b")
+    hp.encode(info.msg, info.seq)
+    # a new gem-schd without a board: the hooks are told there is none
+    r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=1.0, mem_limit=1000, scheduler_id="s3",
+                                board_path="", board_slot=-1))
+    assert pages[2][1].moved == {5}
+    [info] = to_hook(r.m.on_hook(cid, 8, hp.BoardQuery()))
+    assert info.msg == hp.BoardInfo(board_slot=-1, board_path="")
+
+
 @pytest.mark.parametrize("welcome_first", [True, False], ids=["welcomed", "before-the-welcome"])
 def test_a_rejoined_process_memory_counts_as_managed_in_a_unified_group(welcome_first):
     """A restarted pod manager of a unified group hears a process rejoin holding 150 MiB (its HELLO's mem_in_use;

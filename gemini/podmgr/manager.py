@@ -209,6 +209,7 @@ class PodManager:
         self.board: Any = None
         self.board_path = ""
         self.board_slot = -1
+        self._board_scheduler = ""     # the gem-schd whose Welcome named the board
         self._waiters_shown = -1
 
     # --- views kept for callers and tests ----------------------------------------------------
@@ -287,11 +288,15 @@ class PodManager:
         client.latency = bool(flags)
         if self.memory_mode == "unified":
             flags |= hp.ACK_UNIFIED
-        slot = self.board_slot if self.board is not None else -1
-        path = self.board_path if slot >= 0 else ""
+        slot, path = self._board_for_hooks()
         return ToHook(client.id, seq, hp.HelloAck(client_id=client.id, mem_limit=self.ledger.limit or 0,
                                                   mem_used=self.ledger.used, group=self.group, flags=flags,
                                                   board_slot=slot, board_path=path))
+
+    def _board_for_hooks(self) -> tuple[int, str]:
+        """The board line and page the hooks are told of (HELLO_ACK, BOARD_INFO): none unless it is mapped."""
+        slot = self.board_slot if self.board is not None else -1
+        return slot, (self.board_path if slot >= 0 else "")
 
     def _unknown_text(self) -> str:
         return self.link.unknown_reason or f"group {self.group!r} is not known to gem-schd"
@@ -354,13 +359,23 @@ class PodManager:
 
     # --- the board -----------------------------------------------------------------------------
 
-    def _attach_board(self, path: str, slot: int) -> None:
-        if path == self.board_path and slot == self.board_slot and (self.board is not None or not path):
+    def _attach_board(self, path: str, slot: int, scheduler_id: str = "") -> None:
+        """Use the board page and line a Welcome named. A new gem-schd makes a new page even under the same name
+        (its path may be fixed with --board), so a Welcome from another gem-schd always maps it afresh."""
+        if (path == self.board_path and slot == self.board_slot and scheduler_id == self._board_scheduler
+                and (self.board is not None or not path)):
             return
         self.claims_end_all(self.clock())
-        if self.board is not None and hasattr(self.board, "close"):
-            self.board.close()
+        if self.board is not None:
+            # The hooks read this page until told otherwise: the mark on their line makes them ask (BOARD_QUERY)
+            # at their next grant or eviction poll. Without it, processes that were running when gem-schd
+            # restarted never paused for a claim, never saw an eviction request and were never continued again.
+            if self.board_slot >= 0 and hasattr(self.board, "mark_moved"):
+                self.board.mark_moved(self.board_slot)
+            if hasattr(self.board, "close"):
+                self.board.close()
         self.board, self.board_path, self.board_slot = None, path, slot
+        self._board_scheduler = scheduler_id
         self._waiters_shown = -1
         if path and slot >= 0 and self._board_open is not None:
             try:
@@ -456,6 +471,9 @@ class PodManager:
                 self._deferred.append(_Deferred(now + WELCOME_WAIT_S, client_id, seq, msg))
                 return []
             return self._memory(client, seq, msg, now)
+        if isinstance(msg, hp.BoardQuery):
+            slot, path = self._board_for_hooks()
+            return [ToHook(client_id, seq, hp.BoardInfo(board_slot=slot, board_path=path))]
         if isinstance(msg, hp.Residency):
             if self.memory_mode != "unified":
                 return [ToHook(client_id, seq, hp.Ack())]     # a device group has no residency to report
@@ -820,7 +838,7 @@ class PodManager:
         self.sched_class, self.memory_mode = msg.sched_class, msg.memory_mode
         self._count_held_as_managed()
         link.last_heartbeat = now
-        self._attach_board(msg.board_path, msg.board_slot)
+        self._attach_board(msg.board_path, msg.board_slot, msg.scheduler_id)
         actions = self._set_limit(msg.mem_limit)
         if link.upstream is not None and (not was_registered or not link.upstream.sent):
             actions += self._send_upstream()    # the (new) scheduler has not seen our request

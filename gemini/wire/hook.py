@@ -85,6 +85,8 @@ class MsgType(enum.IntEnum):
     MEM_REPLY = _const("GEM_MSG_MEM_REPLY")
     ERROR = _const("GEM_MSG_ERROR")
     RESIDENCY = _const("GEM_MSG_RESIDENCY")
+    BOARD_QUERY = _const("GEM_MSG_BOARD_QUERY")
+    BOARD_INFO = _const("GEM_MSG_BOARD_INFO")
 
 
 class ErrorCode(enum.IntEnum):
@@ -241,15 +243,33 @@ class Residency:
     reserved: int = 0
 
 
+@dataclass(frozen=True)
+class BoardQuery:
+    """The hook's board line says its pod manager moved to another page (gem-schd restarted): where is it?"""
+    TYPE: ClassVar[MsgType] = MsgType.BOARD_QUERY
+    PAYLOAD: ClassVar[str | None] = None
+
+
+@dataclass(frozen=True)
+class BoardInfo:
+    """The group's board page and line now, as HELLO_ACK gives them."""
+    TYPE: ClassVar[MsgType] = MsgType.BOARD_INFO
+    PAYLOAD: ClassVar[str | None] = "board_info"
+    board_slot: int = -1
+    reserved: int = 0
+    board_path: str = ""
+
+
 Message = Union[Hello, HelloAck, TokenRequest, TokenGrant, TokenRelease, Ack, MemAlloc, MemFree, MemInfo,
-                MemReply, Error, Residency]
+                MemReply, Error, Residency, BoardQuery, BoardInfo]
 _BY_TYPE: dict[int, type] = {cls.TYPE: cls for cls in Message.__args__}  # type: ignore[attr-defined]
 
 # Messages each side may receive; anything else is a protocol error at that end.
 HOOK_TO_PMGR = frozenset({MsgType.HELLO, MsgType.TOKEN_REQUEST, MsgType.TOKEN_RELEASE,
-                          MsgType.MEM_ALLOC, MsgType.MEM_FREE, MsgType.MEM_INFO, MsgType.RESIDENCY})
+                          MsgType.MEM_ALLOC, MsgType.MEM_FREE, MsgType.MEM_INFO, MsgType.RESIDENCY,
+                          MsgType.BOARD_QUERY})
 PMGR_TO_HOOK = frozenset({MsgType.HELLO_ACK, MsgType.TOKEN_GRANT, MsgType.ACK, MsgType.MEM_REPLY,
-                          MsgType.ERROR})
+                          MsgType.ERROR, MsgType.BOARD_INFO})
 
 
 def _c_string(cdata_array) -> str:
