@@ -225,3 +225,61 @@ def test_torch_synchronize_between_bursts_gives_the_token_back_early(long_slots,
     record("torch-sync-bursts", cuda_runtime=verdict.get("cuda_runtime"), ctx_sync=sync, **summary)
     assert sync and all(result in ("hook", "fallback") for _, result, _ in sync), sync
     assert summary["early_releases"] >= max(1, bursts // 4), summary
+
+
+def _all_registered(be: Backend) -> bool:
+    """Whether gem-schd answers and every group's pod manager is registered with it."""
+    from gemini.wire.sched import StatusReply, StatusRequest
+    from tests.schd_inproc import FakePodManager
+    try:
+        with FakePodManager(f"tcp://127.0.0.1:{be.port}") as peer:
+            reply = peer.request(StatusRequest(), 2.0)
+    except Exception:   # still starting
+        return False
+    return isinstance(reply, StatusReply) and all(g["connected"] for g in reply.groups)
+
+
+def test_a_trainer_running_through_a_scheduler_restart_pauses_for_claims_after_it(tmp_path):
+    """gem-schd is SIGKILLed under a running ResNet-18 trainer and launch-backend restarts it; the new gem-schd
+    makes a new board page. A latency tenant then serves for 6 s. The trainer must move to the new page (its pod
+    manager marks its line on the old one; `board_moves`) and pause for the tenant's claims (`claim_pauses`),
+    which its pod manager writes on the new page. Before, it read the old page for good and never paused."""
+    import signal
+    import time
+
+    build_native()
+    groups = [Group("inf", 0.5, 1.0, "100GiB", sched_class="latency"), Group("train", 0.0, 1.0, "100GiB")]
+    with Backend(tmp_path / "be", groups, quota_ms=None, min_quota_ms=None, window_ms=None) as be:
+        train_stats, inf_stats = tmp_path / "train.stats", tmp_path / "inf.stats"
+        train = be.spawn("train", [sys.executable, str(WORKLOADS / "train_loop.py"), "eager", "40"],
+                         env=dict(os.environ, GEMINI_STATS_FILE=str(train_stats)), stdin=subprocess.DEVNULL)
+        try:
+            assert train.stdout is not None
+            for line in train.stdout:           # warm-up done: it trains
+                if '"steps"' in line:
+                    break
+            old = be.daemon_pids()["gem-schd"]
+            os.kill(old, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while be.daemon_pids().get("gem-schd", old) == old or not _all_registered(be):
+                assert time.monotonic() < deadline, "gem-schd did not come back with both pod managers"
+                time.sleep(0.1)
+            time.sleep(0.5)
+            inf = be.spawn("inf", [sys.executable, str(WORKLOADS / "infer_latency.py"), "6", "20"],
+                           env=dict(os.environ, GEMINI_STATS_FILE=str(inf_stats)), stdin=subprocess.DEVNULL)
+            out, err = inf.communicate(timeout=300)
+            assert inf.returncode == 0, err[-4000:]
+            served = last_json(out)
+        finally:
+            train.send_signal(signal.SIGTERM)
+            _, train_err = train.communicate(timeout=120)
+    assert train.returncode == 0, train_err[-4000:]
+    # (one process each; should a framework start helpers, the busiest is the one that trained or served)
+    trainer = max(read_stats(train_stats).values(), key=lambda st: st.get("launches", 0))
+    server = max(read_stats(inf_stats).values(), key=lambda st: st.get("launches", 0))
+    keys = ("grants", "claim_pauses", "claim_pause_ms", "board_moves", "continuations", "procaddr_unrouted")
+    record("restart-board", served_p50_ms=served.get("p50_ms"), served_p99_ms=served.get("p99_ms"),
+           requests=served.get("requests"), trainer={k: trainer.get(k) for k in keys},
+           server={k: server.get(k) for k in keys})
+    assert trainer.get("board_moves", 0) >= 1, trainer
+    assert trainer.get("claim_pauses", 0) >= 50, trainer
