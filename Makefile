@@ -66,10 +66,15 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 venv: $(VENV)/.installed
 
+# The tests bound by wall-clock time (marked `timed`: tests/conftest.py, TIMED_MODULES) run one at a time with the
+# machine to themselves; the others first, on PYTEST_WORKERS pytest-xdist workers (0: in one process), one per
+# core of CI's 2. (Three workers were no faster: that phase is bound by CPU.)
+PYTEST_WORKERS ?= 2
 test: venv
 	$(MAKE) --no-print-directory hook testhook sim clients WERROR=1
 	$(MAKE) --no-print-directory lint
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q -m "not timed" $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS))
+	$(VPY) -m pytest -q -m timed
 
 lint: venv
 	$(VPY) -m ruff check .

@@ -94,3 +94,11 @@ def test_every_hook_counter_is_explained():
     rows = _table_rows(_doc("operations.md"), "counter")
     documented = [name for row in rows for name in re.findall(r"`(\w+)`", row[0])]
     assert sorted(documented) == sorted(set(printed)), set(documented) ^ set(printed)
+
+
+def test_the_timed_modules_are_test_modules():
+    """conftest.TIMED_MODULES keeps the wall-clock-bound tests out of make test's parallel phase: a renamed module
+    would silently leave it and race the other tests."""
+    from tests.conftest import TIMED_MODULES
+    present = {p.stem for p in (REPO / "tests").glob("test_*.py")}
+    assert TIMED_MODULES <= present, TIMED_MODULES - present
