@@ -147,17 +147,18 @@ class MovingPmgr(FakePmgr):
             conn.send(hp.MemReply(verdict=0, used=0, limit=self.mem_limit), seq)
 
 
-def test_an_idle_unified_process_follows_its_pod_manager_to_a_new_board(sim, tmp_path):
+@pytest.mark.parametrize("same_name", [False, True], ids=["new-name", "same-name"])
+def test_an_idle_unified_process_follows_its_pod_manager_to_a_new_board(sim, tmp_path, same_name):
     """gem-schd restarts: its new board page is a new file, where its eviction numbers start again at 1. A unified
     group's process that is idle (never granted, so it gets no grant to learn from) must still answer an eviction
     asked on the new page: its watcher sees its line on the old page marked `moved`, asks its pod manager where the
     new page is (BOARD_QUERY), and answers eviction 1 there although it answered eviction 3 on the old one.
-    Before, it read the old page for good, and each such eviction waited out the pod manager's 10 s."""
+    Before, it read the old page for good, and each such eviction waited out the pod manager's 10 s. Under the same
+    name (`gem-schd --board PATH`) the new page is a new file renamed over the old one: the hook maps it anew."""
     import subprocess
     import sys
 
     first = Board.create(tmp_path / "board-1")
-    second = Board.create(tmp_path / "board-2")
     pmgr = MovingPmgr(first)
     script = tmp_path / "idle.py"
     script.write_text(IDLE_UNIFIED_JOB)
@@ -178,7 +179,8 @@ def test_an_idle_unified_process_follows_its_pod_manager_to_a_new_board(sim, tmp
 
         first.request_evict(0, 3)                       # the old gem-schd's third eviction
         assert answered(3), f"the eviction on the first page was never answered: {pmgr.evictions}"
-        pmgr.now, pmgr.now_slot = second, 3             # the pod manager moves to the new gem-schd's page ...
+        second = Board.create(tmp_path / ("board-1" if same_name else "board-2"))    # a new gem-schd's page
+        pmgr.now, pmgr.now_slot = second, 3             # the pod manager moves to it ...
         first.mark_moved(0)                             # ... and marks its line on the old one
         second.request_evict(3, 1)                      # the new gem-schd's first eviction
         assert answered(1), (f"the eviction asked on the new page was never answered (queries {pmgr.queries}, "
@@ -189,4 +191,5 @@ def test_an_idle_unified_process_follows_its_pod_manager_to_a_new_board(sim, tmp
         proc.wait(timeout=30)
         pmgr.close()
         first.close()
-        second.close()
+        if pmgr.now is not first:
+            pmgr.now.close()
