@@ -164,11 +164,13 @@ static int same_file(const char *path, const uint64_t file[2]) {
     return stat(path, &st) == 0 && (uint64_t)st.st_dev == file[0] && (uint64_t)st.st_ino == file[1];
 }
 
-const struct gem_board *gem_device_board(struct gem_device *d) {
+const struct gem_board *gem_device_board(struct gem_device *d, int32_t *slot) {
     pthread_mutex_lock(&d->conn.mu);
     char path[GEM_BOARD_PATH_LEN];
     board_path_here(d->conn.board_path, path, sizeof path);
     uint64_t epoch = d->conn.board_epoch;
+    if (slot)
+        *slot = d->conn.board_slot;
     pthread_mutex_unlock(&d->conn.mu);
     pthread_mutex_lock(&board_mu);
     /* Named again (a new handshake, a BOARD_INFO): under the same name it may be a new gem-schd's page
@@ -185,30 +187,39 @@ const struct gem_board *gem_device_board(struct gem_device *d) {
     return b;
 }
 
-void gem_device_follow_board(struct gem_device *d) {
-    const struct gem_board *b = gem_device_board(d);
-    pthread_mutex_lock(&d->conn.mu);
-    int32_t slot = d->conn.board_slot;
-    pthread_mutex_unlock(&d->conn.mu);
-    if (GEM_LIKELY(!b || slot < 0 || !gemhook_board_moved(b, (uint32_t)slot)))
-        return;
-    int64_t now = gem_now_ns();
-    int64_t after = atomic_load(&d->board_query_after_ns);
-    if (now < after || !atomic_compare_exchange_strong(&d->board_query_after_ns, &after, now + 100 * GEM_NS_PER_MS))
-        return;     /* asked lately, or another thread asks now */
-    int rc = gem_conn_query_board(&d->conn, GEM_NS_PER_S);
+void gem_device_follow_board(struct gem_device *d, int told, int64_t timeout_ns) {
+    int32_t slot;
+    const struct gem_board *b = gem_device_board(d, &slot);
+    if (!told) {
+        if (GEM_LIKELY(!b || slot < 0 || !gemhook_board_moved(b, (uint32_t)slot) || b == atomic_load(&d->board_mark_kept)))
+            return;
+        int64_t now = gem_now_ns();
+        int64_t after = atomic_load(&d->board_query_after_ns);
+        if (now < after ||
+            !atomic_compare_exchange_strong(&d->board_query_after_ns, &after, now + 100 * GEM_NS_PER_MS))
+            return; /* asked lately, or another thread asks now */
+    }
+    int rc = gem_conn_query_board(&d->conn, timeout_ns);
     if (rc != GEM_CALL_OK) {
-        GEM_LOG(GEM_LOG_DEBUG, "GPU %d: the board page moved, and the pod manager did not say where (%d)",
-                d->ordinal, rc);
+        GEM_LOG(GEM_LOG_DEBUG, "GPU %d: the pod manager did not say where its board is now (%d)", d->ordinal, rc);
         return;
     }
-    b = gem_device_board(d);
+    int32_t now_slot;
+    const struct gem_board *now_board = gem_device_board(d, &now_slot);
+    if (now_board == b && now_slot == slot) {
+        /* The same page and line again: nothing moved (a marked page named again is not asked about again:
+         * the mark would stand for good). */
+        if (!told)
+            atomic_store(&d->board_mark_kept, b);
+        return;
+    }
+    b = now_board;
     atomic_fetch_add(&gem_stats.board_moves, 1);
     char path[GEM_BOARD_PATH_LEN];
     pthread_mutex_lock(&board_mu);
     snprintf(path, sizeof path, "%s", b ? d->board_path : "none (no claims or continuations for this process)");
     pthread_mutex_unlock(&board_mu);
-    GEM_LOG(GEM_LOG_INFO, "GPU %d: the pod manager moved to a new gem-schd's board page: %s", d->ordinal, path);
+    GEM_LOG(GEM_LOG_INFO, "GPU %d: the pod manager's board is now line %d of %s", d->ordinal, (int)now_slot, path);
 }
 
 int gem_runtime_ready(void) { return atomic_load_explicit(&runtime_ready, memory_order_acquire); }

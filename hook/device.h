@@ -29,7 +29,8 @@ struct gem_device {
     char board_path[GEM_BOARD_PATH_LEN];
     uint64_t board_epoch;       /* the conn's board_epoch when it was mapped */
     uint64_t board_file[2];     /* its file's (st_dev, st_ino): a page renamed over it is a new board */
-    _Atomic int64_t board_query_after_ns;  /* gem_device_follow_board asks at most this often */
+    _Atomic int64_t board_query_after_ns;  /* a marked line is asked about at most this often */
+    const struct gem_board *_Atomic board_mark_kept;  /* a marked page the pod manager named again: not asked again */
 };
 
 extern struct gem_device gem_devices[GEM_MAX_DEVICES];
@@ -59,14 +60,14 @@ int gem_fail_open_active(void);
 /* Nothing to gate or count: GEMINI_DISABLE, or failing open. */
 int gem_ungated(void);
 
-/* The board the device's pod manager named in its last handshake, mapped on first use (NULL if none).
- * Call after a successful exchange with the pod manager; cheap when nothing changed. */
-const struct gem_board *gem_device_board(struct gem_device *d);
+/* The board the device's pod manager named last (HELLO_ACK, BOARD_INFO), mapped on first use (NULL if none), and
+ * the group's line on it (`slot`, may be NULL), read together. Cheap when nothing changed. */
+const struct gem_board *gem_device_board(struct gem_device *d, int32_t *slot);
 
-/* gem-schd restarted and the pod manager moved to its new board, marking the group's line on the old one (its
- * `moved`): ask it where the new one is (a round trip, at most every 100 ms while the mark stands) and map it.
- * Cheap otherwise: one load. Called at grants and by the watcher, never on the launch path. */
-void gem_device_follow_board(struct gem_device *d);
+/* Ask the pod manager where its board is now (BOARD_QUERY, waiting at most timeout_ns) and map it, when `told` (a
+ * grant's GEM_GRANT_BOARD) or when the group's line on the page in use is marked `moved` (a new gem-schd: then at
+ * most every 100 ms). Cheap otherwise: one load. Called at grants and by the watcher, never on the launch path. */
+void gem_device_follow_board(struct gem_device *d, int told, int64_t timeout_ns);
 
 void gem_device_after_fork(void);        /* the child has no connection and holds no memory yet */
 

@@ -315,8 +315,9 @@ static void report_failure(struct gem_gate *g, int rc, const struct gem_msg *rep
 static void apply_grant_terms(struct gem_gate *g, uint32_t flags) {
     struct gem_device *d = g->dev;
     g->latency = (d->conn.ack_flags & GEM_ACK_LATENCY) != 0;
-    g->board = gem_device_board(d);
-    g->board_slot = g->board ? d->conn.board_slot : -1;
+    int32_t slot;
+    g->board = gem_device_board(d, &slot);
+    g->board_slot = g->board ? slot : -1;
     atomic_store(&g->claim_word, (g->board && !g->latency) ? &g->board->claims.claim_until_ns : &no_claim);
     int bound = (flags & GEM_GRANT_BOUND) != 0;
     atomic_store_explicit(&g->bound, bound, memory_order_relaxed);
@@ -458,6 +459,11 @@ static int request_locked(struct gem_gate *g, int early) {
     atomic_fetch_add(&gem_stats.token_requests, 1);
     pthread_mutex_unlock(&g->mu);
     int rc = gem_conn_call(&g->dev->conn, &req, &reply, gem_cfg.token_timeout_ns);
+    if (rc == GEM_CALL_OK && reply.hdr.type == GEM_MSG_TOKEN_GRANT)
+        /* The pod manager's board moved (a new gem-schd, a reload that moved the group's line): the new page
+         * before this grant's terms are read from it, and before its deadline is set. One load unless it did;
+         * launchers wait meanwhile (the state is still REQUESTING). */
+        gem_device_follow_board(g->dev, (reply.u.token_grant.flags & GEM_GRANT_BOARD) != 0, GEM_NS_PER_S);
     pthread_mutex_lock(&g->mu);
     if (rc == GEM_CALL_OK && reply.hdr.type == GEM_MSG_TOKEN_GRANT) {
         int64_t now = gem_now_ns();
@@ -483,11 +489,6 @@ static int request_locked(struct gem_gate *g, int early) {
                 atomic_store(&g->slot_mark_ns, 0);
             }
         }
-        /* gem-schd restarted and the pod manager moved to its new board (one load unless it did): the new page
-         * before this grant's terms are read from it. Launchers wait meanwhile: the state is still REQUESTING. */
-        pthread_mutex_unlock(&g->mu);
-        gem_device_follow_board(g->dev);
-        pthread_mutex_lock(&g->mu);
         if (gem_residency_wants_grant(g->dev)) {
             /* Unified group: its memory reaches the GPU before its first kernel (the swap is part of the slot;
              * launchers wait meanwhile: the state is still REQUESTING). */

@@ -129,10 +129,15 @@ struct gem_token_grant {
  * GEMINI_INFLIGHT_MS, stays queued, so a slot's end takes effect about when it is due.
  * GEM_GRANT_TIGHT (with BOUND): at most GEMINI_INFLIGHT_MS stays queued whatever the time left, so that a
  * latency group's claim takes effect within about that (a latency group is present).
- * GEM_GRANT_CLAIM: the token is a latency group's claim (batch holders pause meanwhile). */
+ * GEM_GRANT_CLAIM: the token is a latency group's claim (batch holders pause meanwhile).
+ * (GEM_GRANT_BOARD below.) */
 #define GEM_GRANT_BOUND 1
 #define GEM_GRANT_CLAIM 2
 #define GEM_GRANT_TIGHT 4
+/* GEM_GRANT_BOARD: the board page or line this hook was last told of (HELLO_ACK, BOARD_INFO) is no longer the pod
+ * manager's (a new gem-schd, a reload that moved the group's line, a page mapped after the handshake): ask again
+ * (BOARD_QUERY). */
+#define GEM_GRANT_BOARD 8
 
 struct gem_token_release {
     uint64_t token_seq;

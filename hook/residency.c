@@ -53,7 +53,7 @@ struct residency_dev {
     int support;                /* 0 unknown, 1 concurrent managed access, -1 none */
     uint64_t hold_ticket;       /* an eviction held for the delegate (0: none); the watcher's alone */
     int64_t hold_since;
-    const struct gem_board *board_seen;  /* the page handled_evict counts on */
+    const struct gem_board *board_seen;  /* the page handled_evict counts on (both under mu) */
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -66,14 +66,13 @@ static pthread_mutex_t move_mu = PTHREAD_MUTEX_INITIALIZER; /* one move at a tim
  * follows: device.c) counts from 1 again: what the process answered on the old page says nothing of the new
  * one. (A request on it from before the move is then answered, perhaps needlessly: the next grant brings the
  * memory back.) */
-static const struct gem_board *board_of(struct gem_device *d) {
-    const struct gem_board *b = gem_device_board(d);
+static const struct gem_board *board_of(struct gem_device *d, int32_t *slot) { /* with mu held */
+    const struct gem_board *b = gem_device_board(d, slot);
     struct residency_dev *r = &devs[d->ordinal];
-    const struct gem_board *seen = __atomic_exchange_n(&r->board_seen, b ? b : NULL, __ATOMIC_ACQ_REL);
-    if (b && seen && b != seen)
+    if (b && r->board_seen && b != r->board_seen)
         __atomic_store_n(&r->handled_evict, 0, __ATOMIC_RELEASE);
-    else if (!b && seen)
-        __atomic_store_n(&r->board_seen, seen, __ATOMIC_RELEASE);
+    if (b)
+        r->board_seen = b;
     return b;
 }
 
@@ -157,8 +156,9 @@ int gem_residency_unified(struct gem_device *d) {
     struct residency_dev *r = &devs[d->ordinal];
     pthread_mutex_lock(&mu);
     if (!r->armed) {
-        const struct gem_board *b = board_of(d);
-        uint64_t seq = b && d->conn.board_slot >= 0 ? gemhook_board_evict_seq(b, (uint32_t)d->conn.board_slot) : 0;
+        int32_t slot;
+        const struct gem_board *b = board_of(d, &slot);
+        uint64_t seq = b && slot >= 0 ? gemhook_board_evict_seq(b, (uint32_t)slot) : 0;
         if (seq > r->handled_evict)
             __atomic_store_n(&r->handled_evict, seq, __ATOMIC_RELEASE);
         r->armed = 1;
@@ -381,12 +381,15 @@ void gem_residency_on_grant(struct gem_device *d) {
     if (!d || !(__atomic_load_n(&d->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED))
         return;
     /* A grant supersedes the eviction requests before it (gem-schd asks none of a group it is granting). */
-    const struct gem_board *b = board_of(d);
-    if (b && d->conn.board_slot >= 0) {
-        uint64_t seq = gemhook_board_evict_seq(b, (uint32_t)d->conn.board_slot);
+    int32_t slot;
+    pthread_mutex_lock(&mu);
+    const struct gem_board *b = board_of(d, &slot);
+    if (b && slot >= 0) {
+        uint64_t seq = gemhook_board_evict_seq(b, (uint32_t)slot);
         if (seq > __atomic_load_n(&devs[d->ordinal].handled_evict, __ATOMIC_ACQUIRE))
             __atomic_store_n(&devs[d->ordinal].handled_evict, seq, __ATOMIC_RELEASE);
     }
+    pthread_mutex_unlock(&mu);
     if (!gem_residency_wants_grant(d))
         return;
     pthread_mutex_lock(&move_mu);
@@ -504,13 +507,17 @@ static int64_t delegate_hold(int ordinal, int64_t now) {
 int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now) {
     if (!d || !(__atomic_load_n(&d->conn.ack_flags, __ATOMIC_RELAXED) & GEM_ACK_UNIFIED))
         return now + 100 * GEM_NS_PER_MS;
-    gem_device_follow_board(d); /* an idle process too must see eviction requests on a new gem-schd's page */
-    const struct gem_board *b = board_of(d);
-    int32_t slot = d->conn.board_slot;
+    /* An idle process too must see eviction requests on a new gem-schd's page. (A short wait: the watcher also
+     * ends slots and drains; a pod manager too busy to answer is asked again at a later poll.) */
+    gem_device_follow_board(d, 0, 50 * GEM_NS_PER_MS);
+    struct residency_dev *r = &devs[d->ordinal];
+    int32_t slot;
+    pthread_mutex_lock(&mu);
+    const struct gem_board *b = board_of(d, &slot);
+    pthread_mutex_unlock(&mu);
     if (!b || slot < 0)
         return now + 100 * GEM_NS_PER_MS;
     uint64_t want = gemhook_board_evict_seq(b, (uint32_t)slot);
-    struct residency_dev *r = &devs[d->ordinal];
     if (want <= __atomic_load_n(&r->handled_evict, __ATOMIC_ACQUIRE)) {
         if (r->hold_ticket) /* a grant superseded the request the delegate was asked about */
             delegate_stop_holding(d->ordinal);
@@ -535,7 +542,10 @@ int64_t gem_residency_poll(struct gem_device *d, CUcontext ctx, int64_t now) {
             REAL(cuCtxPopCurrent_v2)(&popped);
         }
     }
-    __atomic_store_n(&r->handled_evict, want, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&mu);
+    if (r->board_seen == b) /* (a grant moved the process to a new board meanwhile: this number is the old one's) */
+        __atomic_store_n(&r->handled_evict, want, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&move_mu);
     GEM_LOG(GEM_LOG_DEBUG, "GPU %d: evicted (request %llu): %llu bytes of managed memory moved to the host in "
             "%.3f ms", d->ordinal, (unsigned long long)want, (unsigned long long)moved, (double)took / 1e6);

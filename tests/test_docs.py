@@ -52,7 +52,7 @@ def test_every_hook_message_type_has_its_row_with_its_number():
 
 def test_grant_and_hello_ack_flags_are_documented_with_their_values():
     grant = _c_defines("GEM_GRANT_")
-    assert set(grant) == {"GEM_GRANT_BOUND", "GEM_GRANT_CLAIM", "GEM_GRANT_TIGHT"}, grant
+    assert set(grant) == {"GEM_GRANT_BOUND", "GEM_GRANT_CLAIM", "GEM_GRANT_TIGHT", "GEM_GRANT_BOARD"}, grant
     rows = _table_rows(_doc("protocol.md"), "flag")
     assert {row[0].strip("`"): int(row[1]) for row in rows} == grant
     ack = _c_defines("GEM_ACK_")

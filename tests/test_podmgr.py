@@ -1113,8 +1113,10 @@ def test_a_board_path_too_long_for_the_hooks_is_refused_and_the_group_runs_witho
 
 def test_a_new_scheduler_moves_the_pod_manager_to_its_board_and_the_hooks_are_told_where():
     """gem-schd restarts: its welcome names its new page (here under the same name, as `--board PATH` gives). The
-    pod manager maps it afresh, marks its line on the old page `moved` (its hooks still read that one) and answers
-    their BOARD_QUERY with the new page. The same gem-schd's welcome again changes nothing."""
+    pod manager maps it afresh, marks its line on the old page `moved` (reaching hooks that get no grant), flags
+    its hooks' next grant (GRANT_BOARD) and answers their BOARD_QUERY with the new page. The same gem-schd's
+    welcome again changes nothing; a line moved by the same gem-schd is flagged but not marked (that page is live,
+    and the old line may be another group's now)."""
     pages: list[tuple[str, "MovableBoard"]] = []
 
     class MovableBoard(FakeBoard):
@@ -1139,21 +1141,35 @@ def test_a_new_scheduler_moves_the_pod_manager_to_its_board_and_the_hooks_are_to
         r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=1.0, mem_limit=1000, scheduler_id=sid,
                                     board_path="/dev/shm/b", board_slot=slot))
 
+    seqs = iter(range(1, 100))
+
+    def granted_flags(cid: int) -> int:
+        seq = next(seqs)
+        r.m.on_hook(cid, 100 + seq, hp.TokenRequest())
+        [g] = to_hook(r.grant(20.0, seq), cid)
+        r.m.on_hook(cid, 200 + seq, hp.TokenRelease(token_seq=g.msg.token_seq))
+        return g.msg.flags
+
     welcome_from("s1", 2)
     cid = r.hook()
+    assert not granted_flags(cid) & hp.GRANT_BOARD
     welcome_from("s1", 2)
     assert len(pages) == 1 and not pages[0][1].moved
+    assert not granted_flags(cid) & hp.GRANT_BOARD
     welcome_from("s2", 2)       # the same name and line, but a new gem-schd: a new file
     assert len(pages) == 2 and pages[0][1].moved == {2} and pages[0][1].closed and not pages[1][1].moved
-    welcome_from("s2", 5)       # (a reload may give the group another line)
-    assert len(pages) == 3 and pages[1][1].moved == {2}
+    assert granted_flags(cid) & hp.GRANT_BOARD and granted_flags(cid) & hp.GRANT_BOARD      # until it asks
+    welcome_from("s2", 5)       # the same gem-schd gives the group another line (a reload)
+    assert len(pages) == 3 and not pages[1][1].moved
     [info] = to_hook(r.m.on_hook(cid, 7, hp.BoardQuery()))
     assert info.seq == 7 and info.msg == hp.BoardInfo(board_slot=5, board_path="/dev/shm/b")
     hp.encode(info.msg, info.seq)
+    assert not granted_flags(cid) & hp.GRANT_BOARD      # told
     # a new gem-schd without a board: the hooks are told there is none
     r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=1.0, mem_limit=1000, scheduler_id="s3",
                                 board_path="", board_slot=-1))
     assert pages[2][1].moved == {5}
+    assert granted_flags(cid) & hp.GRANT_BOARD
     [info] = to_hook(r.m.on_hook(cid, 8, hp.BoardQuery()))
     assert info.msg == hp.BoardInfo(board_slot=-1, board_path="")
 

@@ -88,6 +88,7 @@ class Client:
     latency: bool = False       # its HELLO_ACK said latency class: its hook takes claims (it keeps the class for life)
     hello_mem: int = 0          # what its HELLO said it already held (a process rejoining after a restart)
     hello_mem_counted: bool = False  # ... counted as managed memory (a unified group), once
+    board_told: int = -1        # the pod manager's board_generation when this hook was last told of the board
 
     @property
     def uid(self) -> int:
@@ -210,6 +211,7 @@ class PodManager:
         self.board_path = ""
         self.board_slot = -1
         self._board_scheduler = ""     # the gem-schd whose Welcome named the board
+        self.board_generation = 0       # counts the board (page, line) changes: hooks told of an older one ask again
         self._waiters_shown = -1
 
     # --- views kept for callers and tests ----------------------------------------------------
@@ -289,6 +291,7 @@ class PodManager:
         if self.memory_mode == "unified":
             flags |= hp.ACK_UNIFIED
         slot, path = self._board_for_hooks()
+        client.board_told = self.board_generation
         return ToHook(client.id, seq, hp.HelloAck(client_id=client.id, mem_limit=self.ledger.limit or 0,
                                                   mem_used=self.ledger.used, group=self.group, flags=flags,
                                                   board_slot=slot, board_path=path))
@@ -326,7 +329,12 @@ class PodManager:
         if quota_ns is None:
             quota_ns = int((token.deadline - now) * 1e9)
         return [ToHook(client_id, seq, hp.TokenGrant(quota_ns=quota_ns, token_seq=token.token_seq,
-                                                     flags=self._grant_flags()))]
+                                                     flags=self._grant_flags() | self._board_flag(client_id)))]
+
+    def _board_flag(self, client_id: int) -> int:
+        """GRANT_BOARD for a hook told of another board or line than the one in use now: it asks again."""
+        client = self.clients.get(client_id)
+        return hp.GRANT_BOARD if client is not None and client.board_told != self.board_generation else 0
 
     def request_upstream(self) -> list[Action]:
         link = self.link
@@ -366,11 +374,16 @@ class PodManager:
                 and (self.board is not None or not path)):
             return
         self.claims_end_all(self.clock())
+        # The hooks read the board they were told of until told otherwise: their next grant says so (GRANT_BOARD),
+        # and they ask (BOARD_QUERY). Without it, processes that were running when gem-schd restarted never
+        # paused for a claim, never saw an eviction request and were never continued again.
+        self.board_generation += 1
         if self.board is not None:
-            # The hooks read this page until told otherwise: the mark on their line makes them ask (BOARD_QUERY)
-            # at their next grant or eviction poll. Without it, processes that were running when gem-schd
-            # restarted never paused for a claim, never saw an eviction request and were never continued again.
-            if self.board_slot >= 0 and hasattr(self.board, "mark_moved"):
+            # A new gem-schd: the old page is dead. The mark on the group's line there reaches the hooks that get
+            # no grant too (an idle unified process must still answer evictions). Not for the same gem-schd's
+            # page (a line moved by a reload): that page is live, and the line may be another group's now.
+            if (scheduler_id != self._board_scheduler and self.board_slot >= 0
+                    and hasattr(self.board, "mark_moved")):
                 self.board.mark_moved(self.board_slot)
             if hasattr(self.board, "close"):
                 self.board.close()
@@ -473,6 +486,7 @@ class PodManager:
             return self._memory(client, seq, msg, now)
         if isinstance(msg, hp.BoardQuery):
             slot, path = self._board_for_hooks()
+            client.board_told = self.board_generation
             return [ToHook(client_id, seq, hp.BoardInfo(board_slot=slot, board_path=path))]
         if isinstance(msg, hp.Residency):
             if self.memory_mode != "unified":
@@ -549,7 +563,7 @@ class PodManager:
             ahead = now - msg.launched_ns / 1e9 if msg.launched_ns > 0 else 0.0
             token_seq, quota_ns, ended = self.claims.request(client.id, now, ahead)
             return self._claim_reports(ended) + [ToHook(client.id, seq, hp.TokenGrant(
-                quota_ns=quota_ns, token_seq=token_seq, flags=hp.GRANT_CLAIM))]
+                quota_ns=quota_ns, token_seq=token_seq, flags=hp.GRANT_CLAIM | self._board_flag(client.id)))]
         self._note_report(msg.overuse_ns, msg.burst_ns, msg.used_ns)
         if self.link.unknown_reason:
             return [_error(client.id, seq, hp.ErrorCode.UNKNOWN_GROUP, self._unknown_text())]

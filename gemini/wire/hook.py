@@ -66,6 +66,7 @@ RESIDENCY_TO_HOST = _const("GEM_RESIDENCY_TO_HOST")
 GRANT_BOUND = _const("GEM_GRANT_BOUND")
 GRANT_CLAIM = _const("GEM_GRANT_CLAIM")
 GRANT_TIGHT = _const("GEM_GRANT_TIGHT")
+GRANT_BOARD = _const("GEM_GRANT_BOARD")
 BOARD_PATH_LEN = _const("GEM_BOARD_PATH_LEN")
 
 assert ffi.sizeof("struct gem_msg") == MSG_SIZE
@@ -170,7 +171,7 @@ class TokenGrant:
     PAYLOAD: ClassVar[str | None] = "token_grant"
     quota_ns: int
     token_seq: int
-    flags: int = 0              # GRANT_BOUND | GRANT_TIGHT | GRANT_CLAIM
+    flags: int = 0              # GRANT_BOUND | GRANT_TIGHT | GRANT_CLAIM | GRANT_BOARD
     reserved: int = 0
 
 
