@@ -580,3 +580,15 @@ def fork(args):
 {"serve": serve, "chunks": chunks, "idle": idle, "capture": capture, "capture_race": capture_race,
  "reset": reset, "fork": fork}[sys.argv[1]](sys.argv[2:])
 '''
+
+
+def all_registered(be: Backend) -> bool:
+    """Whether gem-schd answers and every group's pod manager is registered with it (after a restart, say)."""
+    from gemini.wire.sched import StatusReply, StatusRequest
+    from tests.schd_inproc import FakePodManager
+    try:
+        with FakePodManager(f"tcp://127.0.0.1:{be.port}") as peer:
+            reply = peer.request(StatusRequest(), 2.0)
+    except Exception:   # still starting
+        return False
+    return isinstance(reply, StatusReply) and all(g["connected"] for g in reply.groups)

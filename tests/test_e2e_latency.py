@@ -371,9 +371,7 @@ def test_processes_running_through_a_scheduler_restart_pause_for_claims_on_its_n
     trainer asks where the new page is at its next grant and pauses for the claims of a latency tenant that
     starts after the restart (which its own pod manager writes on the new page). Before, a process connected
     before the restart read the old page for good: it never paused once."""
-    from gemini.wire.sched import StatusReply, StatusRequest
-    from tests.e2e_fixtures import wait_for
-    from tests.schd_inproc import FakePodManager
+    from tests.e2e_fixtures import all_registered, wait_for
 
     sim = Sim(tmp_path / "sim", hook_lib)
     be = backends([Group("inf", 0.5, 1.0, sched_class="latency"), Group("train", 0.0, 1.0)], quota_ms=100,
@@ -383,16 +381,7 @@ def test_processes_running_through_a_scheduler_restart_pause_for_claims_on_its_n
     old = be.daemon_pids()["gem-schd"]
     os.kill(old, signal.SIGKILL)
     wait_for(lambda: be.daemon_pids().get("gem-schd", old) != old, 10, what="gem-schd restarted")
-
-    def registered() -> bool:
-        try:
-            with FakePodManager(f"tcp://127.0.0.1:{be.port}") as peer:
-                reply = peer.request(StatusRequest(), 2.0)
-        except Exception:   # still starting
-            return False
-        return isinstance(reply, StatusReply) and all(g["connected"] for g in reply.groups)
-
-    wait_for(registered, 10, step=0.1, what="both pod managers registered with the new gem-schd")
+    wait_for(lambda: all_registered(be), 10, step=0.1, what="both pod managers registered with the new gem-schd")
     time.sleep(0.3)     # the trainer's slot under the old gem-schd ends, and it is granted by the new one
     inf = finish(start(requests(2.5), sim.hooked(be, "inf")))
     tr = finish(train)

@@ -246,7 +246,8 @@ class Residency:
 
 @dataclass(frozen=True)
 class BoardQuery:
-    """The hook's board line says its pod manager moved to another page (gem-schd restarted): where is it?"""
+    """Where is the group's board now? (A grant said it changed, GRANT_BOARD, or the hook's line on its page says
+    `moved`: gem-schd restarted.)"""
     TYPE: ClassVar[MsgType] = MsgType.BOARD_QUERY
     PAYLOAD: ClassVar[str | None] = None
 

@@ -227,18 +227,6 @@ def test_torch_synchronize_between_bursts_gives_the_token_back_early(long_slots,
     assert summary["early_releases"] >= max(1, bursts // 4), summary
 
 
-def _all_registered(be: Backend) -> bool:
-    """Whether gem-schd answers and every group's pod manager is registered with it."""
-    from gemini.wire.sched import StatusReply, StatusRequest
-    from tests.schd_inproc import FakePodManager
-    try:
-        with FakePodManager(f"tcp://127.0.0.1:{be.port}") as peer:
-            reply = peer.request(StatusRequest(), 2.0)
-    except Exception:   # still starting
-        return False
-    return isinstance(reply, StatusReply) and all(g["connected"] for g in reply.groups)
-
-
 def test_a_trainer_running_through_a_scheduler_restart_pauses_for_claims_after_it(tmp_path):
     """gem-schd is SIGKILLed under a running ResNet-18 trainer and launch-backend restarts it; the new gem-schd
     makes a new board page. A latency tenant then serves for 6 s. The trainer must move to the new page (its pod
@@ -246,6 +234,8 @@ def test_a_trainer_running_through_a_scheduler_restart_pauses_for_claims_after_i
     which its pod manager writes on the new page. Before, it read the old page for good and never paused."""
     import signal
     import time
+
+    from tests.e2e_fixtures import all_registered
 
     build_native()
     groups = [Group("inf", 0.5, 1.0, "100GiB", sched_class="latency"), Group("train", 0.0, 1.0, "100GiB")]
@@ -261,7 +251,7 @@ def test_a_trainer_running_through_a_scheduler_restart_pauses_for_claims_after_i
             old = be.daemon_pids()["gem-schd"]
             os.kill(old, signal.SIGKILL)
             deadline = time.monotonic() + 30
-            while be.daemon_pids().get("gem-schd", old) == old or not _all_registered(be):
+            while be.daemon_pids().get("gem-schd", old) == old or not all_registered(be):
                 assert time.monotonic() < deadline, "gem-schd did not come back with both pod managers"
                 time.sleep(0.1)
             time.sleep(0.5)
