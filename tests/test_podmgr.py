@@ -1174,6 +1174,29 @@ def test_a_new_scheduler_moves_the_pod_manager_to_its_board_and_the_hooks_are_to
     assert info.msg == hp.BoardInfo(board_slot=-1, board_path="")
 
 
+def test_a_hook_acked_before_the_board_was_mapped_is_told_at_its_first_grant():
+    """A pod manager that restarted while gem-schd was away answers a hook's HELLO after WELCOME_WAIT_S with no
+    board (it has none yet). When gem-schd's welcome then names one, that hook's grants are flagged
+    (GRANT_BOARD) until it asks: it would otherwise never pause for claims or see an eviction request."""
+    r = Rig(welcomed=False, board_open=lambda path: FakeBoard())
+    cid = r.m.connect("p")
+    assert r.m.on_hook(cid, 1, hp.Hello(pid=1, pod_name=GROUP)) == []
+    r.clock.advance(WELCOME_WAIT_S + 0.01)
+    [ack] = to_hook(r.m.tick())
+    assert ack.msg.board_slot == -1 and ack.msg.board_path == ""
+    r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=1.0, mem_limit=1000, scheduler_id="s1",
+                                board_path="/dev/shm/b", board_slot=4))
+    r.m.on_hook(cid, 2, hp.TokenRequest())
+    [g] = to_hook(r.grant(20.0, 1), cid)
+    assert g.msg.flags & hp.GRANT_BOARD
+    [info] = to_hook(r.m.on_hook(cid, 3, hp.BoardQuery()))
+    assert info.msg == hp.BoardInfo(board_slot=4, board_path="/dev/shm/b")
+    r.m.on_hook(cid, 4, hp.TokenRelease(token_seq=g.msg.token_seq))
+    r.m.on_hook(cid, 5, hp.TokenRequest())
+    [g] = to_hook(r.grant(20.0, 2), cid)
+    assert not g.msg.flags & hp.GRANT_BOARD
+
+
 @pytest.mark.parametrize("welcome_first", [True, False], ids=["welcomed", "before-the-welcome"])
 def test_a_rejoined_process_memory_counts_as_managed_in_a_unified_group(welcome_first):
     """A restarted pod manager of a unified group hears a process rejoin holding 150 MiB (its HELLO's mem_in_use;
