@@ -63,6 +63,7 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         self.allocated: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         self.responses: dict[tuple[str, str, str], dict[str, dp.ContainerAllocateResponse]] = {}
         self.preferred_calls: list[tuple[str, list[str]]] = []
+        self.list_delay_s = 0.0     # List answers what it saw this long ago (a slow kubelet: its list goes stale)
         self._cond = threading.Condition()
         self._server: grpc.Server | None = None
 
@@ -120,7 +121,10 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
             pass        # the plugin went away (or we closed the channel)
 
     def List(self, request, context):
-        return pr.ListPodResourcesResponse(pod_resources=[self._pod_resources(k) for k in sorted(self.allocated)])
+        reply = pr.ListPodResourcesResponse(pod_resources=[self._pod_resources(k) for k in sorted(self.allocated)])
+        if self.list_delay_s:
+            time.sleep(self.list_delay_s)
+        return reply
 
     def Get(self, request, context):
         key = (request.pod_namespace, request.pod_name)

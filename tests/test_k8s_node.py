@@ -186,6 +186,26 @@ def test_units_taken_over_by_another_pod_restart_the_pod_manager(tmp_path):
         assert pmgr.placement.pod_uid == "uid-new", "the new pod's processes must not be judged as the old pod's"
 
 
+def test_prestart_judges_the_container_by_a_list_made_after_it_was_asked(tmp_path):
+    """The kubelet records a container's units resource by resource, and each Allocate pokes gem-node: a list of the
+    pod's units made between the two Allocates has its percent units and not yet its memory units. PreStartContainer
+    comes after both; had gem-node judged the container by that list (still in flight when it was asked), it would
+    have refused it for asking for percent units without memory units (seen once under load in `make test`)."""
+    import time
+
+    with NodeHarness(tmp_path, gpus(1)) as node:
+        node.set_pods([pod("team-a", "train", "uid-train")])
+        node.kubelet.admit("team-a", "train", "main", {PCT: 30})          # the percent units first ...
+        node.reconcile()
+        node.kubelet.list_delay_s = 0.5
+        node.loop.call_soon_threadsafe(node.agent.poke)                    # ... a list of them made now ...
+        time.sleep(0.2)
+        node.kubelet.list_delay_s = 0.0
+        node.kubelet.admit("team-a", "train", "main", {MEM: 16})          # ... then the memory units
+        node.kubelet.prestart("team-a", "train", "main")                  # while that list is still on its way
+        assert node.launcher.running("pmgr")
+
+
 @pytest.mark.parametrize("case", ["split", "percent-only", "bad-annotation", "max-below-min"])
 def test_prestart_refuses_a_container_it_cannot_serve(tmp_path, case):
     with NodeHarness(tmp_path, gpus(2)) as node:

@@ -110,6 +110,10 @@ class NodeAgent:
         self.units_error: str | None = None
         self._poke = asyncio.Event()
         self._reconciled = asyncio.Event()
+        # Reconciles begun, and the number of the last one finished: a prestart waits for one that began after it
+        # was asked (one in flight may have listed the kubelet's units before the container's last Allocate).
+        self._reconciles_begun = 0
+        self._reconcile_done = 0
         self._lock = asyncio.Lock()
         self._hints: dict[str, tuple[str, float]] = {}     # resource -> (gpu, when) of the last Allocate
         self._last_units: list[ContainerUnits] = []
@@ -199,21 +203,32 @@ class NodeAgent:
             await asyncio.sleep(REGISTERED_POLL_S)
 
     async def _next_reconcile(self) -> None:
-        self._reconciled.clear()
-        try:
-            await asyncio.wait_for(self._reconciled.wait(), 1.0)
-        except asyncio.TimeoutError:
-            pass
+        """Until a reconcile that began after this call has finished (at most 1 s). One already in flight may have
+        listed the kubelet's units between a container's Allocates: its percent units and not yet its memory units,
+        for which the container would be refused."""
+        want = self._reconciles_begun + 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1.0
+        while self._reconcile_done < want:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._reconciled.clear()
+            try:
+                await asyncio.wait_for(self._reconciled.wait(), left)
+            except asyncio.TimeoutError:
+                return
 
     # --- the loop --------------------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            # (cleared before, not after: a poke while it lists the units asks for another look, not for nothing)
+            self._poke.clear()
             try:
                 await self.reconcile()
             except Exception:   # a bug must not stop the node's daemons from being supervised
                 log.exception("reconcile failed")
-            self._poke.clear()
             waits = [asyncio.ensure_future(self._poke.wait()), asyncio.ensure_future(stop.wait())]
             await asyncio.wait(waits, timeout=0.1 if self._pending_restarts() else RESYNC_S,
                                return_when=asyncio.FIRST_COMPLETED)
@@ -226,6 +241,8 @@ class NodeAgent:
 
     async def reconcile(self) -> None:
         async with self._lock:
+            self._reconciles_begun += 1
+            number = self._reconciles_begun
             try:
                 units = await self.list_units()
                 self.units_error = None
@@ -233,7 +250,7 @@ class NodeAgent:
                 if self.units_error is None:
                     log.warning("cannot read the kubelet's PodResources: %s", exc)
                 self.units_error = str(exc)
-                self._reconciled.set()
+                self._finished(number)
                 return
             self._last_units = units
             new_plan = plan(units, self.pods, self.inventory, self.defaults, self.plan)
@@ -252,7 +269,11 @@ class NodeAgent:
                 self._unhealthy = unhealthy
                 for notify in self.on_health:
                     notify()
-            self._reconciled.set()
+            self._finished(number)
+
+    def _finished(self, number: int) -> None:
+        self._reconcile_done = number
+        self._reconciled.set()
 
     async def _apply_gpu(self, state: GpuState, placements: list[Placement]) -> None:
         wanted = {p.group: p for p in placements}
