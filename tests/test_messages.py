@@ -45,7 +45,7 @@ def test_a_removed_groups_process_hears_that_it_was_removed(sim, backends, tmp_p
     says why first; the hook then says that, not how to start a pod manager."""
     be = backends([Group("a", 0.0, 1.0), Group("b", 0.0, 1.0)])
     env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="b", GEMINI_POD_MANAGER_PORT=be.ports["b"],
-                  GEMINI_CONNECT_TIMEOUT_MS=300)
+                  GEMINI_CONNECT_TIMEOUT_MS=1000)    # (b never ran once beside 3 xdist workers: 300 ms may be short)
     trace, err = sim.dir / "b.trace", tmp_path / "b.err"
     with open(err, "w") as errfile:
         p = subprocess.Popen(workload("--seconds", 120, "--sync-every", 1, "--keep-going", "--trace", trace),
