@@ -64,11 +64,31 @@ def _ports_free(base: int, count: int) -> bool:
     return True
 
 
+def _port_span() -> tuple[int, int]:
+    """Where free_port_base looks: below the kernel's ephemeral ports (which any outgoing connection may take
+    between our check and the daemon's bind: a hook then reached no pod manager, or another test's), and, under
+    pytest-xdist, a share of its own for each worker, so that two workers never pick the same run."""
+    lo, hi = 10000, 60000
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        if ephemeral - lo >= 4000:
+            hi = ephemeral
+    except (OSError, ValueError, IndexError):
+        pass
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and workers.isdigit() and int(workers) > 1:
+        share = (hi - lo) // int(workers)
+        lo += int(worker[2:]) * share
+        hi = lo + share
+    return lo, hi
+
+
 def free_port_base(count: int, rng: random.Random | None = None) -> int:
     """A port with `count` free ports from it on (the scheduler, then one per group, plus room)."""
     rng = rng or random.Random()
+    lo, hi = _port_span()
     for _ in range(200):
-        base = rng.randrange(20000, 60000 - count)
+        base = rng.randrange(lo, max(lo + 1, hi - count))
         if _ports_free(base, count):
             return base
     raise RuntimeError("no run of free ports found")
