@@ -177,6 +177,12 @@ def preferred_allocation(inventory: Inventory, resource: str, available: list[st
 
 # --- what a container is given -----------------------------------------------------------------------------------
 
+def default_scheduler_root(ipc_root: str | Path) -> Path:
+    """Where gem-schd's sockets go unless told: `schd` beside the group sockets' root (never mounted into a
+    container: see HostLayout.schd_root)."""
+    return Path(str(ipc_root).rstrip("/")).parent / "schd"
+
+
 @dataclass(frozen=True)
 class Mount:
     container_path: str
@@ -201,7 +207,7 @@ class HostLayout:
 
     @property
     def scheduler_root(self) -> str:
-        return self.schd_root or str(Path(self.ipc_root.rstrip("/")).parent / "schd")
+        return self.schd_root or str(default_scheduler_root(self.ipc_root))
 
     def ipc_dir(self, gpu_uuid: str) -> str:
         return f"{self.ipc_root.rstrip('/')}/{gpu_uuid}"

@@ -115,7 +115,7 @@ class ProcessLauncher:
                  schd_root: str | Path | None = None):
         self.ipc_root = Path(ipc_root)
         # gem-schd's sockets, apart from the group sockets that containers see (devices.HostLayout.schd_root)
-        self.schd_root = Path(schd_root) if schd_root else self.ipc_root.parent / "schd"
+        self.schd_root = Path(schd_root) if schd_root else dv.default_scheduler_root(self.ipc_root)
         self.board_root = Path(board_root) if board_root is not None else None  # None: gem-schd's default
         self.log_dir = Path(log_dir) if log_dir else None
         self.python = python
