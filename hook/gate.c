@@ -734,14 +734,11 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
     return CUDA_SUCCESS;
 }
 
-/* A marker is due (or a graph launch) while the grant asked for a short queue. */
-CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
-    if (!atomic_load_explicit(&g->bound, memory_order_relaxed))
-        return CUDA_SUCCESS;
-    /* Queue at most half the time left in the slot: the queue then ends by the deadline even when a
-     * neighbour's leftover queue shares the GPU half and half with it, so a cap's slot ends on time (a
-     * continued slot's deadline moves on, and so does the budget). Only GEMINI_INFLIGHT_MS when a claim may
-     * come at any moment. */
+/* How much GPU work may stay queued now. Queue at most half the time left in the slot: the queue then ends by
+ * the deadline even when a neighbour's leftover queue shares the GPU half and half with it, so a cap's slot ends
+ * on time (a continued slot's deadline moves on, and so does the budget). Only GEMINI_INFLIGHT_MS when a claim
+ * may come at any moment. */
+static int64_t queue_budget(struct gem_gate *g) {
     int64_t budget = gem_cfg.inflight_ns;
     if (!atomic_load_explicit(&g->tight, memory_order_relaxed)) {
         int64_t left = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed) - gem_now_ns();
@@ -749,7 +746,14 @@ CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
         if (left > budget)
             budget = left;
     }
-    gem_inflight_marker(&g->inflight, stream, ptsz, budget);
+    return budget;
+}
+
+/* A marker is due (or a graph launch) while the grant asked for a short queue. */
+CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
+    if (!atomic_load_explicit(&g->bound, memory_order_relaxed))
+        return CUDA_SUCCESS;
+    gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g));
     if (atomic_load_explicit(&g->bound, memory_order_relaxed))
         atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
     return CUDA_SUCCESS;
@@ -849,13 +853,24 @@ void gem_gate_before_sync(CUcontext ctx) {
     pthread_mutex_unlock(&g->mu);
 }
 
-void gem_gate_on_sync(CUcontext ctx, int whole_context) {
+/* A context-wide synchronisation emptied the queues of the context (inflight.h): its marker chains restart, and
+ * a wait longer than the queue's budget says the markers were too far apart. */
+static void synced_markers(struct gem_gate *g, CUcontext ctx, int64_t waited_ns) {
+    if (!ctx && (!HAVE_REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx))
+        return;
+    int bound = atomic_load_explicit(&g->bound, memory_order_relaxed);
+    if (gem_inflight_synced(&g->inflight, ctx, waited_ns, bound ? queue_budget(g) : 0) && bound)
+        atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
+}
+
+void gem_gate_on_sync(CUcontext ctx, int whole_context, int64_t began_ns) {
     if (!atomic_load_explicit(&gates_ready, memory_order_acquire))
         return;
     struct gem_gate *g = gate_of_ctx(ctx);
     int64_t now = gem_now_ns();
     atomic_store(&g->last_sync_ns, now);
     if (whole_context) {
+        synced_markers(g, ctx, now - began_ns);
         atomic_store(&g->ctx_idle_since_ns, now);
         pthread_mutex_lock(&g->mu);
         if (g->gap_pending) {   /* both of its events are done: the whole context was synchronised */

@@ -36,7 +36,8 @@ struct ring {
      * current rate, or a rate would keep growing on intervals measured at a lower one. */
     uint32_t per[GEM_INFLIGHT_MARKERS];
     unsigned head;              /* the next event to record (the oldest once the ring is full) */
-    unsigned count;
+    unsigned count;             /* markers in the chain: since the first, or the last context-wide synchronisation */
+    int measured;               /* an interval of this chain was measured (adapt) */
     int used;
 };
 
@@ -173,6 +174,7 @@ static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64
             atomic_fetch_add(&gem_stats.marker_wait_ns, (unsigned long long)(gem_now_ns() - t0));
         }
         adapt(f, r, back);
+        r->measured = 1;
     }
     unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     r->behind[slot] = r->count > 0 && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
@@ -198,10 +200,53 @@ void gem_inflight_context_gone(CUcontext ctx) {
         pthread_mutex_lock(&r->mu);
         r->used = 0;
         r->count = 0;
+        r->measured = 0;
         r->head = 0;
         pthread_mutex_unlock(&r->mu);
     }
     pthread_mutex_unlock(&table_mu);
+}
+
+int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int64_t waited_ns, int64_t budget_ns) {
+    unsigned chain = 0;     /* the longest chain the synchronisation ended */
+    CUcontext cur = NULL;
+    /* the events are the context's: timed only from it, and never while a capture runs (an unsafe call) */
+    int may_time = atomic_load(&gem_active_captures) == 0 && HAVE_REAL(cuEventElapsedTime) &&
+                   REAL(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur == ctx;
+    pthread_mutex_lock(&table_mu);
+    for (int i = 0; i < nrings; i++) {
+        struct ring *r = &rings[i];
+        if (r->ctx != ctx || (!r->count && !r->measured))
+            continue;
+        /* Every marker recorded before the synchronisation is done. One a thread records meanwhile on another
+         * stream may not be: forgetting it lets that stream queue one interval more, once. */
+        pthread_mutex_lock(&r->mu);
+        if (r->count > chain)
+            chain = r->count;
+        /* A chain shorter than the queue's depth (a program that synchronises often) never waited for a marker,
+         * so it measured nothing: the rate could not grow, nor the depth learn the kernels' length. Its last
+         * interval is measured now, off the launch path, its events done. */
+        if (may_time && r->count >= 2 && !r->measured)
+            adapt(f, r, (r->head + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS);
+        r->count = 0;
+        r->measured = 0;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&table_mu);
+    if (budget_ns <= 0 || waited_ns <= 2 * budget_ns)
+        return 0;
+    /* The queue held about `waited_ns` of work in at most `chain` intervals (and the launches after the last
+     * marker): the intervals are at least that long, so the depth shrinks with the rate. */
+    int64_t interval = waited_ns / (chain ? chain : 1);
+    if (interval > atomic_load(&f->interval_ns))
+        atomic_store(&f->interval_ns, interval);
+    atomic_fetch_add(&gem_stats.marker_sync_shrinks, 1);
+    uint64_t n = atomic_load(&f->launches_per_marker);
+    if (n <= 1)
+        return 0;
+    atomic_store(&f->launches_per_marker, n / 2);
+    atomic_fetch_add(&gem_stats.marker_shrinks, 1);
+    return 1;
 }
 
 void gem_inflight_after_fork(void) {

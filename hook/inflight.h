@@ -18,7 +18,15 @@
  * a slot queued, which hides its host's pauses, yet the queue ends with the
  * slot even when a neighbour's leftover queue shares the GPU with it. An
  * interval measured across an idle moment (the marker was recorded after the
- * one before had finished) holds idle time and is not used. With GEM_GRANT_TIGHT (a latency group may claim the GPU)
+ * one before had finished) holds idle time and is not used. A context-wide
+ * synchronisation empties every queue of the context, so each of its streams'
+ * chains starts afresh after it: no interval across it is measured (its
+ * length is the host's, and judging the rate on it halved the rate at every
+ * synchronisation and doubled it again within the next burst), and no marker
+ * from before it is waited for or queried. How long the synchronisation
+ * waited is the queue it found: more than twice the budget means the markers
+ * were too far apart, and the rate halves (a program that synchronises more
+ * often than every two markers has no interval measured at all). With GEM_GRANT_TIGHT (a latency group may claim the GPU)
  * it is GEMINI_INFLIGHT_MS: with millisecond kernels one or two of them stay
  * queued, with microsecond kernels a few hundred launches. A
  * graph launch is one unit (a marker after each). Nothing is
@@ -45,6 +53,11 @@ void gem_inflight_init(struct gem_inflight *f);
 /* Record a marker on `stream` (NULL + ptsz: the per-thread stream), first waiting until at most about
  * `budget_ns` of GPU work (measured intervals) stays queued on that stream. Never fails the launch. */
 void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns);
+
+/* The program synchronised the whole of `ctx` after waiting `waited_ns`: its streams' chains start afresh, and
+ * the rate halves if the wait was more than twice `budget_ns` (0: the queue is not bounded now, no judgement).
+ * Returns 1 if the rate changed. Off the launch path (the synchronisation's wrapper). */
+int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int64_t waited_ns, int64_t budget_ns);
 
 void gem_inflight_after_fork(void);     /* the parent's events are not the child's */
 /* A context was destroyed or reset: its rings' events went with it (made afresh at their next marker). */

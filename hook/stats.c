@@ -49,7 +49,8 @@ static void format_stats(char *buf, size_t len) {
              "mem_errors=%llu dlsym_routed=%llu procaddr_routed=%llu procaddr_fallback=%llu "
              "procaddr_unrouted=%llu reconnects=%llu slots_measured=%llu used_ms=%.3f continuations=%llu "
              "claim_pauses=%llu claim_pause_ms=%.3f markers=%llu marker_waits=%llu marker_wait_ms=%.3f "
-             "turn_passes=%llu marker_grows=%llu marker_shrinks=%llu marker_intervals=%llu marker_interval_ms=%.3f idle_ms=%.3f "
+             "turn_passes=%llu marker_grows=%llu marker_shrinks=%llu marker_sync_shrinks=%llu marker_intervals=%llu "
+             "marker_interval_ms=%.3f idle_ms=%.3f "
              "group_passes=%llu quick_claim_releases=%llu early_claims=%llu withdrawals=%llu board_moves=%llu",
              (unsigned long long)gem_total_launches(), LOAD(grants), LOAD(token_requests), LOAD(waits),
              (double)LOAD(wait_ns) / 1e6, LOAD(expiries), LOAD(early_releases), (double)LOAD(overuse_ns) / 1e6,
@@ -59,6 +60,7 @@ static void format_stats(char *buf, size_t len) {
              LOAD(slots_measured), (double)LOAD(used_ns) / 1e6, LOAD(continuations), LOAD(claim_pauses),
              (double)LOAD(claim_pause_ns) / 1e6, LOAD(markers), LOAD(marker_waits),
              (double)LOAD(marker_wait_ns) / 1e6, LOAD(turn_passes), LOAD(marker_grows), LOAD(marker_shrinks),
+             LOAD(marker_sync_shrinks),
              LOAD(marker_intervals), (double)LOAD(marker_interval_ns) / 1e6, (double)LOAD(idle_ns) / 1e6,
              LOAD(group_passes), LOAD(quick_claim_releases), LOAD(early_claims),
              LOAD(withdrawals), LOAD(board_moves));

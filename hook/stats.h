@@ -17,7 +17,7 @@ struct gem_stats {
         mem_allocs, mem_frees, mem_denied, mem_rollbacks, mem_errors, dlsym_routed, procaddr_routed,
         procaddr_fallback, procaddr_unrouted, reconnects, slots_measured, used_ns, continuations, claim_pauses,
         claim_pause_ns, markers, marker_waits, marker_wait_ns, turn_passes, marker_grows, marker_shrinks,
-        marker_intervals, marker_interval_ns, idle_ns, group_passes, quick_claim_releases,
+        marker_sync_shrinks, marker_intervals, marker_interval_ns, idle_ns, group_passes, quick_claim_releases,
         early_claims, withdrawals, board_moves;
 };
 extern struct gem_stats gem_stats;

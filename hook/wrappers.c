@@ -34,10 +34,13 @@
             return CUDA_ERROR_NOT_INITIALIZED;                                                  \
         /* only a context-wide synchronisation leaves the GPU with nothing of the process's */   \
         const int whole = sizeof(#name) >= 17 && __builtin_memcmp(#name, "cuCtxSynchronize", 16) == 0; \
-        if (whole)                                                                              \
+        int64_t began = 0;                                                                      \
+        if (whole) {                                                                            \
             gem_gate_before_sync(ctx);                                                          \
+            began = gem_now_ns();                                                               \
+        }                                                                                       \
         CUresult rc = REAL(name) args;                                                          \
-        gem_gate_on_sync(ctx, whole);                                                           \
+        gem_gate_on_sync(ctx, whole, began);                                                    \
         gem_memory_on_sync();                                                                   \
         return rc;                                                                              \
     }

@@ -295,6 +295,8 @@ E2E_CLIENT = r'''
     reset KERNELS                 KERNELS short kernels, a reset of the primary context, KERNELS more; the hook's
                                   marker count before and after the reset
     fork FORKS                    a thread launches all along while the main thread forks FORKS children
+    phases K:US:EVERY ...         each phase K kernels of US on the legacy stream, a context-wide synchronisation
+                                  after every EVERY; the host time of each synchronisation of the last phase (ms)
 """
 import ctypes, json, os, sys, threading, time
 
@@ -577,8 +579,24 @@ def fork(args):
                       "parent_errors": parent["errors"], "parent_result_written": ok}))
 
 
+def phases(args):
+    setup()
+    spin = Spin(1)
+    waits = []
+    for i, phase in enumerate(args):
+        kernels, us, every = (int(x) for x in phase.split(":"))
+        for k in range(kernels):
+            check(spin.launch(None, 0, us), "cuLaunchKernel")
+            if (k + 1) % every == 0:
+                t0 = time.monotonic()
+                check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+                if i == len(args) - 1:
+                    waits.append((time.monotonic() - t0) * 1000)
+    print(json.dumps({"pid": os.getpid(), "waits_ms": waits}))
+
+
 {"serve": serve, "chunks": chunks, "idle": idle, "capture": capture, "capture_race": capture_race,
- "reset": reset, "fork": fork}[sys.argv[1]](sys.argv[2:])
+ "reset": reset, "fork": fork, "phases": phases}[sys.argv[1]](sys.argv[2:])
 '''
 
 

@@ -300,6 +300,58 @@ def test_short_kernels_never_queue_far_past_a_capped_slot(sim, backends):
     assert st["overuse_ms"] / st["grants"] <= 10, st
 
 
+def _bounded(backends):
+    """A batch group beside an idle latency group (so its queue is bounded)."""
+    return backends([Group("lat", 0.2, 1.0, sched_class="latency"), Group("train", 0.0, 1.0)], quota_ms=100,
+                    min_quota_ms=5, window_ms=10_000)
+
+
+def test_a_loop_that_synchronises_often_keeps_its_marker_rate(sim, backends):
+    """Bursts of 128 short kernels, each ended by a context-wide synchronisation and 2 ms of host work. The
+    synchronisation empties the queue, so the marker chain starts afresh after it: the interval across the host's
+    work is not taken for the kernels' length. Measured, it halved the rate at every synchronisation and the next
+    burst doubled it again (a grow and a shrink per burst, and on an H100 about 5 us more per marker for the
+    measurement: +180 ns per launch beside a latency group)."""
+    r = finish(start(client_argv("workload-linked", "--json", "--seconds", 2.0, "--kernel-us", 0, "--sync-every", 128,
+                                 "--think-us", 2000), sim.hooked(_bounded(backends), "train")))
+    assert r.rc == 0, r
+    st = sim.stats_of(r.json["pid"])
+    assert st["launches"] >= 128 * 100 and st["markers"] >= 100, st
+    assert st["marker_grows"] + st["marker_shrinks"] <= 20, st  # the rate found once, then kept
+
+
+def test_a_loop_of_bursts_shorter_than_the_budget_still_finds_its_marker_rate(sim, backends):
+    """Bursts of 32 short kernels (under 1 ms of work) between context-wide synchronisations: a chain of markers
+    never grows as long as the queue's depth, so no marker is ever waited for. The last interval of each
+    chain is measured at the synchronisation instead (its events are done then, and it costs the launches
+    nothing), and the rate grows until a marker covers about a quarter of the budget. Without that the rate
+    stopped at 2 launches per marker (a marker, with its event record and query, costs a few
+    microseconds on a GPU: more than the launches it bounds)."""
+    r = finish(start(client_argv("workload-linked", "--json", "--seconds", 2.0, "--kernel-us", 0, "--sync-every", 32,
+                                 "--think-us", 2000), sim.hooked(_bounded(backends), "train")))
+    assert r.rc == 0, r
+    st = sim.stats_of(r.json["pid"])
+    assert st["launches"] >= 32 * 100 and st["marker_grows"] >= 3, st
+    assert st["markers"] <= st["launches"] / 8, st      # 2 launches per marker without the measurement
+
+
+def test_a_queue_too_deep_for_its_markers_is_caught_at_the_synchronisation(sim, backends, client_script):
+    """The marker rate grows on short kernels; then the kernels take 1 ms, 16 launches between context-wide
+    synchronisations: too few markers in a chain to wait for one or measure an interval, so only the
+    synchronisation sees the queue. It waited for all of it, more than twice the 1 ms budget: the rate halves and
+    the depth learns the kernels' length, and within a few synchronisations markers hold the queue near the
+    budget. Without that judgement every synchronisation waited for the whole 16 ms."""
+    r = finish(start(client_argv("e2e", "phases", "3000:0:1000", "320:1000:16", script=client_script),
+                     sim.hooked(_bounded(backends), "train")))
+    assert r.rc == 0, r
+    st = sim.stats_of(r.json["pid"])
+    waits = r.json["waits_ms"]
+    assert len(waits) == 20 and st["marker_grows"] >= 3, (waits, st)     # the rate grew on the short kernels
+    assert st["marker_sync_shrinks"] >= 1, (waits, st)
+    late = sorted(waits[10:])
+    assert late[len(late) // 2] <= 5.0, (waits, st)
+
+
 def test_one_gpus_silent_pod_manager_does_not_hold_up_early_claims_on_another(tmp_path, hook_lib, backends):
     """One latency process drives two GPUs, a thread each, and one claimer thread asks for both GPUs' early
     claims in turn. While GPU 1's pod manager is stopped, the claimer waits for its answer; GPU 0's requests must
