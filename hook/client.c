@@ -518,10 +518,27 @@ int gem_conn_alive(struct gem_conn *c) {
 }
 
 static int conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
-                     int may_connect, uint64_t only_generation);
+                     int may_connect, uint64_t only_generation, uint64_t *answered_by);
 
 int gem_conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns) {
-    return conn_call(c, req, reply, timeout_ns, 1, 0);
+    return conn_call(c, req, reply, timeout_ns, 1, 0, NULL);
+}
+
+int gem_conn_call_reserving(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
+                            uint64_t *generation) {
+    return conn_call(c, req, reply, timeout_ns, 1, 0, generation);
+}
+
+int gem_conn_count_reserved(struct gem_conn *c, uint64_t generation, uint64_t bytes) {
+    pthread_mutex_lock(&c->mu);
+    /* The count a HELLO sends is read under mu (handshake): so is this. Still the answering session's, or none
+     * open and none opening (the next HELLO's count will hold the bytes): they are counted once. Else a
+     * handshake since then told a pod manager a count without them, and the one that counted them is gone. */
+    int counted = !c->hello_pending && (c->current ? c->current->generation == generation : 1);
+    if (counted && c->mem_in_use)
+        __atomic_fetch_add(c->mem_in_use, bytes, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&c->mu);
+    return counted;
 }
 
 int gem_conn_call_freeing(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
@@ -539,11 +556,11 @@ int gem_conn_call_freeing(struct gem_conn *c, struct gem_msg *req, struct gem_ms
         generation = c->current && c->current->hello == counted ? c->current->generation : 0;
     }
     pthread_mutex_unlock(&c->mu);
-    return generation ? conn_call(c, req, reply, timeout_ns, 0, generation) : GEM_CALL_UNREACHABLE;
+    return generation ? conn_call(c, req, reply, timeout_ns, 0, generation, NULL) : GEM_CALL_UNREACHABLE;
 }
 
 static int conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
-                     int may_connect, uint64_t only_generation) {
+                     int may_connect, uint64_t only_generation, uint64_t *answered_by) {
     pthread_mutex_lock(&c->mu);
     int rc = may_connect ? ensure_connected(c)
              : c->current && (!only_generation || c->current->generation == only_generation) ? GEM_CALL_OK
@@ -556,6 +573,8 @@ static int conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *re
         c->next_seq = 1;
     struct gem_session *s = c->current;
     s->users++; /* from here until session_leave, s->fd stays open (if shut down) and s stays allocated */
+    if (answered_by)
+        *answered_by = s->generation;
     struct gem_waiter w = {.seq = c->next_seq, .reply = reply, .session = s};
     req->hdr.seq = w.seq;
     w.next = c->waiters;
@@ -628,7 +647,7 @@ int gem_conn_query_board(struct gem_conn *c, int64_t timeout_ns) {
     struct gem_msg req, reply;
     gemhook_msg_init(&req, GEM_MSG_BOARD_QUERY, 0);
     /* On the session that stands (no reconnect: a new session's HELLO_ACK names the board anyway). */
-    int rc = conn_call(c, &req, &reply, timeout_ns, 0, 0);
+    int rc = conn_call(c, &req, &reply, timeout_ns, 0, 0, NULL);
     if (rc != GEM_CALL_OK)
         return rc;
     if (reply.hdr.type != GEM_MSG_BOARD_INFO)

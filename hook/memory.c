@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client.h"
 #include "device.h"
@@ -133,6 +134,25 @@ static int accounting(void) {
     return gem_runtime_init() == 0;
 }
 
+#ifdef GEM_TEST_SETTINGS_FILE_ENV
+/* The test build only: GEMINI_TEST_PAUSE_BEFORE_COUNT_MS holds a granted allocation back before it is counted,
+ * so a test can reconnect the process in between (tests/test_hook_client.py). */
+static void test_pause_before_count(void) {
+    const char *v = getenv("GEMINI_TEST_PAUSE_BEFORE_COUNT_MS");
+    long ms = v ? atol(v) : 0;
+    if (ms > 0) {
+        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+#else
+static void test_pause_before_count(void) {}
+#endif
+
+/* How often a grant may come from a pod manager that a reconnect replaced before it was counted (each time the
+ * allocation is asked for again, of the new one) before the allocation fails. */
+#define RESERVE_TRIES 3
+
 static CUresult reserve(struct gem_device *d, uint64_t bytes, int kind) {
     if (bytes == 0)
         return CUDA_SUCCESS;
@@ -140,14 +160,28 @@ static CUresult reserve(struct gem_device *d, uint64_t bytes, int kind) {
     gemhook_msg_init(&req, GEM_MSG_MEM_ALLOC, 0);
     req.u.mem_request.bytes = bytes;
     req.u.mem_request.kind = (uint32_t)kind;
-    int rc = gem_conn_call(&d->conn, &req, &reply, 10 * GEM_NS_PER_S);
-    if (rc == GEM_CALL_OK && reply.hdr.type == GEM_MSG_MEM_REPLY) {
-        if (reply.u.mem_reply.verdict == GEM_MEM_OK) {
-            __atomic_fetch_add(&d->mem_in_use, bytes, __ATOMIC_RELAXED);
+    uint64_t session = 0;
+    int rc = gem_conn_call_reserving(&d->conn, &req, &reply, 10 * GEM_NS_PER_S, &session);
+    for (int tries = 1; rc == GEM_CALL_OK && reply.hdr.type == GEM_MSG_MEM_REPLY &&
+                        reply.u.mem_reply.verdict == GEM_MEM_OK; tries++) {
+        test_pause_before_count();
+        if (gem_conn_count_reserved(&d->conn, session, bytes)) {
             atomic_fetch_add(&gem_stats.mem_allocs, 1);
             gem_rejoin_start(); /* from now on a lost pod manager is told what this process holds */
             return CUDA_SUCCESS;
         }
+        /* The pod manager that granted them is gone, and its successor's count, taken at the reconnect, leaves
+         * them out: ask it (counted by nobody, the group could exceed its limit by them for good). */
+        atomic_fetch_add(&gem_stats.mem_recounts, 1);
+        if (tries == RESERVE_TRIES) {
+            GEM_LOG(GEM_LOG_ERROR, "GPU %d: an allocation of %llu bytes was granted %d times by a pod manager that "
+                    "was replaced before it was counted; this allocation fails", d->ordinal,
+                    (unsigned long long)bytes, tries);
+            return gem_unavailable_result();
+        }
+        rc = gem_conn_call_reserving(&d->conn, &req, &reply, 10 * GEM_NS_PER_S, &session);
+    }
+    if (rc == GEM_CALL_OK && reply.hdr.type == GEM_MSG_MEM_REPLY) {
         atomic_fetch_add(&gem_stats.mem_denied, 1);
         GEM_LOG(GEM_LOG_INFO, "GPU %d: allocation of %llu bytes refused: group '%s' uses %llu of %llu bytes",
                 d->ordinal, (unsigned long long)bytes, d->conn.group, (unsigned long long)reply.u.mem_reply.used,

@@ -46,7 +46,7 @@ static void format_stats(char *buf, size_t len) {
              "launches=%llu grants=%llu token_requests=%llu waits=%llu wait_ms=%.3f expiries=%llu "
              "early_releases=%llu overuse_ms=%.3f drains=%llu burst_renewals=%llu capture_passthrough=%llu "
              "gate_errors=%llu mem_allocs=%llu mem_frees=%llu mem_denied=%llu mem_rollbacks=%llu "
-             "mem_errors=%llu dlsym_routed=%llu procaddr_routed=%llu procaddr_fallback=%llu "
+             "mem_errors=%llu mem_recounts=%llu dlsym_routed=%llu procaddr_routed=%llu procaddr_fallback=%llu "
              "procaddr_unrouted=%llu reconnects=%llu slots_measured=%llu used_ms=%.3f continuations=%llu "
              "claim_pauses=%llu claim_pause_ms=%.3f markers=%llu marker_waits=%llu marker_wait_ms=%.3f "
              "turn_passes=%llu marker_grows=%llu marker_shrinks=%llu marker_sync_shrinks=%llu marker_intervals=%llu "
@@ -55,7 +55,8 @@ static void format_stats(char *buf, size_t len) {
              (unsigned long long)gem_total_launches(), LOAD(grants), LOAD(token_requests), LOAD(waits),
              (double)LOAD(wait_ns) / 1e6, LOAD(expiries), LOAD(early_releases), (double)LOAD(overuse_ns) / 1e6,
              LOAD(drains), LOAD(burst_renewals), LOAD(capture_passthrough), LOAD(gate_errors), LOAD(mem_allocs),
-             LOAD(mem_frees), LOAD(mem_denied), LOAD(mem_rollbacks), LOAD(mem_errors), LOAD(dlsym_routed),
+             LOAD(mem_frees), LOAD(mem_denied), LOAD(mem_rollbacks), LOAD(mem_errors), LOAD(mem_recounts),
+             LOAD(dlsym_routed),
              LOAD(procaddr_routed), LOAD(procaddr_fallback), LOAD(procaddr_unrouted), LOAD(reconnects),
              LOAD(slots_measured), (double)LOAD(used_ns) / 1e6, LOAD(continuations), LOAD(claim_pauses),
              (double)LOAD(claim_pause_ns) / 1e6, LOAD(markers), LOAD(marker_waits),

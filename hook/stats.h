@@ -14,7 +14,7 @@
 struct gem_stats {
     atomic_ullong grants, token_requests, waits, wait_ns, expiries, early_releases, overuse_ns,
         drains, drain_skipped_capture, gate_errors, capture_passthrough, burst_renewals,
-        mem_allocs, mem_frees, mem_denied, mem_rollbacks, mem_errors, dlsym_routed, procaddr_routed,
+        mem_allocs, mem_frees, mem_denied, mem_rollbacks, mem_errors, mem_recounts, dlsym_routed, procaddr_routed,
         procaddr_fallback, procaddr_unrouted, reconnects, slots_measured, used_ns, continuations, claim_pauses,
         claim_pause_ns, markers, marker_waits, marker_wait_ns, turn_passes, marker_grows, marker_shrinks,
         marker_sync_shrinks, marker_intervals, marker_interval_ns, idle_ns, group_passes, quick_claim_releases,

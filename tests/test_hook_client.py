@@ -257,15 +257,18 @@ def test_a_pod_manager_restart_seen_while_idle_leaves_no_descriptor_behind(sim, 
 
 class SlowHandshakePmgr(FakePmgr):
     """Counts each connection's memory as the real pod manager does (HELLO's mem_in_use, plus allocations, less
-    frees), and answers every HELLO after the first one 0.5 s late."""
+    frees), and answers every HELLO after the first one `late_s` late. With `close_after_alloc` set, it closes the
+    connection as soon as it has answered the next allocation (a pod manager restarting as it grants)."""
 
-    def __init__(self):
+    def __init__(self, late_s: float = 0.5):
         self.count: dict[int, int] = {}
+        self.late_s = late_s
+        self.close_after_alloc = False
         super().__init__(self.handle)
 
     def ack(self, hello: hp.Hello) -> hp.HelloAck:
         if len(self.hellos) > 1:
-            time.sleep(0.5)
+            time.sleep(self.late_s)
         self.count[len(self.hellos)] = hello.mem_in_use
         return super().ack(hello)
 
@@ -277,6 +280,9 @@ class SlowHandshakePmgr(FakePmgr):
             self.count[session] = self.count.get(session, 0) - msg.bytes
         if isinstance(msg, (hp.MemAlloc, hp.MemFree, hp.MemInfo)):
             conn.send(hp.MemReply(verdict=0, used=0, limit=64 * MiB), seq)
+        if isinstance(msg, hp.MemAlloc) and self.close_after_alloc:
+            self.close_after_alloc = False
+            conn.close()
 
 
 def test_a_free_while_the_process_reconnects_reaches_the_pod_manager_that_counts_it(sim, client_script):
@@ -298,6 +304,33 @@ def test_a_free_while_the_process_reconnects_reaches_the_pod_manager_that_counts
     finally:
         holder.close()
         pmgr.close()
+
+
+def test_an_allocation_granted_as_its_pod_manager_restarts_is_counted_by_the_new_one(sim, test_hook_lib,
+                                                                                    client_script):
+    """The pod manager grants 16 MiB and restarts at once (closes the connection). The process's rejoin thread
+    reconnects within 100 ms, and its HELLO says what the process holds. Here the grant is counted 300 ms after
+    it came (the test build's pause: a preempted thread, in life), so that HELLO left the 16 MiB out, and the pod
+    manager that granted them is gone: counted by nobody, the group could have exceeded its limit by that much
+    for good. The hook sees that the count it would add to is no longer the granting session's, and asks the new
+    pod manager for them."""
+    pmgr = SlowHandshakePmgr(late_s=0)
+    env = hooked_env(sim, pmgr, GEMINI_TEST_PAUSE_BEFORE_COUNT_MS=300)
+    env["LD_PRELOAD"] = str(test_hook_lib)
+    holder = Holder(client_argv("e2e", "serve", script=client_script), env)
+    try:
+        assert holder.alloc(1 * MiB) == 0          # the rejoin thread watches from the first allocation on
+        pmgr.close_after_alloc = True
+        assert holder.alloc(16 * MiB) == 0
+        assert len(pmgr.hellos) == 2, pmgr.hellos   # the rejoin thread's HELLO came during the pause
+        assert pmgr.hellos[1].mem_in_use == 1 * MiB
+        wait_for(lambda: pmgr.count.get(2) == 17 * MiB, timeout=5,
+                 what=f"the new pod manager counting the 17 MiB the process holds (counts {pmgr.count})")
+        time.sleep(0.3)
+        assert pmgr.count == {1: 17 * MiB, 2: 17 * MiB}, pmgr.count
+    finally:
+        holder.close()
+    assert sim.stats_of(holder.pid)["mem_recounts"] == 1
 
 
 def test_a_pod_manager_that_leaves_while_the_process_is_idle_is_heard_saying_why(sim, fake_pmgr, client_script):
