@@ -338,8 +338,11 @@ static uint64_t move_all(struct gem_device *d, int to_device, int64_t *took_ns) 
         moved = r->resident > before ? r->resident - before : 0;
         r->on_gpu = 1;
     } else {
-        moved = before;
-        r->resident = ok_bytes == managed ? 0 : r->resident;
+        /* Only what was prefetched: a range whose prefetch failed stays where it was (the driver's page faults
+         * move it later), and the report says so -- its resident bytes, and less moved -- so the eviction is not
+         * taken for complete (gem-schd warns) nor its speed for the bandwidth. */
+        moved = ok_bytes < before ? ok_bytes : before;
+        r->resident = failures ? before - moved : 0;
         r->on_gpu = r->resident > 0;
     }
     pthread_mutex_unlock(&mu);

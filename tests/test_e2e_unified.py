@@ -283,6 +283,29 @@ def test_gem_schd_traces_evictions_and_swaps(traced_sim, backends, tmp_path):
     assert sum(s.bytes for s in loaded.swaps if s.direction == "host") == sum(e["args"]["bytes"] for e in outs)
 
 
+def test_an_eviction_whose_prefetches_fail_is_reported_as_what_it_moved(traced_sim, backends, tmp_path):
+    """Every prefetch to the host fails (the simulator's SIMCUDA_HOST_PREFETCH_FAILS): an evicted group's memory
+    stays on the GPU. Its hooks report what moved (nothing) and what stayed resident, so gem-schd records
+    evictions of 0 bytes, marked incomplete where memory stayed, and warns (the driver's page faults make the
+    room). Before, a hook reported its whole resident set as moved and nothing left, and the eviction counted as
+    complete at the bandwidth of a move that never happened. The jobs still finish."""
+    sim = traced_sim
+    schd_trace = tmp_path / "schd-trace.json"
+    be = backends([Group(n, 0.0, 1.0, "1GiB", memory_mode="unified") for n in ("a", "b", "c")], quota_ms=20,
+                  extra_args=["--device-memory", str(CAPACITY), f"--schd-arg=--trace={schd_trace}",
+                              f"--schd-arg=--unified-min-slot={SHORT_FLOOR_MS}"])
+    run_three(sim, be, SIMCUDA_HOST_PREFETCH_FAILS=1)
+    assert not [m for m in prefetches(native.read_trace(sim.trace)) if m[4] == "host"]   # none ran
+    outs = [e for e in read_sched_trace(schd_trace) if e.get("cat") == "swap" and e["ph"] == "X"
+            and e["args"]["direction"] == "host"]
+    assert outs, "no eviction was answered"
+    moves = [(e["args"]["bytes"], e["args"]["complete"], e["name"]) for e in outs]
+    assert all(nbytes == 0 for nbytes, _, _ in moves), moves
+    # incomplete when a process had memory on the GPU (one that had none yet, or no more, answered a complete 0)
+    assert sum(1 for _, complete, _ in moves if complete is False) >= 2, moves
+    assert "incomplete" in be.logs(), be.logs()
+
+
 STARTING_JOB = r'''
 """A process of a unified group that is still starting: a context, and (with an allocation size > 0) managed
 memory, but no kernel yet, so it never held the token. It says "ready" and waits for stdin to close."""

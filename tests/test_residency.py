@@ -539,6 +539,20 @@ def test_an_eviction_waits_for_every_client_holding_managed_memory():
     assert g.totals.to_host_bytes == 10 * GiB and g.totals.to_device_bytes == 4 * GiB and g.resident_bytes == 0
 
 
+def test_an_eviction_that_left_memory_on_the_gpu_is_reported_incomplete():
+    """A hook whose prefetches to the host failed says what stayed resident: the eviction is answered (nothing
+    waits for it) but not complete, so gem-schd warns that page faults will make the room."""
+    g = GroupResidency(timeout_s=10.0)
+    g.allocated(1, 4 * GiB)
+    g.allocated(2, 2 * GiB)
+    g.on_report(1, _report(hp.RESIDENCY_TO_DEVICE, 4 * GiB, 4 * GiB, 4 * GiB))
+    g.on_report(2, _report(hp.RESIDENCY_TO_DEVICE, 2 * GiB, 2 * GiB, 2 * GiB))
+    g.evict(1, now=0.0)
+    assert g.on_report(1, _report(hp.RESIDENCY_TO_HOST, 4 * GiB, 0, 4 * GiB, seq=1)) == []
+    (done,) = g.on_report(2, _report(hp.RESIDENCY_TO_HOST, 0, 2 * GiB, 2 * GiB, seq=1))
+    assert (done.seq, done.moved_bytes, done.complete) == (1, 4 * GiB, False) and g.resident_bytes == 2 * GiB
+
+
 def test_an_eviction_with_nothing_to_move_is_answered_at_once():
     g = GroupResidency()
     done = g.evict(3, now=0.0)

@@ -7,7 +7,8 @@ watcher sees it, moves its memory to the host and reports. When every client tha
 answered (or gone: a dead process's memory is gone with it), the pod manager tells gem-schd (`Swapped`,
 direction "host"), which only then lets the next holder prefetch. A client that does not answer within
 `timeout_s` (plus a second per GB it holds) is not waited for: the report says `complete=False` and gem-schd
-goes on (the driver's page faults then make room, slowly) -- a broken hook must never stop the GPU.
+goes on (the driver's page faults then make room, slowly) -- a broken hook must never stop the GPU. So does an
+answer that left memory on the GPU (a prefetch to the host failed: its resident bytes say how much).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class _Eviction:
     limit_s: float = EVICT_TIMEOUT_S    # given up this long after `started`
     moved: int = 0
     took_s: float = 0.0
+    left: int = 0               # bytes the answers said stayed on the GPU (a prefetch to the host failed)
 
 
 @dataclass
@@ -128,6 +130,7 @@ class GroupResidency:
             return []
         ev.waiting.discard(client_id)
         ev.moved += msg.moved_bytes
+        ev.left += self.resident[client_id]
         ev.took_s = max(ev.took_s, took)
         done = self._finish_if_done()
         return [done] if done else []
@@ -154,4 +157,4 @@ class GroupResidency:
         if ev is None or ev.waiting:
             return None
         self.evicting = None
-        return Report("host", ev.seq, ev.moved, ev.took_s)
+        return Report("host", ev.seq, ev.moved, ev.took_s, complete=ev.left == 0)

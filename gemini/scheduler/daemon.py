@@ -886,7 +886,8 @@ class SchedulerDaemon:
         self._notify("on_swap", msg.group, "host", msg.seq, msg.moved_bytes, msg.took_ms, self.now_ms(),
                      msg.complete)
         if not msg.complete:
-            log.warning("group %s: eviction %d incomplete (a process did not answer): the driver's page faults "
+            log.warning("group %s: eviction %d incomplete (a process did not answer, or could not move all of its "
+                        "memory): the driver's page faults "
                         "make the rest of the room", msg.group, msg.seq)
         held = self._held
         if answered and held is not None and msg.group in held.waiting:

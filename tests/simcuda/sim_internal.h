@@ -39,6 +39,7 @@ struct sim_config {
     uint64_t kernel_ns;    /* SIMCUDA_KERNEL_US of this process */
     double migrate_bytes_per_ns; /* SIMCUDA_MIGRATE_GBPS: managed-memory prefetch speed (0: instant) */
     int concurrent_managed; /* SIMCUDA_CONCURRENT_MANAGED: CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS */
+    int host_prefetch_fails; /* SIMCUDA_HOST_PREFETCH_FAILS: every prefetch to the host fails (tests of evictions) */
     int driver_version;    /* SIMCUDA_DRIVER_VERSION of this process */
     int trace_fd;          /* SIMCUDA_TRACE, or -1 */
 };

@@ -337,6 +337,7 @@ static CUresult prefetch(CUdeviceptr ptr, size_t n, int dev, CUstream h, int pts
     int managed = a && a->kind == AK_MANAGED;
     pthread_mutex_unlock(&mem_lock);
     if (!managed || n == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (dev == -1 && sim_cfg.host_prefetch_fails) return CUDA_ERROR_NOT_SUPPORTED;
     struct sim_stream *s;
     CUresult rc = sim_stream_resolve(h, ptsz, &s);
     if (rc) return rc;
