@@ -853,14 +853,21 @@ void gem_gate_before_sync(CUcontext ctx) {
     pthread_mutex_unlock(&g->mu);
 }
 
-/* A context-wide synchronisation emptied the queues of the context (inflight.h): its marker chains restart, and
- * a wait longer than the queue's budget says the markers were too far apart. */
-static void synced_markers(struct gem_gate *g, CUcontext ctx, int64_t waited_ns) {
+/* A synchronisation emptied the queues of the context (whole) or of one stream (inflight.h): their marker chains
+ * restart, and a wait longer than the queue's budget says the markers were too far apart. */
+static void synced_markers(struct gem_gate *g, CUcontext ctx, int whole, CUstream stream, int64_t waited_ns) {
     if (!ctx && (!HAVE_REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx))
         return;
     int bound = atomic_load_explicit(&g->bound, memory_order_relaxed);
-    if (gem_inflight_synced(&g->inflight, ctx, waited_ns, bound ? queue_budget(g) : 0) && bound)
+    if (gem_inflight_synced(&g->inflight, ctx, whole, stream, waited_ns, bound ? queue_budget(g) : 0) && bound)
         atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
+}
+
+void gem_gate_on_stream_sync(CUstream stream, int ptsz, int64_t began_ns) {
+    if (!atomic_load_explicit(&gates_ready, memory_order_acquire))
+        return;
+    synced_markers(gem_current_gate(), NULL, 0, (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream,
+                   gem_now_ns() - began_ns);
 }
 
 void gem_gate_on_sync(CUcontext ctx, int whole_context, int64_t began_ns) {
@@ -870,7 +877,8 @@ void gem_gate_on_sync(CUcontext ctx, int whole_context, int64_t began_ns) {
     int64_t now = gem_now_ns();
     atomic_store(&g->last_sync_ns, now);
     if (whole_context) {
-        synced_markers(g, ctx, now - began_ns);
+        if (began_ns > 0)
+            synced_markers(g, ctx, 1, NULL, now - began_ns);
         atomic_store(&g->ctx_idle_since_ns, now);
         pthread_mutex_lock(&g->mu);
         if (g->gap_pending) {   /* both of its events are done: the whole context was synchronised */

@@ -147,9 +147,13 @@ static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph) {
     return gem_gate_slow(g, stream, ptsz, gem_now_ns());
 }
 
-/* After a synchronising call of the program, begun at `began_ns` (read only for a context-wide one): the burst,
- * if any, is over on the device of `ctx` (NULL: of the calling thread's context). */
+/* After a synchronising call of the program: the burst, if any, is over on the device of `ctx` (NULL: of the
+ * calling thread's context). A context-wide one that succeeded, begun at `began_ns` (0: failed), emptied the
+ * context's queues: their marker chains restart (inflight.h). */
 void gem_gate_on_sync(CUcontext ctx, int whole_context, int64_t began_ns);
+/* After the program's successful synchronisation of `stream` (NULL + ptsz: the thread's stream), begun at
+ * `began_ns`: that stream's marker chain restarts. */
+void gem_gate_on_stream_sync(CUstream stream, int ptsz, int64_t began_ns);
 /* Before a context-wide synchronisation of the program: mark where the GPU's queue ends. */
 void gem_gate_before_sync(CUcontext ctx);
 /* A context was destroyed or reset: forget the events and the context the gate measured and drained with. */

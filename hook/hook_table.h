@@ -23,7 +23,9 @@
  *   params  the parameter list, args the same names as an argument list
  *           (`_` where no generated code calls it)
  *   extra   LAUNCH, GRAPH_LAUNCH, CAPTURE_*: the expression giving the call's stream;
- *           SYNC: the context it synchronises (NULL: the calling thread's);
+ *           SYNC: what it synchronises -- the context of cuCtxSynchronize*
+ *           (NULL: the calling thread's), the stream of cuStreamSynchronize*,
+ *           NULL for the rest;
  *           ALLOC_FROM_POOL: the pool argument; `_` otherwise
  *
  * Kinds:
@@ -112,8 +114,8 @@
     /* ---- synchronising calls: the end of a kernel burst ---------------------------------------------- */        \
     X(SYNC, CUDA, CUresult, cuCtxSynchronize, 2000, 0, (void), (), NULL)                                            \
     X(SYNC, CUDA, CUresult, cuCtxSynchronize_v2, 13000, 0, (CUcontext ctx), (ctx), ctx)                             \
-    X(SYNC, CUDA, CUresult, cuStreamSynchronize, 2000, 0, (CUstream hStream), (hStream), NULL)                      \
-    X(SYNC, CUDA, CUresult, cuStreamSynchronize_ptsz, 7000, 1, (CUstream hStream), (hStream), NULL)                 \
+    X(SYNC, CUDA, CUresult, cuStreamSynchronize, 2000, 0, (CUstream hStream), (hStream), hStream)                   \
+    X(SYNC, CUDA, CUresult, cuStreamSynchronize_ptsz, 7000, 1, (CUstream hStream), (hStream), hStream)              \
     X(SYNC, CUDA, CUresult, cuEventSynchronize, 2000, 0, (CUevent hEvent), (hEvent), NULL)                          \
     X(SYNC, CUDA, CUresult, cuMemcpy, 4000, 0, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, NULL)                             \
     X(SYNC, CUDA, CUresult, cuMemcpy_ptds, 7000, 1, GEM_COPY_DD_PARAMS, GEM_COPY_ARGS, NULL)                        \

@@ -207,8 +207,10 @@ void gem_inflight_context_gone(CUcontext ctx) {
     pthread_mutex_unlock(&table_mu);
 }
 
-int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int64_t waited_ns, int64_t budget_ns) {
+int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstream stream, int64_t waited_ns,
+                        int64_t budget_ns) {
     unsigned chain = 0;     /* the longest chain the synchronisation ended */
+    pthread_t self = pthread_self();
     CUcontext cur = NULL;
     /* the events are the context's: timed only from it, and never while a capture runs (an unsafe call) */
     int may_time = atomic_load(&gem_active_captures) == 0 && HAVE_REAL(cuEventElapsedTime) &&
@@ -216,7 +218,8 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int64_t waited_ns
     pthread_mutex_lock(&table_mu);
     for (int i = 0; i < nrings; i++) {
         struct ring *r = &rings[i];
-        if (r->ctx != ctx || (!r->count && !r->measured))
+        if (r->ctx != ctx || (!r->count && !r->measured) ||
+            (!whole && (r->stream != stream || (stream == CU_STREAM_PER_THREAD && !pthread_equal(r->thread, self)))))
             continue;
         /* Every marker recorded before the synchronisation is done. One a thread records meanwhile on another
          * stream may not be: forgetting it lets that stream queue one interval more, once. */

@@ -19,8 +19,8 @@
  * slot even when a neighbour's leftover queue shares the GPU with it. An
  * interval measured across an idle moment (the marker was recorded after the
  * one before had finished) holds idle time and is not used. A context-wide
- * synchronisation empties every queue of the context, so each of its streams'
- * chains starts afresh after it: no interval across it is measured (its
+ * synchronisation empties every queue of the context (a stream's own, that
+ * stream's), so each of its streams' chains starts afresh after it: no interval across it is measured (its
  * length is the host's, and judging the rate on it halved the rate at every
  * synchronisation and doubled it again within the next burst), and no marker
  * from before it is waited for or queried. How long the synchronisation
@@ -54,10 +54,12 @@ void gem_inflight_init(struct gem_inflight *f);
  * `budget_ns` of GPU work (measured intervals) stays queued on that stream. Never fails the launch. */
 void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns);
 
-/* The program synchronised the whole of `ctx` after waiting `waited_ns`: its streams' chains start afresh, and
- * the rate halves if the wait was more than twice `budget_ns` (0: the queue is not bounded now, no judgement).
- * Returns 1 if the rate changed. Off the launch path (the synchronisation's wrapper). */
-int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int64_t waited_ns, int64_t budget_ns);
+/* The program synchronised the whole of `ctx` (whole), or its `stream` (CU_STREAM_PER_THREAD: the calling
+ * thread's), after waiting `waited_ns`: those streams' chains start afresh, and the rate halves if the wait was
+ * more than twice `budget_ns` (0: the queue is not bounded now, no judgement). Returns 1 if the rate changed.
+ * Off the launch path (the synchronisation's wrapper). */
+int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstream stream, int64_t waited_ns,
+                        int64_t budget_ns);
 
 void gem_inflight_after_fork(void);     /* the parent's events are not the child's */
 /* A context was destroyed or reset: its rings' events went with it (made afresh at their next marker). */

@@ -28,19 +28,24 @@
     }
 #define GEM_WRAP_LAUNCH(name, pt, params, args, stream) GEM_WRAP_GATED(name, pt, params, args, stream, 0)
 #define GEM_WRAP_GRAPH_LAUNCH(name, pt, params, args, stream) GEM_WRAP_GATED(name, pt, params, args, stream, 1)
-#define GEM_WRAP_SYNC(name, pt, params, args, ctx)                                              \
+#define GEM_WRAP_SYNC(name, pt, params, args, scope)                                            \
     GEM_EXPORT CUresult name params {                                                           \
         if (GEM_UNLIKELY(gem_ensure_real() != 0 || !HAVE_REAL(name)))                           \
             return CUDA_ERROR_NOT_INITIALIZED;                                                  \
         /* only a context-wide synchronisation leaves the GPU with nothing of the process's */   \
         const int whole = sizeof(#name) >= 17 && __builtin_memcmp(#name, "cuCtxSynchronize", 16) == 0; \
+        /* a stream's own synchronisation empties that stream's queue (its marker chain restarts) */ \
+        const int one_stream = sizeof(#name) >= 20 && __builtin_memcmp(#name, "cuStreamSynchronize", 19) == 0; \
+        CUcontext sync_ctx = whole ? (CUcontext)(void *)(scope) : NULL;                         \
         int64_t began = 0;                                                                      \
-        if (whole) {                                                                            \
-            gem_gate_before_sync(ctx);                                                          \
+        if (whole)                                                                              \
+            gem_gate_before_sync(sync_ctx);                                                     \
+        if (whole || one_stream)                                                                \
             began = gem_now_ns();                                                               \
-        }                                                                                       \
         CUresult rc = REAL(name) args;                                                          \
-        gem_gate_on_sync(ctx, whole, began);                                                    \
+        gem_gate_on_sync(sync_ctx, whole, rc == CUDA_SUCCESS ? began : 0);                      \
+        if (one_stream && rc == CUDA_SUCCESS)                                                   \
+            gem_gate_on_stream_sync((CUstream)(void *)(scope), pt, began);                      \
         gem_memory_on_sync();                                                                   \
         return rc;                                                                              \
     }

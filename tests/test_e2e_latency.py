@@ -306,14 +306,16 @@ def _bounded(backends):
                     min_quota_ms=5, window_ms=10_000)
 
 
-def test_a_loop_that_synchronises_often_keeps_its_marker_rate(sim, backends):
-    """Bursts of 128 short kernels, each ended by a context-wide synchronisation and 2 ms of host work. The
-    synchronisation empties the queue, so the marker chain starts afresh after it: the interval across the host's
-    work is not taken for the kernels' length. Measured, it halved the rate at every synchronisation and the next
-    burst doubled it again (a grow and a shrink per burst, and on an H100 about 5 us more per marker for the
-    measurement: +180 ns per launch beside a latency group)."""
+@pytest.mark.parametrize("sync,stream", [("ctx", "legacy"), ("stream", "created"), ("stream", "per-thread")])
+def test_a_loop_that_synchronises_often_keeps_its_marker_rate(sim, backends, sync, stream):
+    """Bursts of 128 short kernels, each ended by a synchronisation (of the context, or of the stream they run on)
+    and 2 ms of host work. The synchronisation empties the queue, so the marker chain starts afresh after it: the
+    interval across the host's work is not taken for the kernels' length. Measured, it halved the rate at every
+    synchronisation and the next burst doubled it again (a grow and a shrink per burst, and on an H100 about 5 us
+    more per marker for the measurement: +180 ns per launch beside a latency group)."""
     r = finish(start(client_argv("workload-linked", "--json", "--seconds", 2.0, "--kernel-us", 0, "--sync-every", 128,
-                                 "--think-us", 2000), sim.hooked(_bounded(backends), "train")))
+                                 "--think-us", 2000, "--sync", sync, "--stream", stream),
+                     sim.hooked(_bounded(backends), "train")))
     assert r.rc == 0, r
     st = sim.stats_of(r.json["pid"])
     assert st["launches"] >= 128 * 100 and st["markers"] >= 100, st
