@@ -1,6 +1,7 @@
 """Overhead of the hook for a single tenant, against native in the same run, interleaved.
 
     python bench/bench_overhead.py launch --rounds 11     # host cost per cuLaunchKernel (bench/launch_cost.c)
+    python bench/bench_overhead.py launch --sync stream   # the same, each batch ended by cuStreamSynchronize
     python bench/bench_overhead.py train --rounds 3       # ResNet-18 training steps/s (tests/gpu/workloads)
     python bench/bench_overhead.py alloc --rounds 3       # cuMemAlloc/cuMemFree latency (bench/alloc_cost.c)
 
@@ -130,12 +131,16 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=10, help="training seconds per round")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--quota", type=float, help="gem-schd base quota, ms")
+    p.add_argument("--sync", choices=["ctx", "stream"], default="ctx",
+                   help="launch: how launch_cost synchronises between its batches (cuCtxSynchronize, or "
+                        "cuStreamSynchronize of the legacy stream)")
     args = p.parse_args(argv)
     rounds = args.rounds or (11 if args.what == "launch" else 3)
     if args.what == "launch":
         if not LAUNCH_COST.exists():
             subprocess.run(["make", "-s", "-C", str(REPO_ROOT), "bench-native"], check=True)
-        r = launch_rounds(rounds, args.quota or 8000, [LAUNCH_COST, 3000, 128], "ns_per_launch_median", 120)
+        r = launch_rounds(rounds, args.quota or 8000, [LAUNCH_COST, 3000, 128, args.sync], "ns_per_launch_median", 120)
+        r["sync"] = args.sync
     elif args.what == "alloc":
         if not ALLOC_COST.exists():
             subprocess.run(["make", "-s", "-C", str(REPO_ROOT), "bench-native"], check=True)

@@ -7,7 +7,8 @@
  * driver's queue (a full queue would measure the GPU, not the host); the
  * context is synchronised between batches, outside the timed region.
  *
- * usage: launch_cost [BATCHES [BATCH]]   prints one JSON line:
+ * usage: launch_cost [BATCHES [BATCH [ctx|stream]]]   prints one JSON line (the last argument: how the batches
+ * are synchronised, cuCtxSynchronize by default or cuStreamSynchronize of the legacy stream):
  *   {"ns_per_launch_median": ..., "ns_per_launch_p10": ..., "ns_per_launch_p90": ..., ...}
  *
  * In the same run it also times, in alternate batches, cuLaunchKernel as the driver itself exports it, found
@@ -104,7 +105,10 @@ int main(int argc, char **argv) {
     CUresult (*set_current)(CUcontext) = bench_get("launch_cost", "cuCtxSetCurrent");
     CUresult (*load)(CUmodule *, const void *) = bench_get("launch_cost", "cuModuleLoadData");
     CUresult (*get_fn)(CUfunction *, CUmodule, const char *) = bench_get("launch_cost", "cuModuleGetFunction");
-    CUresult (*sync)(void) = bench_get("launch_cost", "cuCtxSynchronize");
+    CUresult (*ctx_sync)(void) = bench_get("launch_cost", "cuCtxSynchronize");
+    CUresult (*stream_sync)(CUstream) = bench_get("launch_cost", "cuStreamSynchronize");
+    int by_stream = argc > 3 && strcmp(argv[3], "stream") == 0;
+#define sync() (by_stream ? stream_sync(NULL) : ctx_sync())
     launch_t launch = (launch_t)bench_get("launch_cost", "cuLaunchKernel");
     CUdevice dev;
     CUcontext ctx;

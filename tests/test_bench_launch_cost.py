@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from bench.harness import Group
 from tests.e2e_fixtures import REPO_ROOT, run
 
@@ -16,9 +18,10 @@ def build_launch_cost() -> None:
     assert proc.returncode == 0, proc.stdout
 
 
-def test_natively_both_pointers_are_the_drivers(sim):
+@pytest.mark.parametrize("sync", ["ctx", "stream"])
+def test_natively_both_pointers_are_the_drivers(sim, sync):
     build_launch_cost()
-    res = run([str(LAUNCH_COST), "40", "16"], sim.env())
+    res = run([str(LAUNCH_COST), "40", "16", sync], sim.env())
     assert res.rc == 0, res
     out = res.json
     assert out["paired_found"] is True          # the symbol table lookup found cuLaunchKernel in libcuda
