@@ -531,10 +531,13 @@ int gem_conn_call_reserving(struct gem_conn *c, struct gem_msg *req, struct gem_
 
 int gem_conn_count_reserved(struct gem_conn *c, uint64_t generation, uint64_t bytes) {
     pthread_mutex_lock(&c->mu);
-    /* The count a HELLO sends is read under mu (handshake): so is this. Still the answering session's, or none
-     * open and none opening (the next HELLO's count will hold the bytes): they are counted once. Else a
-     * handshake since then told a pod manager a count without them, and the one that counted them is gone. */
-    int counted = !c->hello_pending && (c->current ? c->current->generation == generation : 1);
+    /* The count a HELLO sends is read under mu (handshake): so is this. A handshake in flight counted without
+     * them: its outcome decides (as for a free). Then: still the answering session's, or none open (the next
+     * HELLO's count will hold the bytes): they are counted once. Else a handshake since the grant told a pod
+     * manager a count without them, and the one that counted them is gone. */
+    while (c->hello_pending)
+        pthread_cond_wait(&c->cv, &c->mu);
+    int counted = c->current ? c->current->generation == generation : 1;
     if (counted && c->mem_in_use)
         __atomic_fetch_add(c->mem_in_use, bytes, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&c->mu);

@@ -75,9 +75,9 @@ int gem_conn_call_freeing(struct gem_conn *c, struct gem_msg *req, struct gem_ms
 int gem_conn_call_reserving(struct gem_conn *c, struct gem_msg *req, struct gem_msg *reply, int64_t timeout_ns,
                             uint64_t *generation);
 /* The pod manager of session `generation` granted `bytes`: add them to mem_in_use and return 1 if that session's
- * count is still the one that stands (or none stands and none is opening: the next HELLO carries them). Else 0:
- * a handshake since the grant told a new pod manager a count without them, so nobody counts them and the
- * allocation must be asked for again. */
+ * count is still the one that stands (or none stands: the next HELLO carries them; a handshake in flight is waited
+ * for). Else 0: a handshake since the grant told a new pod manager a count without them, so nobody counts them and
+ * the allocation must be asked for again. */
 int gem_conn_count_reserved(struct gem_conn *c, uint64_t generation, uint64_t bytes);
 /* Ask the pod manager where its board is now (BOARD_QUERY; its answer replaces board_slot and board_path and
  * counts in board_epoch), on the session that stands: GEM_CALL_OK, or why not (UNREACHABLE if none stands). */

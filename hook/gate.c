@@ -738,10 +738,10 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
  * the deadline even when a neighbour's leftover queue shares the GPU half and half with it, so a cap's slot ends
  * on time (a continued slot's deadline moves on, and so does the budget). Only GEMINI_INFLIGHT_MS when a claim
  * may come at any moment. */
-static int64_t queue_budget(struct gem_gate *g) {
+static int64_t queue_budget(struct gem_gate *g, int64_t now) {
     int64_t budget = gem_cfg.inflight_ns;
     if (!atomic_load_explicit(&g->tight, memory_order_relaxed)) {
-        int64_t left = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed) - gem_now_ns();
+        int64_t left = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed) - now;
         left /= 2;
         if (left > budget)
             budget = left;
@@ -753,7 +753,7 @@ static int64_t queue_budget(struct gem_gate *g) {
 CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
     if (!atomic_load_explicit(&g->bound, memory_order_relaxed))
         return CUDA_SUCCESS;
-    gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g));
+    gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()));
     if (atomic_load_explicit(&g->bound, memory_order_relaxed))
         atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
     return CUDA_SUCCESS;
@@ -855,19 +855,23 @@ void gem_gate_before_sync(CUcontext ctx) {
 
 /* A synchronisation emptied the queues of the context (whole) or of one stream (inflight.h): their marker chains
  * restart, and a wait longer than the queue's budget says the markers were too far apart. */
-static void synced_markers(struct gem_gate *g, CUcontext ctx, int whole, CUstream stream, int64_t waited_ns) {
+static void synced_markers(struct gem_gate *g, CUcontext ctx, int whole, CUstream stream, int64_t began_ns,
+                           int64_t now) {
     if (!ctx && (!HAVE_REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx))
         return;
     int bound = atomic_load_explicit(&g->bound, memory_order_relaxed);
-    if (gem_inflight_synced(&g->inflight, ctx, whole, stream, waited_ns, bound ? queue_budget(g) : 0) && bound)
+    /* the budget when the wait began: a deadline passed during it would shrink it to GEMINI_INFLIGHT_MS, and a
+     * queue allowed half the slot would be judged on that */
+    int64_t budget = bound ? queue_budget(g, began_ns) : 0;
+    if (gem_inflight_synced(&g->inflight, ctx, whole, stream, now - began_ns, budget) && bound)
         atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
 }
 
 void gem_gate_on_stream_sync(CUstream stream, int ptsz, int64_t began_ns) {
     if (!atomic_load_explicit(&gates_ready, memory_order_acquire))
         return;
-    synced_markers(gem_current_gate(), NULL, 0, (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream,
-                   gem_now_ns() - began_ns);
+    synced_markers(gem_current_gate(), NULL, 0, (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream, began_ns,
+                   gem_now_ns());
 }
 
 void gem_gate_on_sync(CUcontext ctx, int whole_context, int64_t began_ns) {
@@ -878,7 +882,7 @@ void gem_gate_on_sync(CUcontext ctx, int whole_context, int64_t began_ns) {
     atomic_store(&g->last_sync_ns, now);
     if (whole_context) {
         if (began_ns > 0)
-            synced_markers(g, ctx, 1, NULL, now - began_ns);
+            synced_markers(g, ctx, 1, NULL, began_ns, now);
         atomic_store(&g->ctx_idle_since_ns, now);
         pthread_mutex_lock(&g->mu);
         if (g->gap_pending) {   /* both of its events are done: the whole context was synchronised */

@@ -73,7 +73,8 @@ static struct ring *ring_for(CUcontext ctx, CUstream s) {
         if (rings[i].ctx == ctx && rings[i].stream == s && (!per_thread || pthread_equal(rings[i].thread, self)))
             r = &rings[i];
     if (!r && nrings < MAX_RINGS) {
-        r = &rings[nrings++];
+        r = &rings[nrings];
+        __atomic_store_n(&nrings, nrings + 1, __ATOMIC_RELEASE);   /* read unlocked by gem_inflight_synced */
         memset(r, 0, sizeof *r);
         pthread_mutex_init(&r->mu, NULL);
         r->ctx = ctx;
@@ -94,13 +95,18 @@ static struct ring *ring_for(CUcontext ctx, CUstream s) {
  * long, it may be mostly idle -- then the rate halves anyway (a marker costs about a microsecond, a queue
  * too deep costs a slot's end), and the interval is taken as halved with it. Without that a rate grown
  * on short kernels could stay high for good once every interval spans the idle moment of a slot's start. */
-static void adapt(struct gem_inflight *f, struct ring *r, unsigned done) {
+static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
+    /* The marker `back` from the head, and the one before it: both of the chain, or the interval would span
+     * the synchronisation that restarted it (its length the host's, not the kernels'). */
+    if (back < 1 || r->count < back + 1)
+        return 0;
+    unsigned done = (r->head + GEM_INFLIGHT_MARKERS - back) % GEM_INFLIGHT_MARKERS;
     /* (the interval below is scaled to the current rate: see `per`) */
     unsigned prev = (done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     float ms = 0;
-    if (r->count < 2 || REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
+    if (REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
         REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
-        return;
+        return 0;
     uint64_t n = atomic_load(&f->launches_per_marker);
     int64_t interval = (int64_t)((double)ms * 1e6 * (double)n / (double)(r->per[done] ? r->per[done] : 1));
     if (interval < gem_cfg.inflight_ns / 4) {
@@ -124,6 +130,7 @@ static void adapt(struct gem_inflight *f, struct ring *r, unsigned done) {
         atomic_store(&f->launches_per_marker, n / 2);
         atomic_fetch_add(&gem_stats.marker_shrinks, 1);
     }
+    return 1;
 }
 
 /* The marker's own calls run in the program's launching thread, in its capture mode (GLOBAL unless it chose
@@ -173,8 +180,8 @@ static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64
             atomic_fetch_add(&gem_stats.marker_waits, 1);
             atomic_fetch_add(&gem_stats.marker_wait_ns, (unsigned long long)(gem_now_ns() - t0));
         }
-        adapt(f, r, back);
-        r->measured = 1;
+        if (adapt(f, r, depth))
+            r->measured = 1;
     }
     unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     r->behind[slot] = r->count > 0 && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
@@ -209,12 +216,20 @@ void gem_inflight_context_gone(CUcontext ctx) {
 
 int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstream stream, int64_t waited_ns,
                         int64_t budget_ns) {
+    if (__atomic_load_n(&nrings, __ATOMIC_ACQUIRE) == 0)
+        return 0;           /* never bounded: nothing to restart, nor to judge */
     unsigned chain = 0;     /* the longest chain the synchronisation ended */
     pthread_t self = pthread_self();
     CUcontext cur = NULL;
-    /* the events are the context's: timed only from it, and never while a capture runs (an unsafe call) */
+    /* The events are the context's: timed only from it, and not while a capture runs. A capture another thread
+     * begins after this check would be invalidated by the timing calls in the thread's own (GLOBAL) mode, so they
+     * run in relaxed mode, as the markers do. */
     int may_time = atomic_load(&gem_active_captures) == 0 && HAVE_REAL(cuEventElapsedTime) &&
-                   REAL(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur == ctx;
+                   HAVE_REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur == ctx;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    int exchanged = may_time && HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
+                    REAL(cuThreadExchangeStreamCaptureMode)(&mode) == CUDA_SUCCESS;
+    may_time = may_time && exchanged;
     pthread_mutex_lock(&table_mu);
     for (int i = 0; i < nrings; i++) {
         struct ring *r = &rings[i];
@@ -229,14 +244,18 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
         /* A chain shorter than the queue's depth (a program that synchronises often) never waited for a marker,
          * so it measured nothing: the rate could not grow, nor the depth learn the kernels' length. Its last
          * interval is measured now, off the launch path, its events done. */
-        if (may_time && r->count >= 2 && !r->measured)
-            adapt(f, r, (r->head + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS);
+        if (may_time && !r->measured)
+            adapt(f, r, 1);
         r->count = 0;
         r->measured = 0;
         pthread_mutex_unlock(&r->mu);
     }
     pthread_mutex_unlock(&table_mu);
-    if (budget_ns <= 0 || waited_ns <= 2 * budget_ns)
+    if (exchanged)
+        REAL(cuThreadExchangeStreamCaptureMode)(&mode);
+    /* Judged only on a chain of markers it ended: a wait on a stream without one (a copy stream, another
+     * device's) or on work queued while nothing was bounded says nothing of the markers' spacing. */
+    if (budget_ns <= 0 || chain == 0 || waited_ns <= 2 * budget_ns)
         return 0;
     /* The queue held about `waited_ns` of work in at most `chain` intervals (and the launches after the last
      * marker): the intervals are at least that long, so the depth shrinks with the rate. */

@@ -32,6 +32,7 @@
 struct managed_entry {
     CUdeviceptr ptr;
     uint64_t bytes;
+    uint64_t seq;       /* when it was recorded (record_seq): a move knows what was recorded while it ran */
     int16_t ordinal;
     int16_t async;      /* stands in for a stream-ordered allocation */
 };
@@ -59,6 +60,7 @@ struct residency_dev {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct managed_entry *entries;
 static size_t nentries, capentries;
+static uint64_t record_seq;     /* entries recorded so far (under mu) */
 static struct residency_dev devs[GEM_MAX_DEVICES];
 static pthread_mutex_t move_mu = PTHREAD_MUTEX_INITIALIZER; /* one move at a time */
 
@@ -208,7 +210,7 @@ static void record(struct gem_device *d, CUdeviceptr p, uint64_t bytes, int asyn
         entries = e;
         capentries = cap;
     }
-    entries[nentries++] = (struct managed_entry){p, bytes, (int16_t)d->ordinal, (int16_t)async};
+    entries[nentries++] = (struct managed_entry){p, bytes, ++record_seq, (int16_t)d->ordinal, (int16_t)async};
     devs[d->ordinal].managed += bytes;
     if (devs[d->ordinal].on_gpu)
         devs[d->ordinal].resident += bytes;
@@ -305,7 +307,7 @@ static uint64_t move_all(struct gem_device *d, int to_device, int64_t *took_ns) 
     for (size_t i = 0; todo && i < nentries; i++)
         if (entries[i].ordinal == d->ordinal)
             todo[n++] = entries[i];
-    uint64_t before = r->resident, managed = r->managed;
+    uint64_t before = r->resident, managed = r->managed, snap_seq = record_seq;
     pthread_mutex_unlock(&mu);
     if (n == 0 && managed == 0) { /* nothing recorded here (yet): nothing to move, nothing to warn about */
         free(todo);
@@ -318,16 +320,18 @@ static uint64_t move_all(struct gem_device *d, int to_device, int64_t *took_ns) 
     }
     int64_t t0 = gem_now_ns();
     uint64_t ok_bytes = 0;
-    int failures = 0;
+    size_t failed = 0;      /* todo[0 .. failed) come to hold the entries whose prefetch failed */
     for (size_t i = 0; i < n; i++) {
         CUresult rc = prefetch(todo[i].ptr, (size_t)todo[i].bytes, to_device, d->cudev, s);
-        if (rc == CUDA_SUCCESS)
+        if (rc == CUDA_SUCCESS) {
             ok_bytes += todo[i].bytes;
-        else if (failures++ == 0)
+            continue;
+        }
+        if (failed == 0)
             GEM_LOG(GEM_LOG_WARN, "GPU %d: cuMemPrefetchAsync of %llu bytes to the %s failed (%d)", d->ordinal,
                     (unsigned long long)todo[i].bytes, to_device ? "GPU" : "host", (int)rc);
+        todo[failed++] = todo[i];
     }
-    free(todo);
     if (n > 0)
         REAL(cuStreamSynchronize)(s);
     *took_ns = gem_now_ns() - t0;
@@ -338,14 +342,27 @@ static uint64_t move_all(struct gem_device *d, int to_device, int64_t *took_ns) 
         moved = r->resident > before ? r->resident - before : 0;
         r->on_gpu = 1;
     } else {
-        /* Only what was prefetched: a range whose prefetch failed stays where it was (the driver's page faults
-         * move it later), and the report says so -- its resident bytes, and less moved -- so the eviction is not
-         * taken for complete (gem-schd warns) nor its speed for the bandwidth. */
+        /* Only what was prefetched: a range whose prefetch failed and is still allocated stays where it was (the
+         * driver's page faults move it later), and so does what was allocated during the move (counted resident,
+         * as while on the GPU); the report says so -- its resident bytes, and less moved -- so the eviction is not
+         * taken for complete (gem-schd warns) nor its speed for the bandwidth. A failed range freed meanwhile is
+         * nowhere. */
         moved = ok_bytes < before ? ok_bytes : before;
-        r->resident = failures ? before - moved : 0;
+        uint64_t stayed = 0;
+        for (size_t i = 0; i < nentries; i++) {
+            if (entries[i].ordinal != d->ordinal)
+                continue;
+            int kept = entries[i].seq > snap_seq && r->on_gpu;
+            for (size_t k = 0; !kept && k < failed; k++)
+                kept = todo[k].ptr == entries[i].ptr && todo[k].seq == entries[i].seq;
+            if (kept)
+                stayed += entries[i].bytes;
+        }
+        r->resident = stayed < r->managed ? stayed : r->managed;
         r->on_gpu = r->resident > 0;
     }
     pthread_mutex_unlock(&mu);
+    free(todo);
     return moved;
 }
 

@@ -302,7 +302,7 @@ def test_an_eviction_whose_prefetches_fail_is_reported_as_what_it_moved(traced_s
     moves = [(e["args"]["bytes"], e["args"]["complete"], e["name"]) for e in outs]
     assert all(nbytes == 0 for nbytes, _, _ in moves), moves
     # incomplete when a process had memory on the GPU (one that had none yet, or no more, answered a complete 0)
-    assert sum(1 for _, complete, _ in moves if complete is False) >= 2, moves
+    assert any(complete is False for _, complete, _ in moves), moves
     assert "incomplete" in be.logs(), be.logs()
 
 
