@@ -36,7 +36,8 @@ struct ring {
      * current rate, or a rate would keep growing on intervals measured at a lower one. */
     uint32_t per[GEM_INFLIGHT_MARKERS];
     unsigned head;              /* the next event to record (the oldest once the ring is full) */
-    unsigned count;             /* markers in the chain: since the first, or the last context-wide synchronisation */
+    unsigned count;             /* markers in the chain: since the first, or the last synchronisation of the
+                                 * ring's context or stream */
     int measured;               /* an interval of this chain was measured (adapt) */
     int used;
 };
@@ -233,7 +234,7 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
     pthread_mutex_lock(&table_mu);
     for (int i = 0; i < nrings; i++) {
         struct ring *r = &rings[i];
-        if (r->ctx != ctx || (!r->count && !r->measured) ||
+        if (r->ctx != ctx || !r->count ||
             (!whole && (r->stream != stream || (stream == CU_STREAM_PER_THREAD && !pthread_equal(r->thread, self)))))
             continue;
         /* Every marker recorded before the synchronisation is done. One a thread records meanwhile on another
@@ -259,7 +260,7 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
         return 0;
     /* The queue held about `waited_ns` of work in at most `chain` intervals (and the launches after the last
      * marker): the intervals are at least that long, so the depth shrinks with the rate. */
-    int64_t interval = waited_ns / (chain ? chain : 1);
+    int64_t interval = waited_ns / chain;
     if (interval > atomic_load(&f->interval_ns))
         atomic_store(&f->interval_ns, interval);
     atomic_fetch_add(&gem_stats.marker_sync_shrinks, 1);
