@@ -1,9 +1,20 @@
 /*
  * board.c -- the board page's protocol: publishing slots (seqlock), claims (atomics), turn and group waiters.
  */
+#include <limits.h>
+#include <linux/futex.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "board.h"
+
+/* A claim began or ended: raise the sequence and wake the batch hooks' claim mirrors sleeping on it (a shared
+ * futex: the page is a shared mapping in every process). A failed wake only delays a mirror to its timeout. */
+static void claims_changed(struct gem_board *b) {
+    __atomic_add_fetch(&b->claims.claim_seq, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, &b->claims.claim_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
 
 GEM_EXPORT void gemhook_board_init(struct gem_board *b, int32_t scheduler_pid, uint64_t generation) {
     memset(b, 0, sizeof *b);
@@ -72,6 +83,7 @@ GEM_EXPORT void gemhook_board_claim(struct gem_board *b, uint32_t slot, int64_t 
            !__atomic_compare_exchange_n(&b->claims.claim_until_ns, &cur, until_ns, 0, __ATOMIC_SEQ_CST,
                                         __ATOMIC_SEQ_CST))
         ;
+    claims_changed(b);
 }
 
 /* The claim of `slot` is over: clear its line and set the page-wide end to the latest remaining claim. If
@@ -91,8 +103,10 @@ GEM_EXPORT void gemhook_board_unclaim(struct gem_board *b, uint32_t slot) {
                 latest = t;
         }
         if (__atomic_compare_exchange_n(&b->claims.claim_until_ns, &cur, latest, 0, __ATOMIC_SEQ_CST,
-                                        __ATOMIC_SEQ_CST))
+                                        __ATOMIC_SEQ_CST)) {
+            claims_changed(b);
             return;
+        }
     }
 }
 

@@ -40,6 +40,11 @@ static inline int64_t gem_board_claim_until(const struct gem_board *b) {
     return __atomic_load_n(&b->claims.claim_until_ns, __ATOMIC_RELAXED);
 }
 
+/* Raised at every claim and unclaim (a futex word: a claim mirror sleeps on it between changes). */
+static inline uint32_t gem_board_claim_seq(const struct gem_board *b) {
+    return __atomic_load_n(&b->claims.claim_seq, __ATOMIC_ACQUIRE);
+}
+
 /* How many latency groups the config holds (gem-schd writes it at every reload): a continuation, which brings no
  * grant flags, reads it to keep a batch holder's queue as short as claims need. */
 static inline uint32_t gem_board_latency_groups(const struct gem_board *b) {

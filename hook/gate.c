@@ -49,6 +49,7 @@
 #include "client.h"
 #include "device.h"
 #include "gate.h"
+#include "gpugate.h"
 #include "inflight.h"
 #include "real.h"
 #include "residency.h"
@@ -284,11 +285,15 @@ static void expire_locked(struct gem_gate *g) {
     int64_t last_sync = atomic_load(&g->last_sync_ns);
     pthread_mutex_unlock(&g->mu);
     int64_t used = 0;
+    struct gem_gpugate *gg = gem_gpugate_of(g->dev->ordinal);
+    int64_t held = gem_gpugate_held_ns(gg, gem_now_ns());
     int64_t done = drain(g, ctx, &used, was_in_burst ? 0 : atomic_exchange(&g->ctx_idle_since_ns, 0));
+    held = gem_gpugate_held_ns(gg, done) - held;
     pthread_mutex_lock(&g->mu);
     g->pending_used_ns = used;
-    /* Not in a burst: everything had finished by the last synchronisation. */
-    int64_t finished = was_in_burst ? done : last_sync;
+    /* Not in a burst: everything had finished by the last synchronisation. A claim that held the queue on the
+     * GPU meanwhile is the claimer's time (charged to its group), not this slot's overrun. */
+    int64_t finished = was_in_burst ? done - held : last_sync;
     int64_t overuse = finished > deadline ? finished - deadline : 0;
     g->pending_overuse_ns += overuse;
     atomic_fetch_add(&gem_stats.expiries, 1);
@@ -310,6 +315,13 @@ static void report_failure(struct gem_gate *g, int rc, const struct gem_msg *rep
                 (double)gem_cfg.token_timeout_ns / 1e9);
 }
 
+/* A batch holder next to a latency group (tight) has its streams held on the GPU during claims (gpugate.h):
+ * the gate follows the board's claims; otherwise it follows none and its word stays 0. */
+static void follow_claims(struct gem_gate *g) {
+    int tight = atomic_load_explicit(&g->tight, memory_order_relaxed);
+    gem_gpugate_follow(gem_gpugate_of(g->dev->ordinal), (tight && g->board && !g->latency) ? g->board : NULL);
+}
+
 /* What the pod manager said in its handshake (the board, the group's class) and in this grant (keep the
  * queue short). Called with g->mu held after a grant. */
 static void apply_grant_terms(struct gem_gate *g, uint32_t flags) {
@@ -324,6 +336,7 @@ static void apply_grant_terms(struct gem_gate *g, uint32_t flags) {
     atomic_store_explicit(&g->tight, bound && (flags & GEM_GRANT_TIGHT) != 0, memory_order_relaxed);
     uint64_t per_marker = atomic_load(&g->inflight.launches_per_marker);
     atomic_store(&g->marker_mask, bound ? per_marker - 1 : ~0ull);
+    follow_claims(g);
 }
 
 /* The slot ran out: if gem-schd continued it (the board's line for the group names this token as the one
@@ -354,6 +367,7 @@ static int try_continue_locked(struct gem_gate *g, int64_t now) {
         atomic_store_explicit(&g->bound, bound, memory_order_relaxed);
         atomic_store_explicit(&g->tight, tight, memory_order_relaxed);
         atomic_store(&g->marker_mask, bound ? atomic_load(&g->inflight.launches_per_marker) - 1 : ~0ull);
+        follow_claims(g);
     }
     GEM_LOG(GEM_LOG_DEBUG, "GPU %d: token %llu continues until %.3f ms from now", g->dev->ordinal,
             (unsigned long long)seq, (double)(deadline - now) / 1e6);
@@ -740,7 +754,9 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
  * may come at any moment. */
 static int64_t queue_budget(struct gem_gate *g, int64_t now) {
     int64_t budget = gem_cfg.inflight_ns;
-    if (!atomic_load_explicit(&g->tight, memory_order_relaxed)) {
+    /* Next to a latency group the queue stays GEMINI_INFLIGHT_MS short, so that a claim takes effect after that
+     * much work -- unless the GPU-side gate holds the queue at its next marker's wait during a claim. */
+    if (!atomic_load_explicit(&g->tight, memory_order_relaxed) || gem_gpugate_active(gem_gpugate_of(g->dev->ordinal))) {
         int64_t left = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed) - now;
         left /= 2;
         if (left > budget)
@@ -753,7 +769,9 @@ static int64_t queue_budget(struct gem_gate *g, int64_t now) {
 CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
     if (!atomic_load_explicit(&g->bound, memory_order_relaxed))
         return CUDA_SUCCESS;
-    gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()));
+    struct gem_gpugate *gg = atomic_load_explicit(&g->tight, memory_order_relaxed) ? gem_gpugate_of(g->dev->ordinal)
+                                                                                    : NULL;
+    gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()), gg);
     if (atomic_load_explicit(&g->bound, memory_order_relaxed))
         atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
     return CUDA_SUCCESS;
@@ -863,6 +881,9 @@ static void synced_markers(struct gem_gate *g, CUcontext ctx, int whole, CUstrea
     /* the budget when the wait began: a deadline passed during it would shrink it to GEMINI_INFLIGHT_MS, and a
      * queue allowed half the slot would be judged on that */
     int64_t budget = bound ? queue_budget(g, began_ns) : 0;
+    /* a wait that a claim held on the GPU says nothing of the markers' spacing */
+    if (gem_gpugate_held_since(gem_gpugate_of(g->dev->ordinal), began_ns))
+        budget = 0;
     if (gem_inflight_synced(&g->inflight, ctx, whole, stream, now - began_ns, budget) && bound)
         atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
 }
@@ -944,6 +965,7 @@ void gem_gate_context_gone(CUcontext ctx) {
         pthread_mutex_unlock(&g->mu);
     }
     gem_inflight_context_gone(ctx);     /* the queue-bound markers' events too */
+    gem_gpugate_context_gone(ctx);      /* and the GPU-side gate's registration */
 }
 
 /* ---- the watcher ------------------------------------------------------------------------------ */

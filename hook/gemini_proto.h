@@ -246,7 +246,9 @@ struct gem_board_claims {                /* line 1: read on every batch launch *
     uint32_t groups_waiting;             /* gem-schd: 1 while another group than the holder could be granted
                                           * now (the holder then gives the GPU back when its burst ends);
                                           * written at most once per scheduling decision */
-    uint8_t pad[44];
+    uint32_t claim_seq;                  /* the pod managers: raised at every claim and unclaim, and the page's
+                                          * waiters woken (futex): batch hooks' claim mirrors sleep on it */
+    uint8_t pad[40];
 };
 
 struct gem_board_group {                 /* one line per group */

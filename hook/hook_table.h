@@ -244,6 +244,12 @@
     X(REAL, CUDA, CUresult, cuDriverGetVersion, 2020, 0, (int *driverVersion), _, _)                                \
     X(REAL, CUDA, CUresult, cuDeviceGetAttribute, 2000, 0, (int *pi, int attrib, CUdevice dev), _, _)               \
     X(REAL, CUDA, CUresult, cuStreamCreate, 2000, 0, (CUstream *phStream, unsigned int flags), _, _)                \
+    /* ---- the GPU-side gate (gpugate.c): a pinned word the batch streams wait on during a claim --------- */   \
+    X(REAL, CUDA, CUresult, cuMemHostRegister_v2, 6050, 0, (void *p, size_t bytesize, unsigned int flags), _, _)    \
+    X(REAL, CUDA, CUresult, cuMemHostGetDevicePointer_v2, 3020, 0,                                                  \
+      (CUdeviceptr *pdptr, void *p, unsigned int flags), _, _)                                                      \
+    X(REAL, CUDA, CUresult, cuStreamWaitValue32_v2, 11070, 0,                                                       \
+      (CUstream stream, CUdeviceptr addr, uint32_t value, unsigned int flags), _, _)                                \
     /* ---- NVML: what nvidia-smi and pynvml report inside a group (nvml.c) ------------------------------ */       \
     X(CUSTOM, NVML, int, nvmlDeviceGetMemoryInfo, 0, 0,                                                             \
       (struct nvmlDevice_st *device, struct gem_nvml_memory *memory), _, _)                                         \

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "capture.h"
+#include "gpugate.h"
 #include "inflight.h"
 #include "real.h"
 #include "settings.h"
@@ -35,6 +36,10 @@ struct ring {
      * interval measured is a queue's depth old, and the rate may have changed since: it is scaled to the
      * current rate, or a rate would keep growing on intervals measured at a lower one. */
     uint32_t per[GEM_INFLIGHT_MARKERS];
+    /* The GPU-side gate's epoch when ev[i] was recorded (gpugate.h: odd while a claim holds the stream). An
+     * interval during which a claim held the stream at its wait holds the claim's time, not this stream's. */
+    unsigned epoch[GEM_INFLIGHT_MARKERS];
+    struct gem_gpugate *gate;   /* the gate whose waits this ring's stream carries (NULL: none) */
     unsigned head;              /* the next event to record (the oldest once the ring is full) */
     unsigned count;             /* markers in the chain: since the first, or the last synchronisation of the
                                  * ring's context or stream */
@@ -104,6 +109,8 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     unsigned done = (r->head + GEM_INFLIGHT_MARKERS - back) % GEM_INFLIGHT_MARKERS;
     /* (the interval below is scaled to the current rate: see `per`) */
     unsigned prev = (done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+    if (r->gate && ((r->epoch[prev] & 1) || atomic_load(&r->gate->epoch) != r->epoch[prev]))
+        return 0;   /* a claim was up since the interval began: it may have held the stream at a wait */
     float ms = 0;
     if (REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
         REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
@@ -139,21 +146,24 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
  * synchronisation an unsafe call, and the driver invalidated that capture (10 of 300 short captures beside a
  * bounded launcher ended with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; tests/test_e2e_hook.py). So the marker runs
  * in relaxed mode, as the drain does, and gives the thread its mode back. */
-static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns);
+static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
+                        struct gem_gpugate *gate);
 
-void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns) {
+void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
+                         struct gem_gpugate *gate) {
     if (atomic_load(&gem_active_captures) > 0 || !HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventQuery) ||
         !HAVE_REAL(cuEventSynchronize) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent))
         return;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
                     REAL(cuThreadExchangeStreamCaptureMode)(&mode) == CUDA_SUCCESS;
-    marker_body(f, stream, ptsz, budget_ns);
+    marker_body(f, stream, ptsz, budget_ns, gate);
     if (exchanged)
         REAL(cuThreadExchangeStreamCaptureMode)(&mode);
 }
 
-static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns) {
+static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
+                        struct gem_gpugate *gate) {
     CUcontext ctx = NULL;
     if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
         return;
@@ -187,6 +197,10 @@ static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64
     unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     r->behind[slot] = r->count > 0 && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
     r->per[slot] = (uint32_t)atomic_load(&f->launches_per_marker);
+    /* The wait before the marker: during a claim the GPU stops this stream here, at most an interval after
+     * the claim began, however deep the queue behind it. */
+    r->gate = gate && gem_gpugate_wait(gate, s) ? gate : NULL;
+    r->epoch[slot] = r->gate ? atomic_load(&gate->epoch) : 0;
     if (REAL(cuEventRecord)(r->ev[slot], s) == CUDA_SUCCESS) {
         atomic_fetch_add(&gem_stats.markers, 1);
         r->head = (slot + 1) % GEM_INFLIGHT_MARKERS;

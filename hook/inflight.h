@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "cuda_types.h"
+#include "gpugate.h"
 
 #define GEM_INFLIGHT_MARKERS 64
 
@@ -51,8 +52,10 @@ struct gem_inflight {
 
 void gem_inflight_init(struct gem_inflight *f);
 /* Record a marker on `stream` (NULL + ptsz: the per-thread stream), first waiting until at most about
- * `budget_ns` of GPU work (measured intervals) stays queued on that stream. Never fails the launch. */
-void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns);
+ * `budget_ns` of GPU work (measured intervals) stays queued on that stream; with `gate` (not NULL), a wait on
+ * the GPU-side gate's word goes before it (gpugate.h). Never fails the launch. */
+void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
+                         struct gem_gpugate *gate);
 
 /* The program synchronised the whole of `ctx` (whole), or its `stream` (CU_STREAM_PER_THREAD: the calling
  * thread's), after waiting `waited_ns`: those streams' chains start afresh, and the rate halves if the wait was

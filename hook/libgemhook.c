@@ -20,6 +20,7 @@
  *      thread      the hook's background threads: detached, named, deaf to signals
  *   2  client      the connection to a pod manager
  *   3  device      the device registry, endpoints, fail-open
+ *      gpugate     a batch process's streams held on the GPU during a latency group's claim
  *   4  capture     open stream captures
  *      inflight    marker events that keep the queued work short
  *      gate        the token: bursts, drain, expiry, the watcher
@@ -39,6 +40,7 @@
 #include "capture.h"
 #include "device.h"
 #include "gate.h"
+#include "gpugate.h"
 #include "inflight.h"
 #include "memory.h"
 #include "nvml.h"
@@ -59,6 +61,7 @@ static void (*const after_fork_child[])(void) = {
     gem_stats_after_fork,       /* the child's counters start at zero */
     gem_real_after_fork,        /* its locks free */
     gem_device_after_fork,      /* no connection of the parent's, fail-open forgotten */
+    gem_gpugate_after_fork,     /* no mirror thread, no registered word */
     gem_capture_after_fork,     /* no capture open */
     gem_inflight_after_fork,    /* no marker events of the parent's */
     gem_gate_after_fork,        /* no token, no watcher */

@@ -27,6 +27,7 @@ struct gem_settings gem_cfg = {
      * request's kernels, then its copy back), not after the 5 ms a batch holder keeps an idle token. */
     .claim_idle_ns = GEM_NS_PER_MS / 2,
     .inflight_ns = GEM_NS_PER_MS,
+    .gpu_gate = 1,
     .early_claim_ns = 2 * GEM_NS_PER_MS,
     .connect_timeout_ns = 10 * GEM_NS_PER_S,
     .token_timeout_ns = 300 * GEM_NS_PER_S,
@@ -313,6 +314,8 @@ void gem_settings_load(void) {
     if (inflight_ms > 0)
         gem_cfg.inflight_ns = inflight_ms;
     setting_ms("GEMINI_EARLY_CLAIM_MS", &gem_cfg.early_claim_ns);
+    if ((v = setting("GEMINI_GPU_GATE")))
+        gem_cfg.gpu_gate = strcmp(v, "0") != 0;
     setting_ms("GEMINI_CONNECT_TIMEOUT_MS", &gem_cfg.connect_timeout_ns);
     setting_ms("GEMINI_TOKEN_TIMEOUT_MS", &gem_cfg.token_timeout_ns);
     if (gem_cfg.settings_file[0])

@@ -93,6 +93,14 @@ static void exec_op(struct sim_ctx *c, struct sim_op *op, int *held, uint64_t se
     case OP_PREFETCH:
         sim_mem_prefetch_now(op->u.pf.ptr, op->u.pf.n, op->u.pf.dev, op->u.pf.v2);
         break;
+    case OP_WAIT_VALUE: {
+        /* The stream stops here until the word equals the value, the device free for everyone else meanwhile
+         * (a real GPU switches away from a channel that waits on a semaphore). A stopping context ends it. */
+        struct timespec ts = {0, 20 * 1000};
+        while (*op->u.wv.addr != op->u.wv.value && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
+            nanosleep(&ts, NULL);
+        break;
+    }
     default:
         break;
     }
@@ -549,6 +557,31 @@ static CUresult host_func(CUstream h, CUhostFn fn, void *data, int ptsz)
 }
 
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) { return host_func(hStream, fn, userData, 0); }
+
+/* Stream memory operations: only the wait for equality, on memory the host registered or allocated. */
+static CUresult wait_value32(CUstream h, CUdeviceptr addr, uint32_t value, unsigned int flags, int ptsz)
+{
+    SIM_CHECK_INIT();
+    if (sim_cfg.no_stream_memops) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!addr || (addr & 3) || flags != CU_STREAM_WAIT_VALUE_EQ) return CUDA_ERROR_INVALID_VALUE;
+    struct sim_stream *s;
+    CUresult rc = sim_stream_resolve(h, ptsz, &s);
+    if (rc) return rc;
+    struct sim_op op = {.kind = OP_WAIT_VALUE};
+    op.u.wv.addr = (const volatile uint32_t *)(uintptr_t)addr;
+    op.u.wv.value = value;
+    return sim_submit(s, &op, NULL);
+}
+
+CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, uint32_t value, unsigned int flags)
+{
+    return wait_value32(stream, addr, value, flags, 0);
+}
+
+CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, uint32_t value, unsigned int flags)
+{
+    return wait_value32(stream, addr, value, flags, 1);
+}
 
 CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData)
 {

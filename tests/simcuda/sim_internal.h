@@ -40,6 +40,7 @@ struct sim_config {
     double migrate_bytes_per_ns; /* SIMCUDA_MIGRATE_GBPS: managed-memory prefetch speed (0: instant) */
     int concurrent_managed; /* SIMCUDA_CONCURRENT_MANAGED: CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS */
     int host_prefetch_fails; /* SIMCUDA_HOST_PREFETCH_FAILS: every prefetch to the host fails (tests of evictions) */
+    int no_stream_memops;    /* SIMCUDA_NO_STREAM_MEMOPS: cuStreamWaitValue32 is not supported */
     int driver_version;    /* SIMCUDA_DRIVER_VERSION of this process */
     int trace_fd;          /* SIMCUDA_TRACE, or -1 */
 };
@@ -94,7 +95,9 @@ int sim_handle_is(const void *p, int type);
 
 /* ---------------------------------------------------------------- work items */
 
-enum sim_op_kind { OP_NOP, OP_KERNEL, OP_MEMCPY, OP_MEMSET, OP_HOSTFN, OP_EVENT, OP_WAIT, OP_FREE, OP_PREFETCH };
+enum sim_op_kind {
+    OP_NOP, OP_KERNEL, OP_MEMCPY, OP_MEMSET, OP_HOSTFN, OP_EVENT, OP_WAIT, OP_FREE, OP_PREFETCH, OP_WAIT_VALUE
+};
 
 struct sim_ctx;
 struct sim_event;
@@ -134,6 +137,10 @@ struct sim_op {
         struct {
             CUdeviceptr ptr;
         } fr;
+        struct {
+            const volatile uint32_t *addr;
+            uint32_t value;
+        } wv;                  /* cuStreamWaitValue32 (equal only) */
         struct {
             CUdeviceptr ptr;
             size_t n;

@@ -445,6 +445,22 @@ static CUresult host_alloc(void **pp, size_t bytesize)
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) { return host_alloc(pp, bytesize); }
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) { return host_alloc(pp, bytesize); }
 
+/* Registered host memory is used in place: its device address is its host address. */
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+    SIM_CHECK_INIT();
+    (void)Flags;
+    return p && bytesize ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+{
+    SIM_CHECK_INIT();
+    if (!pdptr || !p || Flags) return CUDA_ERROR_INVALID_VALUE;
+    *pdptr = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuMemFreeHost(void *p)
 {
     SIM_CHECK_INIT();

@@ -256,6 +256,7 @@ static void do_init(void)
     if (!(sim_cfg.migrate_bytes_per_ns > 0)) sim_cfg.migrate_bytes_per_ns = 0;
     sim_cfg.concurrent_managed = (int)env_u64("SIMCUDA_CONCURRENT_MANAGED", 1) != 0;
     sim_cfg.host_prefetch_fails = (int)env_u64("SIMCUDA_HOST_PREFETCH_FAILS", 0) != 0;
+    sim_cfg.no_stream_memops = (int)env_u64("SIMCUDA_NO_STREAM_MEMOPS", 0) != 0;
     const char *trace = getenv("SIMCUDA_TRACE");
     if (trace && *trace) {
         sim_cfg.trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
