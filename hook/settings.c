@@ -107,6 +107,7 @@ static const char *const file_keys[] = {
     "GEMINI_DISABLE", "GEMINI_FAIL_OPEN", "GEMINI_GROUP_NAME", "GEMINI_POD_MANAGER_IP", "GEMINI_POD_MANAGER_PORT",
     "GEMINI_POD_MANAGERS", "GEMINI_IPC_DIR", "GEMINI_BOARD_DIR", "GEMINI_IDLE_RELEASE_MS", "GEMINI_CLAIM_IDLE_MS",
     "GEMINI_INFLIGHT_MS", "GEMINI_EARLY_CLAIM_MS", "GEMINI_CONNECT_TIMEOUT_MS", "GEMINI_TOKEN_TIMEOUT_MS",
+    "GEMINI_GPU_GATE",
 };
 #define N_FILE_KEYS (sizeof file_keys / sizeof file_keys[0])
 
@@ -314,8 +315,8 @@ void gem_settings_load(void) {
     if (inflight_ms > 0)
         gem_cfg.inflight_ns = inflight_ms;
     setting_ms("GEMINI_EARLY_CLAIM_MS", &gem_cfg.early_claim_ns);
-    if ((v = setting("GEMINI_GPU_GATE")))
-        gem_cfg.gpu_gate = strcmp(v, "0") != 0;
+    if ((v = setting("GEMINI_GPU_GATE")) && *v)
+        gem_cfg.gpu_gate = setting_flag("GEMINI_GPU_GATE");
     setting_ms("GEMINI_CONNECT_TIMEOUT_MS", &gem_cfg.connect_timeout_ns);
     setting_ms("GEMINI_TOKEN_TIMEOUT_MS", &gem_cfg.token_timeout_ns);
     if (gem_cfg.settings_file[0])
