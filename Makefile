@@ -73,6 +73,9 @@ PYTEST_WORKERS ?= 2
 test: venv
 	$(MAKE) --no-print-directory hook testhook sim clients WERROR=1
 	$(MAKE) --no-print-directory lint
+	@# Every test starts daemons, each a fresh Python: with PYTHONDONTWRITEBYTECODE set (as on CI's machines) each
+	@# of them compiled the package from source again. Compiled once here, they only read it.
+	$(VPY) -m compileall -q gemini tools bench tests >/dev/null
 	$(VPY) -m pytest -q -m "not timed" $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS))
 	$(VPY) -m pytest -q -m timed
 

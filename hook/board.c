@@ -23,6 +23,7 @@ GEM_EXPORT void gemhook_board_init(struct gem_board *b, int32_t scheduler_pid, u
     b->head.groups = GEM_BOARD_GROUPS;
     b->head.scheduler_pid = scheduler_pid;
     b->head.generation = generation;
+    b->claims.features = GEM_BOARD_FEATURE_CLAIM_SEQ;
     /* the magic last: a reader that sees it sees an initialised page */
     __atomic_store_n(&b->head.magic, (uint32_t)GEM_BOARD_MAGIC, __ATOMIC_RELEASE);
 }

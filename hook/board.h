@@ -40,6 +40,11 @@ static inline int64_t gem_board_claim_until(const struct gem_board *b) {
     return __atomic_load_n(&b->claims.claim_until_ns, __ATOMIC_RELAXED);
 }
 
+/* What the page's writers keep up (GEM_BOARD_FEATURE_*), set before the magic. */
+static inline uint32_t gem_board_features(const struct gem_board *b) {
+    return __atomic_load_n(&b->claims.features, __ATOMIC_RELAXED);
+}
+
 /* Raised at every claim and unclaim (a futex word: a claim mirror sleeps on it between changes). */
 static inline uint32_t gem_board_claim_seq(const struct gem_board *b) {
     return __atomic_load_n(&b->claims.claim_seq, __ATOMIC_ACQUIRE);

@@ -225,6 +225,9 @@ struct gem_msg {
 /* magic "BORD"; 1022 group lines make the file 64 KiB */
 #define GEM_BOARD_MAGIC 0x44524f42
 #define GEM_BOARD_VERSION 1
+/* claim_seq is raised and woken at every claim and unclaim (a page from an older gem-schd has 0 here, and
+ * hooks then do not rely on it: no GPU-side gate) */
+#define GEM_BOARD_FEATURE_CLAIM_SEQ 0x1
 #define GEM_BOARD_LINE 64
 #define GEM_BOARD_GROUPS 1022
 #define GEM_BOARD_SIZE 65536
@@ -248,7 +251,8 @@ struct gem_board_claims {                /* line 1: read on every batch launch *
                                           * written at most once per scheduling decision */
     uint32_t claim_seq;                  /* the pod managers: raised at every claim and unclaim, and the page's
                                           * waiters woken (futex): batch hooks' claim mirrors sleep on it */
-    uint8_t pad[40];
+    uint32_t features;                   /* gem-schd, once: GEM_BOARD_FEATURE_* its daemons keep up */
+    uint8_t pad[36];
 };
 
 struct gem_board_group {                 /* one line per group */

@@ -3,9 +3,9 @@
  * the pinned word, its registration, and the mirror thread that keeps it equal to the board's claims.
  */
 #include <errno.h>
-#include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -24,12 +24,20 @@ static struct gem_gpugate gates[GEM_MAX_DEVICES];
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int mirror_started;
 static atomic_int said_off;
+/* The mirror's, per GPU: the claim sequence whose claim was held MAX_HOLD_NS, ignored until the board changes. */
+static uint32_t ignored_seq[GEM_MAX_DEVICES];
+static int ignoring[GEM_MAX_DEVICES];
 
 /* With no claim up, the mirror looks again at least this often (a board it cannot sleep on, or a woken
  * futex it missed, costs at most this much of a claim). */
 #define MIRROR_IDLE_NS (20 * GEM_NS_PER_MS)
-/* Several GPUs' boards: one futex at a time, the others polled this often. */
-#define MIRROR_MULTI_NS (GEM_NS_PER_MS / 4)
+/* Several GPUs' boards: one futex at a time, the others looked at this often (a claim there takes effect up to
+ * this much later). */
+#define MIRROR_MULTI_NS GEM_NS_PER_MS
+/* The longest the word stays up for one claim (as a paused launch gives up after 2 s): a claim's end that is
+ * wrong (a pod manager's bug, another clock) must not hold the streams, and every synchronisation behind them,
+ * for longer. That claim is then ignored until the board's claims change. */
+#define MAX_HOLD_NS (2 * GEM_NS_PER_S)
 
 struct gem_gpugate *gem_gpugate_of(int ordinal) {
     if (ordinal < 0 || ordinal >= GEM_MAX_DEVICES)
@@ -46,20 +54,26 @@ static void gate_off(const char *why) {
                 "queued work GEMINI_INFLIGHT_MS short instead", why);
 }
 
-/* Only the mirror writes a word, so the epoch's parity says whether it is up. */
+/* The mirror's state is the epoch (only the mirror changes it): odd while the streams are to be held. The word
+ * follows it, whatever page is registered now (a fresh page after a context's teardown starts at the epoch's
+ * state). The times are written before the epoch, so a reader that sees the epoch unchanged around its reads
+ * read a consistent pair (gem_gpugate_held_ns). */
 static void set_word(struct gem_gpugate *gg, uint32_t up) {
+    unsigned e = atomic_load(&gg->epoch);
+    if ((e & 1u) != up) {
+        int64_t now = gem_now_ns();
+        if (!up)
+            atomic_fetch_add(&gg->held_total_ns, now - atomic_load(&gg->changed_ns));
+        atomic_store(&gg->changed_ns, now);
+        atomic_store(&gg->epoch, e + 1);
+        if (up)
+            atomic_fetch_add(&gem_stats.gpu_gate_raises, 1);
+    }
     volatile uint32_t *w = __atomic_load_n(&gg->word, __ATOMIC_ACQUIRE);
-    if (!w || *w == up)
-        return;
-    *w = up;
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    int64_t now = gem_now_ns();
-    if (!up)
-        atomic_fetch_add(&gg->held_total_ns, now - atomic_load(&gg->changed_ns));
-    atomic_store(&gg->changed_ns, now);
-    atomic_fetch_add(&gg->epoch, 1);
-    if (up)
-        atomic_fetch_add(&gem_stats.gpu_gate_raises, 1);
+    if (w && *w != up) {
+        *w = up;
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    }
 }
 
 static long futex_wait(const uint32_t *word, uint32_t seen, int64_t ns) {
@@ -85,6 +99,17 @@ static void *mirror_main(void *arg) {
             uint32_t seq = b ? gem_board_claim_seq(b) : 0;
             int64_t until = b ? gem_board_claim_until(b) : 0;
             int up = until > now;
+            if (ignoring[i] && seq != ignored_seq[i])
+                ignoring[i] = 0;
+            if (up && !ignoring[i] && (atomic_load(&gg->epoch) & 1u) &&
+                now - atomic_load(&gg->changed_ns) > MAX_HOLD_NS) {
+                ignoring[i] = 1;
+                ignored_seq[i] = seq;
+                GEM_LOG(GEM_LOG_WARN, "GPU %d: a claim has held this process's queued work 2 s; letting it run",
+                        i);
+            }
+            if (ignoring[i])
+                up = 0;
             set_word(gg, (uint32_t)up);
             if (up && until - now < sleep_ns)
                 sleep_ns = until - now;
@@ -113,7 +138,9 @@ static void *mirror_main(void *arg) {
 }
 
 void gem_gpugate_follow(struct gem_gpugate *gg, const struct gem_board *board) {
-    if (!gem_cfg.gpu_gate)
+    /* a page whose pod managers do not wake sleepers on claims (an older gem-schd's) would leave the mirror a
+     * 20 ms poll, and the queue deep: no gate then */
+    if (!gem_cfg.gpu_gate || (board && !(gem_board_features(board) & GEM_BOARD_FEATURE_CLAIM_SEQ)))
         board = NULL;
     atomic_store(&gg->board, board);
 }
@@ -130,12 +157,16 @@ static int prepare_locked(struct gem_gpugate *gg) {
         return 0;
     long page = sysconf(_SC_PAGESIZE);
     /* A page of its own, never unmapped: the mirror may still write a word whose registration a context's
-     * teardown took away. */
+     * teardown took away. Not copied into a fork child: a private page the parent then wrote would move to a
+     * copy of its own, and the GPU go on reading the one it pinned (held for good if a claim was up). */
     void *p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+    if (p == MAP_FAILED || madvise(p, (size_t)page, MADV_DONTFORK) != 0) {
+        if (p != MAP_FAILED)
+            munmap(p, (size_t)page);
         gate_off("no memory for its word");
         return 0;
     }
+    *(volatile uint32_t *)p = atomic_load(&gg->epoch) & 1u;
     CUdeviceptr dptr = 0;
     CUresult rc = REAL(cuMemHostRegister_v2)(p, (size_t)page, CU_MEMHOSTREGISTER_PORTABLE |
                                                                  CU_MEMHOSTREGISTER_DEVICEMAP);
@@ -154,8 +185,9 @@ static int prepare_locked(struct gem_gpugate *gg) {
         gate_off("no thread to follow the claims");
         return 0;
     }
-    atomic_store(&gg->state, GEM_GPUGATE_READY);
-    return 1;
+    /* not over a FAILED that the mirror set meanwhile (it has stopped then) */
+    int unset = GEM_GPUGATE_UNSET;
+    return atomic_compare_exchange_strong(&gg->state, &unset, GEM_GPUGATE_READY);
 }
 
 int gem_gpugate_wait(struct gem_gpugate *gg, CUstream s) {
@@ -170,8 +202,12 @@ int gem_gpugate_wait(struct gem_gpugate *gg, CUstream s) {
         if (!ok)
             return 0;
     }
-    if (REAL(cuStreamWaitValue32_v2)(s, gg->word_dev, 0, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS) {
-        gate_off("the driver refused a stream wait on its word");
+    CUresult rc = REAL(cuStreamWaitValue32_v2)(s, gg->word_dev, 0, CU_STREAM_WAIT_VALUE_EQ);
+    if (rc != CUDA_SUCCESS) {
+        /* the driver cannot, or not on this word: off for good; anything else (this stream, this moment) only
+         * costs this marker its wait */
+        if (rc == CUDA_ERROR_NOT_SUPPORTED || rc == CUDA_ERROR_INVALID_VALUE)
+            gate_off("the driver refused a stream wait on its word");
         return 0;
     }
     atomic_fetch_add(&gem_stats.gpu_gate_waits, 1);
@@ -202,4 +238,5 @@ void gem_gpugate_after_fork(void) {
         atomic_store(&gg->held_total_ns, 0);
     }
     atomic_store(&mirror_started, 0);
+    memset(ignoring, 0, sizeof ignoring);
 }

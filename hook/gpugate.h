@@ -8,12 +8,13 @@
  * on a stream before each of its in-flight markers (inflight.c). A mirror thread of the process sleeps on
  * the board's claim sequence (a shared futex the pod managers wake at every claim and unclaim) and keeps the
  * word at 1 while the board shows a claim, 0 otherwise: the GPU stops the batch stream at its next wait,
- * one marker interval (a quarter to half of GEMINI_INFLIGHT_MS of work) after the claim began, whatever the
- * queue's depth; the queue may then be as deep as a capped slot's (half the time left in the slot).
+ * one marker interval (normally a quarter to half of GEMINI_INFLIGHT_MS of work) after the claim began,
+ * whatever the queue's depth; the queue may then be as deep as a capped slot's (half the time left in it).
  *
  * The word is the process's own and only its mirror writes it: no other process can stop its work. The
  * mirror lowers the word when the claim's end (claim_until_ns) passes even if the board never says so, so
- * a claimer that died or hangs holds a batch stream no longer than the claim it was given. Bad or missing
+ * a claimer that died or hangs holds a batch stream no longer than the claim it was given, and any one claim
+ * at most 2 s. Bad or missing
  * driver support (no stream memory operations, no host registration) turns the gate off for the process and
  * the queue stays short as before.
  */
@@ -59,13 +60,15 @@ static inline int gem_gpugate_held_since(struct gem_gpugate *gg, int64_t since_n
 
 /* How long the word has been up in all, until `now`: what a drain's time past its deadline owes to claims. */
 static inline int64_t gem_gpugate_held_ns(struct gem_gpugate *gg, int64_t now) {
-    int64_t total = atomic_load(&gg->held_total_ns);
-    if (atomic_load(&gg->epoch) & 1) {
-        int64_t since = atomic_load(&gg->changed_ns);
-        if (now > since)
+    for (;;) {   /* one writer (the mirror), which changes the epoch last: read again if it moved */
+        unsigned e = atomic_load(&gg->epoch);
+        int64_t total = atomic_load(&gg->held_total_ns), since = atomic_load(&gg->changed_ns);
+        if (atomic_load(&gg->epoch) != e)
+            continue;
+        if ((e & 1u) && now > since)
             total += now - since;
+        return total;
     }
-    return total;
 }
 
 /* Put a wait for the word on `s` (the caller's current context; no capture may be active). Registers the

@@ -109,14 +109,18 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     unsigned done = (r->head + GEM_INFLIGHT_MARKERS - back) % GEM_INFLIGHT_MARKERS;
     /* (the interval below is scaled to the current rate: see `per`) */
     unsigned prev = (done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
-    if (r->gate && ((r->epoch[prev] & 1) || atomic_load(&r->gate->epoch) != r->epoch[prev]))
-        return 0;   /* a claim was up since the interval began: it may have held the stream at a wait */
+    /* A claim up since the interval began may have held the stream at a wait inside it: the interval is then
+     * only an upper bound of the work. Short, it still shows the launches are short (the rate may grow); long,
+     * it says nothing, and is not used (judged, every claim would halve the rate). */
+    int held = r->gate && ((r->epoch[prev] & 1) || atomic_load(&r->gate->epoch) != r->epoch[prev]);
     float ms = 0;
     if (REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
         REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
         return 0;
     uint64_t n = atomic_load(&f->launches_per_marker);
     int64_t interval = (int64_t)((double)ms * 1e6 * (double)n / (double)(r->per[done] ? r->per[done] : 1));
+    if (held && interval >= gem_cfg.inflight_ns / 4)
+        return 0;
     if (interval < gem_cfg.inflight_ns / 4) {
         atomic_store(&f->interval_ns, interval);
         if (n < MAX_PER_MARKER) {
