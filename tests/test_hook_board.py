@@ -193,3 +193,48 @@ def test_an_idle_unified_process_follows_its_pod_manager_to_a_new_board(sim, tmp
         first.close()
         if pmgr.now is not first:
             pmgr.now.close()
+
+
+class ClaimedPmgr(BoardPmgr):
+    """BoardPmgr for a batch group beside a latency group: its grants ask for a bounded queue with claims
+    (GRANT_BOUND | GRANT_TIGHT), so the process's streams wait on its GPU-side gate before each marker."""
+
+    def answer(self, conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.TokenRequest):
+            self.asked.append(now_ns())
+            self.seq += 1
+            self.granted_at = now_ns()
+            self.board.publish(0, self.seq, 0, self.granted_at + (SLOT_MS - TRANSIT_MS) * 1_000_000)
+            conn.send(hp.TokenGrant(quota_ns=SLOT_MS * 1_000_000, token_seq=self.seq,
+                                    flags=hp.GRANT_BOUND | hp.GRANT_TIGHT), seq)
+            self.granted.set()
+        else:
+            super().answer(conn, seq, msg)
+
+
+def test_a_claim_whose_end_is_wrong_holds_the_gpu_gate_at_most_two_seconds(sim, board):
+    """A claim on the board that would last 30 s (a pod manager's bug, a clock of its own): the batch process's
+    launches pause at most 2 s and go on (gate.c), and its GPU-side gate lowers its word after 2 s of holding and
+    ignores that claim until the board's claims change (gpugate.c), so the work already queued behind a wait runs
+    and the program ends in time. Without the gate's limit the queued work, and every synchronisation behind it,
+    waited for the claim's 30 s."""
+    board.set_counts(1, 2)                  # one latency group, lines 0 and 1 in use
+    pmgr = ClaimedPmgr(board)
+    try:
+        env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                      GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="warn")
+        proc = start(native.client_cmd("workload-linked", "--kernel-us", "200", "--seconds", "1.5",
+                                       "--sync-every", "16", "--json"), env)
+        assert pmgr.granted.wait(10), "the process never asked for a token"
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        board.claim(1, now_ns() + 30 * 1_000_000_000)           # line 1: the latency group's
+        r = finish(proc, timeout=60)
+        took = time.monotonic() - t0
+        assert r.rc == 0, r
+        assert took < 1.5 + 2 * 2 + 2, f"the process ended {took:.1f} s after the claim began"
+        st = sim.stats_of(r.json["pid"])
+        assert st["gpu_gate_waits"] >= 10 and st["gpu_gate_raises"] >= 1, st
+        assert "has held this process's queued work 2 s" in r.err, r.err[-2000:]
+    finally:
+        pmgr.close()
