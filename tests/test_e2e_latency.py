@@ -59,8 +59,9 @@ def _serving(sim, backends, cls: str):
 
 def test_a_latency_group_claims_the_gpu_next_to_a_deep_queue(tmp_path, hook_lib, backends):
     """The trainer queues 64 kernels of 1 ms between synchronisations. A batch-class inference group waits for
-    the trainer's slots to end; a latency-class one claims the GPU at once, the trainer pauses and its queue is
-    kept to about a millisecond, so a request waits for one or two of its kernels, not for its slot."""
+    the trainer's slots to end; a latency-class one claims the GPU at once, the trainer pauses and its queued work
+    is held at its next wait (the GPU-side gate), so a request waits for one or two of its kernels, not for its
+    slot."""
     lat_inf, lat_train = _serving(Sim(tmp_path / "lat", hook_lib), backends, "latency")
     batch_inf, batch_train = _serving(Sim(tmp_path / "batch", hook_lib), backends, "batch")
     assert lat_inf["requests"] >= 100 and batch_inf["requests"] >= 100
