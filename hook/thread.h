@@ -1,5 +1,5 @@
 /*
- * thread.h -- the hook's own background threads (the gate's watcher, the rejoin thread).
+ * thread.h -- the hook's own background threads (the gate's watcher, the rejoin thread, the claim mirror).
  */
 #ifndef GEMINI_THREAD_H
 #define GEMINI_THREAD_H
