@@ -35,6 +35,8 @@ class BoardPmgr(FakePmgr):
     """A pod manager that puts its hooks on a board page (line 0) and grants every token request a slot of
     SLOT_MS, published on the board as gem-schd would, recording when each request arrived."""
 
+    grant_flags = 0     # what every grant carries (hp.GRANT_*)
+
     def __init__(self, board: Board):
         self.board = board
         self.seq = 6
@@ -53,7 +55,7 @@ class BoardPmgr(FakePmgr):
             self.seq += 1
             self.granted_at = now_ns()
             self.board.publish(0, self.seq, 0, self.granted_at + (SLOT_MS - TRANSIT_MS) * 1_000_000)
-            conn.send(hp.TokenGrant(quota_ns=SLOT_MS * 1_000_000, token_seq=self.seq), seq)
+            conn.send(hp.TokenGrant(quota_ns=SLOT_MS * 1_000_000, token_seq=self.seq, flags=self.grant_flags), seq)
             self.granted.set()
         elif isinstance(msg, hp.TokenRelease):
             conn.send(hp.Ack(), seq)
@@ -199,17 +201,7 @@ class ClaimedPmgr(BoardPmgr):
     """BoardPmgr for a batch group beside a latency group: its grants ask for a bounded queue with claims
     (GRANT_BOUND | GRANT_TIGHT), so the process's streams wait on its GPU-side gate before each marker."""
 
-    def answer(self, conn: FakeConn, seq: int, msg: hp.Message) -> None:
-        if isinstance(msg, hp.TokenRequest):
-            self.asked.append(now_ns())
-            self.seq += 1
-            self.granted_at = now_ns()
-            self.board.publish(0, self.seq, 0, self.granted_at + (SLOT_MS - TRANSIT_MS) * 1_000_000)
-            conn.send(hp.TokenGrant(quota_ns=SLOT_MS * 1_000_000, token_seq=self.seq,
-                                    flags=hp.GRANT_BOUND | hp.GRANT_TIGHT), seq)
-            self.granted.set()
-        else:
-            super().answer(conn, seq, msg)
+    grant_flags = hp.GRANT_BOUND | hp.GRANT_TIGHT
 
 
 def test_a_claim_whose_end_is_wrong_holds_the_gpu_gate_at_most_two_seconds(sim, board):
