@@ -36,7 +36,7 @@ from tests import native
 __all__ = [
     "KiB", "MiB", "GiB", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_SYSTEM_NOT_READY", "CUDA_ERROR_NOT_INITIALIZED",
     "Sim", "Run", "Holder", "hook_lib", "test_hook_lib", "client_script", "sim", "backends", "spawn", "start",
-    "finish", "run", "client_argv", "wait_for", "read_line", "clean_env", "E2E_CLIENT",
+    "finish", "run", "client_argv", "wait_for", "held_for_claims", "read_line", "clean_env", "E2E_CLIENT",
 ]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -175,6 +175,13 @@ def backends(tmp_path) -> Iterator[Callable[..., Backend]]:
             return be
 
         yield make
+
+
+def held_for_claims(st: dict) -> float:
+    """How many claims held the trainer: its launches paused on the host (claim_pauses), or its queued work held
+    on the GPU at a wait (gpu_gate_raises: the mirror raised the word; a thread blocked on a marker or a
+    synchronisation meanwhile never sees the claim on the host)."""
+    return max(st["claim_pauses"], st["gpu_gate_raises"])
 
 
 # --- running children ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from bench.harness import Group, Trace, common_span, shares_over, write_config
 from gemini.scheduler.policy import DEFAULT_BUCKET_MS
 from tests import native
-from tests.e2e_fixtures import Sim, client_argv, finish, start
+from tests.e2e_fixtures import Sim, client_argv, finish, held_for_claims, start
 
 KERNEL_US = 1000      # the trainer's kernels: 1 ms each
 
@@ -31,13 +31,6 @@ def requests(seconds: float, *extra: object) -> list[str]:
     """A request every 20 ms: two 0.5 ms kernels, then a synchronisation (1 ms of GPU work)."""
     return client_argv("workload-linked", "--kernel-us", 500, "--json", "--seconds", seconds, "--period-us", 20000,
                        "--sync-every", 2, *extra)
-
-
-def held_for_claims(st: dict) -> float:
-    """How many claims held the trainer: its launches paused on the host (claim_pauses), or its queued work held
-    on the GPU at a wait (gpu_gate_raises: the mirror raised the word; a thread blocked on a marker or a
-    synchronisation meanwhile never sees the claim on the host)."""
-    return max(st["claim_pauses"], st["gpu_gate_raises"])
 
 
 def gaps_after(rows, pid: int, t_ns: int) -> float:
