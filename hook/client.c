@@ -487,6 +487,18 @@ static void dispatch(struct gem_conn *c, struct gem_session *s, const struct gem
     /* a reply nobody waits for any more (its caller timed out): drop it */
 }
 
+/* s is found dead: read what its pod manager said before it closed, if nobody else reads it. Its farewell (an
+ * ERROR push saying why it went) is still queued there: unread, the process said only that its pod manager was
+ * unreachable, and how to start one. The peer closed, so each read ends at once. Called with c->mu held. */
+static void read_last_words(struct gem_conn *c, struct gem_session *s) {
+    if (s->reader_active)   /* that reader sees the frames first, shut down or not */
+        return;
+    struct gem_msg m;
+    char why[128];
+    for (int i = 0; i < 8 && read_frame(s->fd, &m, 0, why, sizeof why) == 1; i++)
+        dispatch(c, s, &m);
+}
+
 int gem_conn_alive(struct gem_conn *c) {
     pthread_mutex_lock(&c->mu);
     struct gem_session *s = c->current;
@@ -495,15 +507,8 @@ int gem_conn_alive(struct gem_conn *c) {
         /* current and not broken: its descriptor is open. A zero-timeout poll reads nothing. */
         struct pollfd pfd = {.fd = s->fd, .events = POLLRDHUP};
         if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) {
-            if (!s->reader_active && s->users == 0) {
-                /* What it said before it closed is still to be read: its farewell (an ERROR push saying why it
-                 * went). Unread, the process said only that its pod manager was unreachable, and how to start
-                 * one. The peer closed, so each read ends at once. */
-                struct gem_msg m;
-                char why[128];
-                for (int i = 0; i < 8 && read_frame(s->fd, &m, 0, why, sizeof why) == 1; i++)
-                    dispatch(c, s, &m);
-            }
+            if (s->users == 0)
+                read_last_words(c, s);
             mark_broken(c, s, "the pod manager closed the connection");
             /* No call uses it, so no user will leave it: free it here (each pod manager restart seen while the
              * process was idle kept one descriptor open for good). */
@@ -590,8 +595,11 @@ static int conn_call(struct gem_conn *c, struct gem_msg *req, struct gem_msg *re
     pthread_mutex_unlock(&c->send_mu);
 
     pthread_mutex_lock(&c->mu);
-    if (sent != 0)
+    if (sent != 0) {
+        /* A pod manager that stopped with this request unread: what it said first is still queued here. */
+        read_last_words(c, s);
         mark_broken(c, s, strerror(send_errno));
+    }
     int64_t start = gem_now_ns();
     int64_t give_up = timeout_ns > 0 ? start + timeout_ns : INT64_MAX;
     int64_t next_note = start + 10 * GEM_NS_PER_S;

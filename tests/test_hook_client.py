@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -353,3 +354,34 @@ def test_a_pod_manager_that_leaves_while_the_process_is_idle_is_heard_saying_why
     finally:
         r = holder.close()
     assert "is gone" in r.err and "group 'g' was removed from the config" in r.err.split("is gone", 1)[1], r.err
+
+
+def test_a_pod_manager_that_resets_the_connection_is_heard_saying_why_at_the_next_call(sim, fake_pmgr,
+                                                                                       client_script):
+    """The pod manager says why it goes (an ERROR push) and resets the connection (it closed with a request of
+    the process unread: TCP answers with a reset). The process holds no memory, so no thread watches the
+    connection: its next call's send fails first. The push is still queued on the socket, and the call must read
+    it before it drops the connection -- else the process says its pod manager is unreachable and how to start
+    one (a failure of tests/test_messages.py once under load)."""
+    pmgr = fake_pmgr(lambda conn, seq, msg: conn.send(hp.MemReply(verdict=0, used=0, limit=64 * MiB), seq)
+                     if isinstance(msg, hp.MemInfo) else None)
+    holder = Holder(client_argv("e2e", "serve", script=client_script),
+                    hooked_env(sim, pmgr, GEMINI_CONNECT_TIMEOUT_MS=300))
+    try:
+        holder.meminfo()                                        # connected (no memory held: no rejoin thread)
+        assert len(pmgr.hellos) == 1, pmgr.hellos
+        pmgr._stop = True
+        pmgr.listener.shutdown(socket.SHUT_RDWR)
+        for conn in list(pmgr.conns):
+            conn.send_raw(hp.error_frame(hp.ErrorCode.UNKNOWN_GROUP, "group 'g' was removed from the config"))
+            conn.sock.shutdown(socket.SHUT_RD)                  # its reading thread returns and lets go of it
+            time.sleep(0.1)
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))    # a reset
+            conn.sock.close()
+        time.sleep(0.2)                                         # the reset has arrived
+        holder.meminfo()                                        # its send fails; the driver's numbers come back
+        holder.meminfo()                                        # it tries to connect again, and says why it can't
+    finally:
+        r = holder.close()
+    assert "is gone" in r.err and "group 'g' was removed from the config" in r.err.split("is gone", 1)[1], r.err
+    assert "launch-backend" not in r.err, r.err
