@@ -73,8 +73,11 @@ PYTEST_WORKERS ?= 2
 test: venv
 	$(MAKE) --no-print-directory hook testhook sim clients WERROR=1
 	$(MAKE) --no-print-directory lint
+	@# Each daemon would parse the headers' cffi declarations (pycparser: 0.1 s of CPU) where a module made from
+	@# them once loads at once (gemini/wire/cdefs.py).
 	@# Every test starts daemons, each a fresh Python: with PYTHONDONTWRITEBYTECODE set (as on CI's machines) each
 	@# of them compiled the package from source again. Compiled once here, they only read it.
+	$(VPY) -m gemini.wire.cdefs
 	$(VPY) -m compileall -q gemini tools bench tests >/dev/null
 	$(VPY) -m pytest -q -m "not timed" $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS))
 	$(VPY) -m pytest -q -m timed
@@ -84,6 +87,7 @@ lint: venv
 	$(VPY) -m mypy
 
 demo: venv hook
+	$(VPY) -m gemini.wire.cdefs
 	$(VPY) tools/demo.py $(DEMO_ARGS)
 
 # On a GPU node: the system python3 (no venv, no network). Wheels the node lacks are installed
@@ -91,7 +95,8 @@ demo: venv hook
 gpu-check:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \
 	  $(PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gemini-site .whl/*.whl; fi
+	PYTHONPATH=/tmp/gemini-site:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m gemini.wire.cdefs
 	PYTHONPATH=/tmp/gemini-site:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) bench/gpu_check.py --out $(OUT) $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(BUILD) $(HOOK_LIB) .pytest_cache
+	rm -rf $(BUILD) $(HOOK_LIB) .pytest_cache gemini/wire/_cdefs

@@ -7,6 +7,7 @@ build directory here. Declaring them as package data would make setuptools treat
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import Distribution, setup
@@ -32,11 +33,26 @@ class BuildWithHook(build_py):
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
         os.chmod(Path(self.build_lib) / "gemini" / SHIPPED[HOOK], 0o755)
+        self._cffi_modules()
+
+    def _cffi_modules(self):
+        """The headers' cffi declarations as modules (gemini/wire/cdefs.py), so that the installed daemons need
+        not parse them at every start. Only a shortcut: skipped where the build has no cffi."""
+        try:
+            import cffi  # noqa: F401
+        except ImportError:
+            return
+        target = Path(self.build_lib) / "gemini" / "wire" / "_cdefs"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([self.build_lib, *filter(None, [os.environ.get(
+            "PYTHONPATH")])]))
+        subprocess.call([sys.executable, "-m", "gemini.wire.cdefs", "--out", str(target)], env=env)
+        self._cffi_outputs = [str(p) for p in target.glob("*.py")]
 
     def get_outputs(self, include_bytecode=True):
         outputs = super().get_outputs(include_bytecode)
         if not getattr(self, "editable_mode", False):
             outputs += [str(Path(self.build_lib) / "gemini" / rel) for rel in SHIPPED.values()]
+            outputs += getattr(self, "_cffi_outputs", [])
         return outputs
 
 

@@ -23,7 +23,8 @@ from typing import Any
 from cffi import FFI
 
 from gemini.hookpath import hook_path
-from gemini.wire.hook import cdef_text
+from gemini.wire import hook as hp
+from gemini.wire.cdefs import ffi_for
 
 _REGION = re.compile(r"/\* cffi-begin \*/\n(.*?)/\* cffi-end \*/", re.S)
 _COMMENT = re.compile(r"/\*.*?\*/", re.S)
@@ -37,12 +38,15 @@ def _board_header() -> Path:
     raise FileNotFoundError("board.h not found in the package or the source tree")
 
 
+def cdef_text() -> str:
+    """What Python declares: the wire header's region, then board.h's (the page and the gemhook_board_* calls)."""
+    region = _REGION.findall(_board_header().read_text())
+    return hp.cdef_text() + "\n" + _COMMENT.sub("", "".join(region)).replace("GEM_EXPORT ", "")
+
+
 @functools.lru_cache(maxsize=None)
 def _ffi() -> tuple[FFI, Any]:
-    ffi = FFI()
-    ffi.cdef(cdef_text())
-    region = _REGION.findall(_board_header().read_text())
-    ffi.cdef(_COMMENT.sub("", "".join(region)).replace("GEM_EXPORT ", ""))
+    ffi = ffi_for("board", cdef_text())
     return ffi, ffi.dlopen(str(hook_path()))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Union
 
-from cffi import FFI
+from gemini.wire.cdefs import ffi_for
 
 _HEADER_NAME = "gemini_proto.h"
 
@@ -41,8 +41,7 @@ def cdef_text(path: Path | None = None) -> str:
     return "\n".join(kept)
 
 
-ffi = FFI()
-ffi.cdef(cdef_text())
+ffi = ffi_for("proto", cdef_text())
 
 _lib = ffi.dlopen(None)  # only for integer constants; dlopen(None) loads nothing new
 
