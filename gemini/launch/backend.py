@@ -376,10 +376,13 @@ class Backend:
             os.chmod(self.log_dir, 0o750)   # mkdir's mode is filtered by the umask
         self.scheduler = self._scheduler_child()
         self.scheduler.spawn(self.env)
-        await wait_listening(self.scheduler, self.ip, self.stop)
+        # The pod managers start beside gem-schd, not after it: each start is mostly Python's imports (a quarter of
+        # a second), and a pod manager whose first HELLO finds nobody sends it again at its next tick once its link
+        # connects (gemini/podmgr/manager.py, upstream_failed).
         for label, port in wanted[1:]:
             self.groups[label] = self._pmgr_child(label, port, config.group(label))
             self.groups[label].spawn(self.env)
+        await wait_listening(self.scheduler, self.ip, self.stop)
         for child in self.groups.values():
             await wait_listening(child, self.ip, self.stop)
         self._reloader = ConfigReloader(self.config_path, self._config_saved, debounce_s=DEBOUNCE_S, current=config)
