@@ -45,6 +45,11 @@ static inline uint32_t gem_board_features(const struct gem_board *b) {
     return __atomic_load_n(&b->claims.features, __ATOMIC_RELAXED);
 }
 
+/* The longest a batch process honours one claim, whether it pauses its launches (gate.c) or holds its stream on
+ * the GPU (gpugate.c): a claim whose end is wrong (a pod manager's bug, another clock) must not hold it, and
+ * every synchronisation behind it, for longer. */
+#define GEM_CLAIM_HOLD_MAX_NS (2 * GEM_NS_PER_S)
+
 /* Raised at every claim and unclaim (a futex word: a claim mirror sleeps on it between changes). */
 static inline uint32_t gem_board_claim_seq(const struct gem_board *b) {
     return __atomic_load_n(&b->claims.claim_seq, __ATOMIC_ACQUIRE);

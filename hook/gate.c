@@ -402,14 +402,15 @@ static void follow_withdrawal_locked(struct gem_gate *g) {
 
 /* A latency group claims the GPU: a batch holder launches nothing until the claim ends (its queued work,
  * kept short, still runs). Called without g->mu. A claim is bounded by its pod manager and its budget;
- * the hook still never waits more than 2 s in one pause. */
+ * the hook still never waits more than GEM_CLAIM_HOLD_MAX_NS in one pause. */
 static void claim_wait(struct gem_gate *g) {
     const int64_t *word = atomic_load(&g->claim_word);
     int64_t start = gem_now_ns(), now = start, until;
     int paused = 0;
     while ((until = __atomic_load_n(word, __ATOMIC_ACQUIRE)) > now) {
-        if (now - start > 2 * GEM_NS_PER_S) {
-            GEM_LOG(GEM_LOG_WARN, "GPU %d: a claim has lasted 2 s; launching anyway", g->dev->ordinal);
+        if (now - start > GEM_CLAIM_HOLD_MAX_NS) {
+            GEM_LOG(GEM_LOG_WARN, "GPU %d: a claim has lasted %.0f s; launching anyway", g->dev->ordinal,
+                    (double)GEM_CLAIM_HOLD_MAX_NS / GEM_NS_PER_S);
             break;
         }
         int64_t d = until - now;

@@ -24,7 +24,8 @@ static struct gem_gpugate gates[GEM_MAX_DEVICES];
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int mirror_started;
 static atomic_int said_off;
-/* The mirror's, per GPU: the claim sequence whose claim was held MAX_HOLD_NS, ignored until the board changes. */
+/* The mirror's, per GPU: the claim sequence whose claim was held GEM_CLAIM_HOLD_MAX_NS, ignored until the board
+ * changes. */
 static uint32_t ignored_seq[GEM_MAX_DEVICES];
 static int ignoring[GEM_MAX_DEVICES];
 
@@ -34,10 +35,8 @@ static int ignoring[GEM_MAX_DEVICES];
 /* Several GPUs' boards: one futex at a time, the others looked at this often (a claim there takes effect up to
  * this much later). */
 #define MIRROR_MULTI_NS GEM_NS_PER_MS
-/* The longest the word stays up for one claim (as a paused launch gives up after 2 s): a claim's end that is
- * wrong (a pod manager's bug, another clock) must not hold the streams, and every synchronisation behind them,
- * for longer. That claim is then ignored until the board's claims change. */
-#define MAX_HOLD_NS (2 * GEM_NS_PER_S)
+/* The word stays up at most GEM_CLAIM_HOLD_MAX_NS for one claim (board.h); that claim is then ignored until the
+ * board's claims change. */
 
 struct gem_gpugate *gem_gpugate_of(int ordinal) {
     if (ordinal < 0 || ordinal >= GEM_MAX_DEVICES)
@@ -102,7 +101,7 @@ static void *mirror_main(void *arg) {
             if (ignoring[i] && seq != ignored_seq[i])
                 ignoring[i] = 0;
             if (up && !ignoring[i] && (atomic_load(&gg->epoch) & 1u) &&
-                now - atomic_load(&gg->changed_ns) > MAX_HOLD_NS) {
+                now - atomic_load(&gg->changed_ns) > GEM_CLAIM_HOLD_MAX_NS) {
                 ignoring[i] = 1;
                 ignored_seq[i] = seq;
                 GEM_LOG(GEM_LOG_WARN, "GPU %d: a claim has held this process's queued work 2 s; letting it run",
