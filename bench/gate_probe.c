@@ -3,7 +3,9 @@
  * runs a request? Two processes on GPU 0, each in its own context (so the GPU time-slices between them):
  *
  *   batch:   full-width spin kernels of --batch-us each, queued up to --depth kernels deep;
- *   latency: every --period-ms a request of --req-kernels spin kernels of --req-us, then cuCtxSynchronize.
+ *   latency: every --period-ms a request of --req-kernels spin kernels of --req-us, then cuCtxSynchronize;
+ *            with --req-gap-us G the host spins G µs after each launch but the last (an eager framework's host,
+ *            slower than its small kernels, leaves the GPU idle between them).
  *
  * Modes (--mode):
  *   alone   the latency process only;
@@ -54,8 +56,8 @@ struct shared {
 
 static struct {
     const char *mode;
-    int batch_us, depth, tight_depth, every, req_kernels, req_us, period_ms, seconds, blocks;
-} opt = {"gate", 200, 25, 5, 2, 5, 200, 20, 5, 132};
+    int batch_us, depth, tight_depth, every, req_kernels, req_us, period_ms, seconds, blocks, req_gap_us;
+} opt = {"gate", 200, 25, 5, 2, 5, 200, 20, 5, 132, 0};
 
 static CUfunction load_spin(CUcontext *ctx) {
     CUresult (*init)(unsigned) = bench_get("p", "cuInit");
@@ -176,8 +178,12 @@ static int latency(double *times, int cap) {
         int64_t t0 = bench_now_ns();
         if (claims)
             atomic_store_explicit(&sh->claim, 1, memory_order_release);
-        for (int i = 0; i < opt.req_kernels; i++)
+        for (int i = 0; i < opt.req_kernels; i++) {
             launch(fn, opt.blocks, 1, 1, 128, 1, 1, 0, NULL, args, NULL);
+            if (opt.req_gap_us && i + 1 < opt.req_kernels)
+                for (int64_t until = bench_now_ns() + (int64_t)opt.req_gap_us * 1000; bench_now_ns() < until;)
+                    ;
+        }
         sync();
         if (claims)
             atomic_store_explicit(&sh->claim, 0, memory_order_release);
@@ -200,6 +206,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--period-ms")) opt.period_ms = atoi(v);
         else if (!strcmp(k, "--seconds")) opt.seconds = atoi(v);
         else if (!strcmp(k, "--blocks")) opt.blocks = atoi(v);
+        else if (!strcmp(k, "--req-gap-us")) opt.req_gap_us = atoi(v);
         else { fprintf(stderr, "gate_probe: unknown option %s\n", k); return 2; }
     }
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
