@@ -495,6 +495,11 @@ static int request_locked(struct gem_gate *g, int early) {
         g->bursts_in_slot = 0;
         g->pass_turn = 0;
         int claim = (reply.u.token_grant.flags & GEM_GRANT_CLAIM) != 0;
+        if (early && claim)
+            /* How long the burst ran before its claim was answered (the board showed it a little before): the
+             * part of a request that batch holders did not yet make way for. */
+            atomic_fetch_add(&gem_stats.early_claim_lag_ns,
+                             (unsigned long long)(now > g->early_since_ns ? now - g->early_since_ns : 0));
         if (!early || !claim) {
             g->slot_unmarked = 1; /* the next launch through the slow path marks the slot's start */
             if (early) {
