@@ -73,11 +73,11 @@ PYTEST_WORKERS ?= 2
 test: venv
 	$(MAKE) --no-print-directory hook testhook sim clients WERROR=1
 	$(MAKE) --no-print-directory lint
-	@# Each daemon would parse the headers' cffi declarations (pycparser: 0.1 s of CPU) where a module made from
-	@# them once loads at once (gemini/wire/cdefs.py).
-	@# Every test starts daemons, each a fresh Python: with PYTHONDONTWRITEBYTECODE set (as on CI's machines) each
-	@# of them compiled the package from source again. Compiled once here, they only read it.
+	@# Every test starts daemons, each a fresh Python. Each would parse the headers' cffi declarations (pycparser:
+	@# 0.1 s of CPU) where a module made from them once loads at once (gemini/wire/cdefs.py).
 	$(VPY) -m gemini.wire.cdefs
+	@# With PYTHONDONTWRITEBYTECODE set (as on CI's machines) each of them compiled the package from source again.
+	@# Compiled once here, they only read it.
 	$(VPY) -m compileall -q gemini tools bench tests >/dev/null
 	$(VPY) -m pytest -q -m "not timed" $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS))
 	$(VPY) -m pytest -q -m timed

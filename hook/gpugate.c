@@ -24,8 +24,8 @@ static struct gem_gpugate gates[GEM_MAX_DEVICES];
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int mirror_started;
 static atomic_int said_off;
-/* The mirror's, per GPU: the claim sequence whose claim was held GEM_CLAIM_HOLD_MAX_NS, ignored until the board
- * changes. */
+/* The mirror's, per GPU: the claim sequence whose claim held the word GEM_CLAIM_HOLD_MAX_NS (board.h), ignored
+ * until the board's claims change. */
 static uint32_t ignored_seq[GEM_MAX_DEVICES];
 static int ignoring[GEM_MAX_DEVICES];
 
@@ -35,8 +35,6 @@ static int ignoring[GEM_MAX_DEVICES];
 /* Several GPUs' boards: one futex at a time, the others looked at this often (a claim there takes effect up to
  * this much later). */
 #define MIRROR_MULTI_NS GEM_NS_PER_MS
-/* The word stays up at most GEM_CLAIM_HOLD_MAX_NS for one claim (board.h); that claim is then ignored until the
- * board's claims change. */
 
 struct gem_gpugate *gem_gpugate_of(int ordinal) {
     if (ordinal < 0 || ordinal >= GEM_MAX_DEVICES)

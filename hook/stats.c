@@ -66,8 +66,8 @@ static void format_stats(char *buf, size_t len) {
              LOAD(marker_sync_shrinks),
              LOAD(marker_intervals), (double)LOAD(marker_interval_ns) / 1e6, (double)LOAD(idle_ns) / 1e6,
              LOAD(group_passes), LOAD(quick_claim_releases), LOAD(early_claims),
-             (double)LOAD(early_claim_lag_ns) / 1e6, LOAD(withdrawals), LOAD(board_moves), LOAD(gpu_gate_waits), LOAD(gpu_gate_raises),
-             LOAD(gpu_gate_failures));
+             (double)LOAD(early_claim_lag_ns) / 1e6, LOAD(withdrawals), LOAD(board_moves), LOAD(gpu_gate_waits),
+             LOAD(gpu_gate_raises), LOAD(gpu_gate_failures));
 }
 
 int gemhook_stats(char *buf, size_t len) {
