@@ -189,6 +189,13 @@ class Board:
     def moved(self, slot: int) -> bool:
         return bool(self._lib.gemhook_board_moved(self._b, slot))
 
+    def set_flare(self, slot: int, up: bool) -> None:
+        """A latency group's pod manager: whether its hooks' flares count (its flare page is up and it may claim)."""
+        self._lib.gemhook_board_set_flare(self._b, slot, 1 if up else 0)
+
+    def flare(self, slot: int) -> bool:
+        return bool(self._lib.gemhook_board_flare(self._b, slot))
+
     @property
     def max_groups(self) -> int:
         return int(self._lib.GEM_BOARD_GROUPS)
@@ -199,6 +206,83 @@ class Board:
             try:
                 self._mm.close()
             except BufferError:     # a cffi view still alive somewhere: the mapping goes with the process
+                pass
+            self._mm = None  # type: ignore[assignment]
+
+    def unlink(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def flare_path(board_path: str | os.PathLike, slot: int) -> Path:
+    """Where a group's flare page lies: beside the board (hook/flare.c finds it the same way)."""
+    return Path(f"{os.fspath(board_path)}.flare{slot}")
+
+
+class Flare:
+    """A latency group's flare page (hook/gemini_proto.h): its pod manager creates it beside the board, mode 0644
+    (only the daemons' user writes it); the group's hooks raise it at an early claim's first launch, and batch hooks
+    hold their work on the GPU while it is up and the group's board line says `flare`."""
+
+    def __init__(self, path: Path, mm: mmap.mmap):
+        self.path = path
+        self._mm = mm
+        self._ffi, self._lib = _ffi()
+        self._f = self._ffi.cast("struct gem_flare *", self._ffi.from_buffer(mm))
+
+    @classmethod
+    def create(cls, board: "Board", slot: int) -> "Flare":
+        """A fresh flare page for line `slot` of `board`, replacing this user's stale one; BoardError if the name is
+        taken by someone else's file (a page another user could write must never count)."""
+        ffi, lib = _ffi()
+        path = flare_path(board.path, slot)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            pass
+        else:
+            if st.st_uid != os.geteuid():
+                raise BoardError(f"{path} exists and belongs to uid {st.st_uid}: no flare page for this group")
+            os.unlink(path)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise BoardError(f"cannot create the flare page {tmp}: {exc.strerror}") from None
+        try:
+            os.fchmod(fd, 0o644)
+            os.ftruncate(fd, int(lib.GEM_FLARE_SIZE))
+            mm = mmap.mmap(fd, int(lib.GEM_FLARE_SIZE), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        flare = cls(path, mm)
+        lib.gemhook_flare_init(flare._f, slot, board.generation)
+        os.replace(tmp, path)
+        return flare
+
+    def until_ns(self) -> int:
+        """The latest end of the group's raised flares (CLOCK_MONOTONIC ns), 0 if down."""
+        return int(self._lib.gemhook_flare_until(self._f))
+
+    def raises(self) -> int:
+        return int(self._lib.gemhook_flare_raises(self._f))
+
+    def raise_until(self, until_ns: int) -> None:
+        """What a hook does at an early claim's first launch (for tests and tools)."""
+        self._lib.gemhook_flare_raise(self._f, until_ns)
+
+    def changed(self) -> None:
+        """The group's claims changed on the board: wake the mirrors that sleep on this page."""
+        self._lib.gemhook_flare_changed(self._f)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            del self._f
+            try:
+                self._mm.close()
+            except BufferError:
                 pass
             self._mm = None  # type: ignore[assignment]
 

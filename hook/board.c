@@ -147,3 +147,58 @@ GEM_EXPORT void gemhook_board_mark_moved(struct gem_board *b, uint32_t slot) {
 GEM_EXPORT uint32_t gemhook_board_moved(const struct gem_board *b, uint32_t slot) {
     return slot < GEM_BOARD_GROUPS ? __atomic_load_n(&b->group[slot].moved, __ATOMIC_ACQUIRE) : 0;
 }
+
+/* A latency group's pod manager: its hooks' flares count (up) or not. Mirrors look for flare pages again, now. */
+GEM_EXPORT void gemhook_board_set_flare(struct gem_board *b, uint32_t slot, uint32_t up) {
+    if (slot >= GEM_BOARD_GROUPS)
+        return;
+    __atomic_store_n(&b->group[slot].flare, up ? 1u : 0u, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&b->claims.flare_gen, 1, __ATOMIC_SEQ_CST);
+    claims_changed(b);
+}
+
+GEM_EXPORT uint32_t gemhook_board_flare(const struct gem_board *b, uint32_t slot) {
+    return slot < GEM_BOARD_GROUPS ? __atomic_load_n(&b->group[slot].flare, __ATOMIC_ACQUIRE) : 0;
+}
+
+/* ---- a latency group's flare page (gemini_proto.h) ---- */
+
+GEM_EXPORT void gemhook_flare_init(struct gem_flare *f, uint32_t slot, uint64_t generation) {
+    memset(f, 0, sizeof *f);
+    f->slot = slot;
+    f->generation = generation;
+    __atomic_store_n(&f->magic, (uint32_t)GEM_FLARE_MAGIC, __ATOMIC_RELEASE);
+}
+
+/* The flare's sequence is raised and its sleepers woken. Every writer of the page does this after a change, and
+ * the group's pod manager after each claim and unclaim, so that a mirror sleeping on it misses nothing. */
+GEM_EXPORT void gemhook_flare_changed(struct gem_flare *f) {
+    __atomic_add_fetch(&f->seq, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, &f->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* A hook's early burst: batch work holds until `until_ns` (the latest of the group's flares). */
+GEM_EXPORT void gemhook_flare_raise(struct gem_flare *f, int64_t until_ns) {
+    int64_t cur = __atomic_load_n(&f->until_ns, __ATOMIC_SEQ_CST);
+    while (cur < until_ns &&
+           !__atomic_compare_exchange_n(&f->until_ns, &cur, until_ns, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        ;
+    __atomic_add_fetch(&f->raises, 1, __ATOMIC_SEQ_CST);
+    gemhook_flare_changed(f);
+}
+
+/* The hook's early burst was answered (its claim is on the board now, or it got none): its flare comes down,
+ * unless another of the group's hooks raised it further meanwhile. */
+GEM_EXPORT void gemhook_flare_lower(struct gem_flare *f, int64_t until_ns) {
+    int64_t cur = until_ns;
+    if (__atomic_compare_exchange_n(&f->until_ns, &cur, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        gemhook_flare_changed(f);
+}
+
+GEM_EXPORT int64_t gemhook_flare_until(const struct gem_flare *f) {
+    return __atomic_load_n(&f->until_ns, __ATOMIC_ACQUIRE);
+}
+
+GEM_EXPORT uint64_t gemhook_flare_raises(const struct gem_flare *f) {
+    return __atomic_load_n(&f->raises, __ATOMIC_ACQUIRE);
+}

@@ -32,6 +32,14 @@ GEM_EXPORT void gemhook_board_request_evict(struct gem_board *b, uint32_t slot, 
 GEM_EXPORT uint64_t gemhook_board_evict_seq(const struct gem_board *b, uint32_t slot);
 GEM_EXPORT void gemhook_board_mark_moved(struct gem_board *b, uint32_t slot);
 GEM_EXPORT uint32_t gemhook_board_moved(const struct gem_board *b, uint32_t slot);
+GEM_EXPORT void gemhook_board_set_flare(struct gem_board *b, uint32_t slot, uint32_t up);
+GEM_EXPORT uint32_t gemhook_board_flare(const struct gem_board *b, uint32_t slot);
+GEM_EXPORT void gemhook_flare_init(struct gem_flare *f, uint32_t slot, uint64_t generation);
+GEM_EXPORT void gemhook_flare_raise(struct gem_flare *f, int64_t until_ns);
+GEM_EXPORT void gemhook_flare_lower(struct gem_flare *f, int64_t until_ns);
+GEM_EXPORT void gemhook_flare_changed(struct gem_flare *f);
+GEM_EXPORT int64_t gemhook_flare_until(const struct gem_flare *f);
+GEM_EXPORT uint64_t gemhook_flare_raises(const struct gem_flare *f);
 /* cffi-end */
 
 /* The launch path's read: a relaxed load of one word on a line that changes only when a claim starts or
@@ -59,6 +67,25 @@ static inline uint32_t gem_board_claim_seq(const struct gem_board *b) {
  * grant flags, reads it to keep a batch holder's queue as short as claims need. */
 static inline uint32_t gem_board_latency_groups(const struct gem_board *b) {
     return __atomic_load_n(&b->claims.latency_groups, __ATOMIC_ACQUIRE);
+}
+
+/* The longest ahead a flare counts (a flare that says it lasts longer is a bug or a lie, and holds nobody): an early
+ * claim's launches go at most GEMINI_EARLY_CLAIM_MS ahead of its answer, as its charge does (MAX_CLAIM_AHEAD_MS). */
+#define GEM_FLARE_MAX_NS (5 * GEM_NS_PER_MS)
+
+/* A flare's end if it holds batch work at `now`, else 0. */
+static inline int64_t gem_flare_holds(const struct gem_flare *f, int64_t now) {
+    int64_t until = __atomic_load_n(&f->until_ns, __ATOMIC_ACQUIRE);
+    return (until > now && until - now <= GEM_FLARE_MAX_NS) ? until : 0;
+}
+
+static inline uint32_t gem_flare_seq(const struct gem_flare *f) {
+    return __atomic_load_n(&f->seq, __ATOMIC_ACQUIRE);
+}
+
+/* Raised whenever a group line's flare word changes. */
+static inline uint32_t gem_board_flare_gen(const struct gem_board *b) {
+    return __atomic_load_n(&b->claims.flare_gen, __ATOMIC_ACQUIRE);
 }
 
 #endif /* GEMINI_BOARD_H */

@@ -187,6 +187,13 @@ const struct gem_board *gem_device_board(struct gem_device *d, int32_t *slot) {
     return b;
 }
 
+int gem_device_board_file(struct gem_device *d, const struct gem_board *b, char *out, size_t len) {
+    pthread_mutex_lock(&board_mu);
+    int ok = b && d->board == b && d->board_path[0] && (size_t)snprintf(out, len, "%s", d->board_path) < len;
+    pthread_mutex_unlock(&board_mu);
+    return ok;
+}
+
 void gem_device_follow_board(struct gem_device *d, int told, int64_t timeout_ns) {
     int32_t slot;
     const struct gem_board *b = gem_device_board(d, &slot);

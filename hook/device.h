@@ -64,6 +64,9 @@ int gem_ungated(void);
  * the group's line on it (`slot`, may be NULL), read together. Cheap when nothing changed. */
 const struct gem_board *gem_device_board(struct gem_device *d, int32_t *slot);
 
+/* The path `b` was mapped from, if it is d's board now (copied into out; 1), else 0: the flare pages lie beside it. */
+int gem_device_board_file(struct gem_device *d, const struct gem_board *b, char *out, size_t len);
+
 /* Ask the pod manager where its board is now (BOARD_QUERY, waiting at most timeout_ns) and map it, when `told` (a
  * grant's GEM_GRANT_BOARD) or when the group's line on the page in use is marked `moved` (a new gem-schd: then at
  * most every 100 ms). Cheap otherwise: one load. Called at grants and by the watcher, never on the launch path. */

@@ -457,6 +457,29 @@ static int64_t claim_idle_ns(struct gem_gate *g) {
     return soon * 4 < n ? 1 : idle;
 }
 
+/* An early burst's first launch: batch processes hold their work on the GPU now, not when the pod manager has
+ * written the claim on the board (flare.h). Only while the group's board line says its flares count. */
+static void raise_flare(struct gem_gate *g, int64_t t) {
+    if (!gem_cfg.flare || !g->board || g->board_slot < 0 || !gemhook_board_flare(g->board, (uint32_t)g->board_slot))
+        return;
+    struct gem_flare *f = gem_flare_of_group(g->dev, g->board, g->board_slot);
+    if (!f)
+        return;
+    int64_t ahead = gem_cfg.early_claim_ns < GEM_FLARE_MAX_NS ? gem_cfg.early_claim_ns : GEM_FLARE_MAX_NS;
+    g->flare = f;
+    g->flare_until_ns = t + ahead;
+    gemhook_flare_raise(f, g->flare_until_ns);
+    atomic_fetch_add(&gem_stats.flares, 1);
+}
+
+/* The early burst's answer came (its claim is on the board, or there is none): its flare comes down. */
+static void lower_flare(struct gem_gate *g) {
+    if (g->flare)
+        gemhook_flare_lower(g->flare, g->flare_until_ns);
+    g->flare = NULL;
+    g->flare_until_ns = 0;
+}
+
 /* Ask for a token. Called with g->mu held and state NONE (or REQUESTING, by the claimer for an early claim);
  * returns with g->mu held. `early`: the burst began before this request was answered, and its first launch
  * marked the slot's start. */
@@ -480,6 +503,8 @@ static int request_locked(struct gem_gate *g, int early) {
          * launchers wait meanwhile (the state is still REQUESTING). */
         gem_device_follow_board(g->dev, (reply.u.token_grant.flags & GEM_GRANT_BOARD) != 0, GEM_NS_PER_S);
     pthread_mutex_lock(&g->mu);
+    if (early)
+        lower_flare(g);
     if (rc == GEM_CALL_OK && reply.hdr.type == GEM_MSG_TOKEN_GRANT) {
         int64_t now = gem_now_ns();
         int64_t quota = reply.u.token_grant.quota_ns;
@@ -708,6 +733,7 @@ CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t no
                     g->ctx = ctx;
                 atomic_store(&g->deadline_ns, t + gem_cfg.early_claim_ns);
                 atomic_fetch_add(&gem_stats.early_claims, 1);
+                raise_flare(g, t);
                 break;
             }
         }
@@ -1142,6 +1168,8 @@ void gem_gate_after_fork(void) {
             g->early_pending = 0;
             g->early_rc = GEM_CALL_OK;
             g->claim_ready = 0;                 /* its first request is answered before it launches */
+            g->flare = NULL;                    /* a flare in flight is the parent's to lower */
+            g->flare_until_ns = 0;
         }
     }
     /* The watcher did not survive the fork; the next grant starts a new one (wake_watcher). */

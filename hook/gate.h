@@ -11,6 +11,7 @@
 
 #include "cuda_types.h"
 #include "device.h"
+#include "flare.h"
 #include "inflight.h"
 #include "stats.h"
 #include "util.h"
@@ -95,6 +96,8 @@ struct gem_gate {
     int early_pending;          /* a claim asked for ahead of its answer, for the claimer thread to send */
     int early_rc;               /* the claimer's request failed (GEM_CALL_*) while a launch waited for it */
     int64_t early_since_ns;     /* when that burst's first launch went ahead */
+    struct gem_flare *flare;    /* ... and the group's flare page it raised then (flare.h), until its answer */
+    int64_t flare_until_ns;
     struct gem_inflight inflight;
 };
 

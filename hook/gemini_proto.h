@@ -252,7 +252,9 @@ struct gem_board_claims {                /* line 1: read on every batch launch *
     uint32_t claim_seq;                  /* the pod managers: raised at every claim and unclaim, and the page's
                                           * waiters woken (futex): batch hooks' claim mirrors sleep on it */
     uint32_t features;                   /* gem-schd, once: GEM_BOARD_FEATURE_* its daemons keep up */
-    uint8_t pad[36];
+    uint32_t flare_gen;                  /* the pod managers: raised whenever a group line's `flare` changes (batch
+                                          * hooks' claim mirrors then look again for flare pages) */
+    uint8_t pad[32];
 };
 
 struct gem_board_group {                 /* one line per group */
@@ -266,13 +268,37 @@ struct gem_board_group {                 /* one line per group */
                                           * move their managed memory to the host (answered by RESIDENCY) */
     uint32_t moved;                      /* the pod manager: 1 once it left this page for another (gem-schd
                                           * restarted); its hooks then ask it where (BOARD_QUERY) */
-    uint8_t pad[12];
+    uint32_t flare;                      /* the pod manager (latency class): 1 while its group may claim and its flare
+                                          * page is up: batch hooks then honour the flares its hooks raise there */
+    uint8_t pad[8];
 };
 
 struct gem_board {
     struct gem_board_head head;
     struct gem_board_claims claims;
     struct gem_board_group group[GEM_BOARD_GROUPS];
+};
+
+/*
+ * A latency group's flare page: a file beside the board ("<board path>.flare<line>") that its pod manager creates,
+ * not writable by others (mode 0644), and the group's hooks map read-write. A hook whose early claim launches
+ * before its pod manager has answered (about 0.5 ms of Python later) raises the flare at its first launch: batch
+ * hooks' claim mirrors hold their queued work on the GPU at once, as they do for a claim on the board. The board
+ * stays read-only to hooks; a flare counts only while the group's board line says `flare` (the pod manager's
+ * word: the group may claim), for at most GEM_FLARE_MAX_NS ahead, and the pod manager takes the right away from a
+ * group whose flares are not followed by requests.
+ */
+#define GEM_FLARE_MAGIC 0x52414c46       /* "FLAR" */
+#define GEM_FLARE_SIZE 4096
+struct gem_flare {
+    uint32_t magic;                      /* the pod manager, last at creation */
+    uint32_t slot;                       /* the pod manager: the group's line on the board */
+    uint64_t generation;                 /* the pod manager: the board's generation */
+    int64_t until_ns;                    /* the group's hooks: batch work holds until then (0: down) */
+    uint64_t raises;                     /* the group's hooks: flares raised */
+    uint32_t seq;                        /* raised at every flare, lowering, claim and unclaim of the group (a futex
+                                          * word: a batch mirror with this one flare to follow sleeps on it) */
+    uint8_t pad[28];
 };
 /* cffi-end */
 
@@ -284,6 +310,7 @@ _Static_assert(sizeof(struct gem_board_head) == GEM_BOARD_LINE, "gem_board_head 
 _Static_assert(sizeof(struct gem_board_claims) == GEM_BOARD_LINE, "gem_board_claims size");
 _Static_assert(sizeof(struct gem_board_group) == GEM_BOARD_LINE, "gem_board_group size");
 _Static_assert(sizeof(struct gem_board) == GEM_BOARD_SIZE, "gem_board size");
+_Static_assert(sizeof(struct gem_flare) == 64, "gem_flare size");
 #endif
 
 #endif /* GEMINI_PROTO_H */

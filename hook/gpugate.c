@@ -13,6 +13,7 @@
 
 #include "board.h"
 #include "device.h"
+#include "flare.h"
 #include "gpugate.h"
 #include "real.h"
 #include "settings.h"
@@ -92,9 +93,16 @@ static void *mirror_main(void *arg) {
             const struct gem_board *b = atomic_load(&gg->board);
             if (atomic_load(&gg->state) == GEM_GPUGATE_FAILED)
                 b = NULL;
+            /* A latency process's flare: its request launched, and its claim is not on the board yet. Looked at
+             * first: the flare page's sequence, which this mirror may sleep on, is read before the board's claim
+             * (its pod manager raises it after writing a claim there). */
+            struct gem_flare_view flares;
+            gem_flare_look(i, b, now, &flares);
             /* the sequence before the end: a claim after this read changes it, and the futex returns at once */
             uint32_t seq = b ? gem_board_claim_seq(b) : 0;
             int64_t until = b ? gem_board_claim_until(b) : 0;
+            if (flares.until > until)
+                until = flares.until;
             int up = until > now;
             if (ignoring[i] && seq != ignored_seq[i])
                 ignoring[i] = 0;
@@ -111,9 +119,14 @@ static void *mirror_main(void *arg) {
             if (up && until - now < sleep_ns)
                 sleep_ns = until - now;
             if (b && boards++ == 0) {
-                sleep_on = &b->claims.claim_seq;
-                seen = seq;
+                /* one latency group with its flare page: that page's sequence changes at its flares and at its
+                 * claims (the board's changes only at claims: a flare raised while the mirror went to sleep on it
+                 * would wait for the timeout) */
+                sleep_on = flares.sleep_on ? flares.sleep_on : &b->claims.claim_seq;
+                seen = flares.sleep_on ? flares.seen : seq;
             }
+            if (flares.count > 0 && !flares.sleep_on && sleep_ns > MIRROR_MULTI_NS)
+                sleep_ns = MIRROR_MULTI_NS;   /* several pages to follow: looked at this often */
         }
         if (boards > 1 && sleep_ns > MIRROR_MULTI_NS)
             sleep_ns = MIRROR_MULTI_NS;

@@ -21,6 +21,7 @@
  *   2  client      the connection to a pod manager
  *   3  device      the device registry, endpoints, fail-open
  *      gpugate     a batch process's streams held on the GPU during a latency group's claim
+ *      flare       latency groups' flare pages: raised by their hooks, honoured by batch mirrors
  *   4  capture     open stream captures
  *      inflight    marker events that keep the queued work short
  *      gate        the token: bursts, drain, expiry, the watcher
@@ -40,6 +41,7 @@
 #include "capture.h"
 #include "device.h"
 #include "gate.h"
+#include "flare.h"
 #include "gpugate.h"
 #include "inflight.h"
 #include "memory.h"
@@ -61,6 +63,7 @@ static void (*const after_fork_child[])(void) = {
     gem_stats_after_fork,       /* the child's counters start at zero */
     gem_real_after_fork,        /* its locks free */
     gem_device_after_fork,      /* no connection of the parent's, fail-open forgotten */
+    gem_flare_after_fork,       /* the mirror's pages looked for again */
     gem_gpugate_after_fork,     /* no mirror thread, no registered word */
     gem_capture_after_fork,     /* no capture open */
     gem_inflight_after_fork,    /* no marker events of the parent's */

@@ -28,6 +28,7 @@ struct gem_settings gem_cfg = {
     .claim_idle_ns = GEM_NS_PER_MS / 2,
     .inflight_ns = GEM_NS_PER_MS,
     .gpu_gate = 1,
+    .flare = 1,
     .early_claim_ns = 2 * GEM_NS_PER_MS,
     .connect_timeout_ns = 10 * GEM_NS_PER_S,
     .token_timeout_ns = 300 * GEM_NS_PER_S,
@@ -107,7 +108,7 @@ static const char *const file_keys[] = {
     "GEMINI_DISABLE", "GEMINI_FAIL_OPEN", "GEMINI_GROUP_NAME", "GEMINI_POD_MANAGER_IP", "GEMINI_POD_MANAGER_PORT",
     "GEMINI_POD_MANAGERS", "GEMINI_IPC_DIR", "GEMINI_BOARD_DIR", "GEMINI_IDLE_RELEASE_MS", "GEMINI_CLAIM_IDLE_MS",
     "GEMINI_INFLIGHT_MS", "GEMINI_EARLY_CLAIM_MS", "GEMINI_CONNECT_TIMEOUT_MS", "GEMINI_TOKEN_TIMEOUT_MS",
-    "GEMINI_GPU_GATE",
+    "GEMINI_GPU_GATE", "GEMINI_FLARE",
 };
 #define N_FILE_KEYS (sizeof file_keys / sizeof file_keys[0])
 
@@ -317,6 +318,8 @@ void gem_settings_load(void) {
     setting_ms("GEMINI_EARLY_CLAIM_MS", &gem_cfg.early_claim_ns);
     if ((v = setting("GEMINI_GPU_GATE")) && *v)
         gem_cfg.gpu_gate = setting_flag("GEMINI_GPU_GATE");
+    if ((v = setting("GEMINI_FLARE")) && *v)
+        gem_cfg.flare = setting_flag("GEMINI_FLARE");
     setting_ms("GEMINI_CONNECT_TIMEOUT_MS", &gem_cfg.connect_timeout_ns);
     setting_ms("GEMINI_TOKEN_TIMEOUT_MS", &gem_cfg.token_timeout_ns);
     if (gem_cfg.settings_file[0])

@@ -34,6 +34,8 @@ struct gem_settings {
     int64_t burst_window_ns;    /* prediction looks back this far (Gemini: 3 s) */
     int64_t claim_idle_ns;      /* GEMINI_CLAIM_IDLE_MS: a latency group's claim ends this long after its burst */
     int64_t inflight_ns;        /* GEMINI_INFLIGHT_MS: GPU work kept queued per stream while bounded */
+    int flare;                  /* GEMINI_FLARE=0: a latency process raises no flare (flare.h); batch work makes way for its
+                                 * requests when its pod manager has written the claim on the board */
     int gpu_gate;               /* GEMINI_GPU_GATE=0: no GPU-side gate during claims (gpugate.h); the queue
                                  * then stays GEMINI_INFLIGHT_MS short next to a latency group */
     int64_t early_claim_ns;     /* GEMINI_EARLY_CLAIM_MS: a latency process launches this long before its

@@ -51,7 +51,7 @@ static void format_stats(char *buf, size_t len) {
              "claim_pauses=%llu claim_pause_ms=%.3f markers=%llu marker_waits=%llu marker_wait_ms=%.3f "
              "turn_passes=%llu marker_grows=%llu marker_shrinks=%llu marker_sync_shrinks=%llu marker_intervals=%llu "
              "marker_interval_ms=%.3f idle_ms=%.3f "
-             "group_passes=%llu quick_claim_releases=%llu early_claims=%llu early_claim_lag_ms=%.3f withdrawals=%llu "
+             "group_passes=%llu quick_claim_releases=%llu early_claims=%llu early_claim_lag_ms=%.3f flares=%llu withdrawals=%llu "
              "board_moves=%llu "
              "gpu_gate_waits=%llu gpu_gate_raises=%llu gpu_gate_failures=%llu",
              (unsigned long long)gem_total_launches(), LOAD(grants), LOAD(token_requests), LOAD(waits),
@@ -66,7 +66,7 @@ static void format_stats(char *buf, size_t len) {
              LOAD(marker_sync_shrinks),
              LOAD(marker_intervals), (double)LOAD(marker_interval_ns) / 1e6, (double)LOAD(idle_ns) / 1e6,
              LOAD(group_passes), LOAD(quick_claim_releases), LOAD(early_claims),
-             (double)LOAD(early_claim_lag_ns) / 1e6, LOAD(withdrawals), LOAD(board_moves), LOAD(gpu_gate_waits),
+             (double)LOAD(early_claim_lag_ns) / 1e6, LOAD(flares), LOAD(withdrawals), LOAD(board_moves), LOAD(gpu_gate_waits),
              LOAD(gpu_gate_raises), LOAD(gpu_gate_failures));
 }
 

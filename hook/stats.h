@@ -18,7 +18,7 @@ struct gem_stats {
         procaddr_fallback, procaddr_unrouted, reconnects, slots_measured, used_ns, continuations, claim_pauses,
         claim_pause_ns, markers, marker_waits, marker_wait_ns, turn_passes, marker_grows, marker_shrinks,
         marker_sync_shrinks, marker_intervals, marker_interval_ns, idle_ns, group_passes, quick_claim_releases,
-        early_claims, early_claim_lag_ns, withdrawals, board_moves, gpu_gate_waits, gpu_gate_raises, gpu_gate_failures;
+        early_claims, early_claim_lag_ns, flares, withdrawals, board_moves, gpu_gate_waits, gpu_gate_raises, gpu_gate_failures;
 };
 extern struct gem_stats gem_stats;
 

@@ -141,6 +141,9 @@ def test_a_latency_request_launches_before_its_claim_is_answered(tmp_path, hook_
     # here), so that an operator sees how much of a request ran before the batch holders made way
     lag_ms = inf["early_claim_lag_ms"] / inf["early_claims"]
     assert 0.01 < lag_ms < 50, inf
+    # ... which the group's flare covers: each early request raised it at its first launch (hook/flare.h), and the
+    # pod manager's audit never took the right away (every flare was followed by its request)
+    assert inf["flares"] >= inf["early_claims"] - 2, inf
 
 
 def test_back_to_back_bursts_keep_their_claim(tmp_path, hook_lib, backends):

@@ -21,7 +21,7 @@ LAYERS = {
     "cuda_types.h": 0, "gemini_proto.h": 0, "hook_table.h": 0, "hook_exports.h": 0,
     "util": 1, "board": 1, "settings": 1, "stats": 1, "real": 1, "thread": 1,
     "client": 2,
-    "device": 3, "gpugate": 3,
+    "device": 3, "gpugate": 3, "flare": 3,
     "capture": 4, "inflight": 4, "gate": 4, "memory": 4, "residency": 4, "rejoin": 4, "vmm": 4, "context": 4, "nvml": 4,
     "wrappers": 5,
     "symbols": 6,

@@ -1252,3 +1252,139 @@ def test_a_rejoined_processs_managed_count_is_a_guess_that_its_reports_and_frees
     assert r.m.residency.managed_bytes == 150 and r.m.residency.resident_bytes == 150
     r.m.on_hook(a, 4, hp.Residency(managed_bytes=100, resident_bytes=0, direction=hp.RESIDENCY_TO_HOST))
     assert r.m.residency.managed_bytes == 150          # no longer a guess: a report lowers it no more
+
+
+# --- latency class: the flare page ---------------------------------------------------------------------------
+
+class FlareRigBoard(FakeBoard):
+    def __init__(self):
+        super().__init__()
+        self.flares: dict[int, bool] = {}
+
+    def set_flare(self, slot, up):
+        self.flares[slot] = up
+
+    def flare(self, slot):
+        return self.flares.get(slot, False)
+
+
+class FakeFlarePage:
+    def __init__(self):
+        self.until = 0
+        self.changes = 0
+        self.gone = False
+
+    def until_ns(self):
+        return self.until
+
+    def changed(self):
+        self.changes += 1
+
+    def unlink(self):
+        self.gone = True
+
+    def close(self):
+        pass
+
+
+def flare_rig(sched_class: str = "latency"):
+    board, pages = FlareRigBoard(), []
+
+    def create(b, slot):
+        assert b is board and slot == 3
+        pages.append(FakeFlarePage())
+        return pages[-1]
+    r = Rig(welcomed=False, board_open=lambda path: board, flare_create=create)
+    r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.5, max_util=1.0, mem_limit=1000, scheduler_id="s1",
+                                sched_class=sched_class, board_path="/dev/shm/b", board_slot=3))
+    return r, board, pages
+
+
+def test_a_latency_groups_flare_counts_while_it_may_claim():
+    """The flare page is made with the board; the board line's word says the group's flares count exactly while
+    gem-schd lets it claim, and each change wakes the mirrors sleeping on the page."""
+    r, board, pages = flare_rig()
+    assert len(pages) == 1 and not board.flare(3)
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    assert board.flare(3) and pages[0].changes == 1 and r.m.status()["flare"] == "up"
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=False, max_claim_ms=20.0))
+    assert not board.flare(3) and pages[0].changes == 2 and r.m.status()["flare"] == "down"
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    board.flares[3] = False     # gem-schd cleared it (it thought this pod manager gone): said again at the next right
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    assert board.flare(3)
+    # a claim and its end wake the page's sleepers too (a mirror may sleep on the page, not on the board)
+    before = pages[0].changes
+    cid = r.hook(pid=1)
+    r.m.clients[cid].latency = True
+    [g] = to_hook(r.m.on_hook(cid, 5, hp.TokenRequest()))
+    r.m.on_hook(cid, 6, hp.TokenRelease(token_seq=g.msg.token_seq))
+    assert pages[0].changes == before + 2
+    # a new board: the old page goes, and its flares count no more
+    r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.5, max_util=1.0, mem_limit=1000, scheduler_id="s2",
+                                sched_class="latency", board_path="/dev/shm/b", board_slot=3))
+    assert pages[0].gone and len(pages) == 2
+
+
+def test_a_batch_group_has_no_flare_page_and_one_that_becomes_batch_drops_it():
+    r, board, pages = flare_rig("batch")
+    assert pages == [] and r.m.status()["flare"] == "none"
+    r, board, pages = flare_rig("latency")
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    r.m.on_scheduler(sm.ConfigUpdate(group=GROUP, min_util=0.5, max_util=1.0, mem_limit=1000, sched_class="batch"))
+    assert pages[0].gone and not board.flare(3)
+
+
+def test_an_early_claim_under_a_counted_flare_credits_its_time_ahead():
+    """The flare held the others from the early claim's first launch: the report says so (held_ahead_ms), so that
+    gem-schd credits them that time too. Without a flare that counts, nothing ahead is credited."""
+    r, board, pages = flare_rig()
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    cid = r.hook(pid=1)
+    r.m.clients[cid].latency = True
+    launched = int((r.clock.now - 0.0004) * 1e9)
+    [g] = to_hook(r.m.on_hook(cid, 5, hp.TokenRequest(launched_ns=launched)))
+    r.clock.advance(0.001)
+    [rep] = upstream(r.m.on_hook(cid, 6, hp.TokenRelease(token_seq=g.msg.token_seq)))
+    assert rep.ahead_ms == pytest.approx(0.4) and rep.held_ahead_ms == pytest.approx(0.4)
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=False, max_claim_ms=20.0))
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    r.m.claims.flares.revoked = True            # (as after an audit)
+    r.m.claims.flares.follow(True)
+    r.clock.advance(0.1)
+    launched = int((r.clock.now - 0.0004) * 1e9)
+    [g] = to_hook(r.m.on_hook(cid, 7, hp.TokenRequest(launched_ns=launched)))
+    [rep] = upstream(r.m.on_hook(cid, 8, hp.TokenRelease(token_seq=g.msg.token_seq)))
+    assert rep.ahead_ms == pytest.approx(0.4) and rep.held_ahead_ms == 0.0
+
+
+def test_flares_raised_without_requests_lose_their_right():
+    """A process of the group that keeps its flare up and asks for no claim would hold every batch process at will:
+    three ticks in a row of a flare up with no claim begun or running take the flare's right away for good (claims
+    go on). An honest flare, followed by its request within a millisecond, never counts a strike."""
+    r, board, pages = flare_rig()
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    page = pages[0]
+    cid = r.hook(pid=1)
+    r.m.clients[cid].latency = True
+    for _ in range(10):         # honest: each flare answered by a claim
+        page.until = int((r.clock.now + 0.002) * 1e9)
+        [g] = to_hook(r.m.on_hook(cid, 5, hp.TokenRequest()))
+        r.m.tick()
+        r.clock.advance(0.0005)
+        r.m.on_hook(cid, 6, hp.TokenRelease(token_seq=g.msg.token_seq))
+        page.until = 0
+        r.clock.advance(0.05)
+        r.m.tick()
+    assert board.flare(3) and r.m.claims.flares.strikes == 0
+    for i in range(3):          # up, and nobody asks
+        page.until = int((r.clock.now + 0.004) * 1e9)
+        r.clock.advance(0.05)
+        page.until = int((r.clock.now + 0.004) * 1e9)
+        r.m.tick()
+        assert board.flare(3) == (i < 2)
+    assert r.m.claims.flares.revoked and r.m.status()["flare"] == "revoked"
+    r.m.on_scheduler(sm.ClaimRight(group=GROUP, allowed=True, max_claim_ms=20.0))
+    assert not board.flare(3)
+    [g] = to_hook(r.m.on_hook(cid, 9, hp.TokenRequest()))
+    assert g.msg.flags & hp.GRANT_CLAIM

@@ -786,3 +786,14 @@ def test_others_grantable_says_whether_releasing_now_would_let_another_group_run
     assert not p.others_grantable(42.0)                     # b is paced until 1000 ms
     p.not_before = {}
     assert p.others_grantable(43.0)
+
+
+def test_an_early_claims_time_ahead_under_a_flare_is_credited_to_the_holder():
+    """With the group's flare up, the holder was held from the early claim's first launch: that part of the time
+    ahead (held_ahead_ms, never more than ahead_ms) is credited to it as the span is."""
+    p = Policy(config(("inf", 0.5, 1.0, "latency"), ("train", 0.0, 1.0)), 100.0, 5.0, 10_000.0)
+    [g] = grants(p.request("train", now=0.0))
+    p.claimed("inf", 10.0, 12.0, now=13.0, used_ms=2.3, ahead_ms=0.4, held_ahead_ms=0.4)
+    p.claimed("inf", 20.0, 22.0, now=23.0, used_ms=2.3, ahead_ms=0.4, held_ahead_ms=9.0)   # at most ahead_ms
+    p.release("train", g.token_seq, now=40.0)
+    assert p.usage("train", 40.0) == pytest.approx(40.0 - 2 * 2.4)

@@ -34,7 +34,7 @@ from gemini.peercred import PeerCredentials
 from gemini.wire import hook as hp
 from gemini.wire import sched as sm
 
-from .claims import ClaimBroker
+from .claims import ClaimBroker, ClaimSpan, FlareKeeper
 from .residency import GroupResidency, Report
 from .sharing import TOKEN_MIN_LEFT_S, GroupToken, SharingStrategy, release_if_unused, strategy_for
 
@@ -181,7 +181,8 @@ class PodManager:
 
     def __init__(self, group: str, clock: Callable[[], float], *, device_uuid: str | None = None,
                  pid: int | None = None, scheduler_addr: str = "gem-schd", turns: bool = False,
-                 board_open: Optional[Callable[[str], Any]] = None, pid_ns: int = 0,
+                 board_open: Optional[Callable[[str], Any]] = None,
+                 flare_create: Optional[Callable[[Any, int], Any]] = None, pid_ns: int = 0,
                  process_exists: Optional[Callable[[int], bool]] = None):
         self.group = group
         self.clock = clock
@@ -207,6 +208,8 @@ class PodManager:
         self.residency = GroupResidency()   # unified groups: managed memory and evictions (residency.py)
         # The GPU's board page (from the Welcome): claims, and the turn queue's length for the hooks.
         self._board_open = board_open
+        self._flare_create = flare_create   # a latency group's flare page beside the board (claims.FlareKeeper)
+        self._flare_page: Any = None
         self.board: Any = None
         self.board_path = ""
         self.board_slot = -1
@@ -374,6 +377,7 @@ class PodManager:
                 and (self.board is not None or not path)):
             return
         self.claims_end_all(self.clock())
+        self.drop_flare()
         # The hooks read the board they were told of until told otherwise: their next grant says so (GRANT_BOARD),
         # and they ask (BOARD_QUERY). Without it, processes that were running when gem-schd restarted never
         # paused for a claim, never saw an eviction request and were never continued again.
@@ -397,15 +401,52 @@ class PodManager:
                 log.warning("cannot use the board page %s: %s", path, exc)
                 self.board = None
         self.claims.attach(self.board, slot if self.board is not None else -1)
+        self._keep_flare()
+
+    def _keep_flare(self) -> None:
+        """A latency group on a board has a flare page (hook/flare.h), which counts while the group may claim; a
+        batch group has none."""
+        create = self._flare_create
+        if create is None or self.sched_class != "latency" or self.board is None or self.board_slot < 0:
+            self.drop_flare()
+            return
+        if self.claims.flares is None:
+            try:
+                self._flare_page = create(self.board, self.board_slot)
+            except Exception as exc:   # the name taken, no room: claims still work, a little later
+                log.warning("no flare page for this latency group: %s", exc)
+                return
+            self.claims.flares = FlareKeeper(self.board, self.board_slot, self._flare_page)
+        self.claims.flares.follow(self.claims.allowed)
+
+    def _flare_state(self) -> str:
+        """The flare page's state for status: none (batch, no board, or it could not be made), up (its flares count),
+        down (the group may not claim now), revoked (flares raised without requests: they count no more)."""
+        keeper = self.claims.flares
+        if keeper is None:
+            return "none"
+        return "revoked" if keeper.revoked else "up" if keeper.up else "down"
+
+    def drop_flare(self) -> None:
+        """The flare page goes (a new board, a batch class, or the pod manager stops)."""
+        if self.claims.flares is not None:
+            self.claims.flares.detach()
+            self.claims.flares = None
+        page, self._flare_page = self._flare_page, None
+        if page is not None:
+            for step in ("unlink", "close"):
+                if hasattr(page, step):
+                    getattr(page, step)()
 
     def claims_end_all(self, now: float) -> list[Action]:
         return self._claim_reports(self.claims.end_all(now))
 
-    def _claim_reports(self, spans: list[tuple[float, float, float, float]]) -> list[Action]:
+    def _claim_reports(self, spans: list[ClaimSpan]) -> list[Action]:
         if not self.link.registered:
             return []
-        return [ToScheduler(sm.ClaimReport(group=self.group, start_s=s, end_s=e, used_ms=u, ahead_ms=a))
-                for s, e, u, a in spans]
+        return [ToScheduler(sm.ClaimReport(group=self.group, start_s=s, end_s=e, used_ms=u, ahead_ms=a,
+                                           held_ahead_ms=h))
+                for s, e, u, a, h in spans]
 
     def _show_waiters(self) -> None:
         """Turns: the queue's length on the board, so a holder whose burst ended passes its turn on."""
@@ -803,6 +844,8 @@ class PodManager:
             return self._after(self._on_grant(msg, now))
         if isinstance(msg, sm.ClaimRight):
             self.claims.set_right(msg.allowed, msg.max_claim_ms)
+            if self.claims.flares is not None:
+                self.claims.flares.follow(self.claims.allowed)
             return []
         if isinstance(msg, sm.Evict):
             return self._on_evict(msg, now)
@@ -810,6 +853,7 @@ class PodManager:
             self.min_util, self.max_util = msg.min_util, msg.max_util
             self.sched_class, self.memory_mode = msg.sched_class, msg.memory_mode
             self._count_held_as_managed()
+            self._keep_flare()
             return self._after(self._set_turns(msg.turns, now) + self._set_limit(msg.mem_limit))
         if isinstance(msg, sm.HeartbeatAck):
             if link.scheduler_id is not None and msg.scheduler_id != link.scheduler_id:
@@ -882,6 +926,8 @@ class PodManager:
         link.last_hello = now      # retry Hello in HELLO_RETRY_S
         self.claims.set_right(False, 0.0)
         self.claims.end_all(now)
+        if self.claims.flares is not None:
+            self.claims.flares.follow(False)
         return self._refuse_waiting() + self._resolve_deferred()
 
     def upstream_failed(self, msg: sm.Message) -> list[Action]:
@@ -918,6 +964,8 @@ class PodManager:
                 actions += self._send_upstream()
             actions += self.sharing.tick(self, now)
         actions += self._claim_reports(self.claims.expire(now))
+        if self.claims.flares is not None:
+            self.claims.flares.audit(now)
         expired_evict = self.residency.expire(now)
         if expired_evict is not None:
             log.warning("eviction %d: not every process answered within %.0f s; gem-schd goes on without it",
@@ -940,7 +988,8 @@ class PodManager:
             "token_left_ms": max(0.0, token.left(now) * 1000), "holders": sorted(token.holders),
             "waiting": len(token.waiting), "upstream_outstanding": self.link.upstream is not None,
             "sharing": self.sharing.name, "class": self.sched_class, "claim_allowed": self.claims.allowed,
-            "claims": self.claims.claims, "members": self.members(), "memory_mode": self.memory_mode,
+            "claims": self.claims.claims, "flare": self._flare_state(), "members": self.members(),
+            "memory_mode": self.memory_mode,
             "managed_bytes": self.residency.managed_bytes, "resident_bytes": self.residency.resident_bytes,
         }
 

@@ -28,7 +28,7 @@ from gemini.peercred import PeerCredentials, peer_credentials
 from gemini.wire import sched as sm
 from gemini.wire import hook as hp
 
-from gemini.board import Board
+from gemini.board import Board, Flare
 
 from .admission import Admission, Limits
 from .auth import AllowAll, PeerAuthorizer
@@ -118,7 +118,8 @@ class PodManagerServer:
             self.scheduler_endpoint = transport.tcp_endpoint(scheduler_ip, scheduler_port)
             self._scheduler_ipv6 = transport.is_ipv6(scheduler_ip)
         self.manager = PodManager(group, clock, device_uuid=device_uuid, scheduler_addr=self.scheduler_endpoint,
-                                  board_open=Board.open, pid_ns=own_pid_namespace(), process_exists=process_exists)
+                                  board_open=Board.open, flare_create=Flare.create, pid_ns=own_pid_namespace(),
+                                  process_exists=process_exists)
         # The ledger file (ledger.py): beside the group's socket, or where --ledger says; none on TCP without it.
         if ledger_path is None and self.socket_path is not None:
             ledger_path = self.socket_path.with_name(self.socket_path.name.removesuffix(".sock") + ".ledger")
@@ -193,6 +194,7 @@ class PodManagerServer:
     async def stop(self, farewell: str | None = None) -> None:
         """Stop serving. `farewell`: why, told to every connected hook first (an ERROR push, UNKNOWN_GROUP), so
         that its process can say so rather than only that the pod manager went away."""
+        self.manager.drop_flare()       # its flares counted only while this pod manager audited them
         if self._ledger is not None:    # before the connections close: what a successor must wait for
             self._ledger.close({} if farewell else self.manager.ledger_record())
             self._ledger = None

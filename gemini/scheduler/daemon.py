@@ -284,7 +284,9 @@ class SchedulerDaemon:
     def _assign_board_slots(self, config: Config) -> None:
         """Every group keeps its line while it exists; a new group takes the lowest free one."""
         for name in [n for n in self._board_slots if config.group(n) is None]:
-            del self._board_slots[name]
+            gone = self._board_slots.pop(name)
+            if self.board is not None:
+                self.board.set_flare(gone, False)   # a removed group's processes raise no flare that counts
         if self.board is None:
             return
         used = set(self._board_slots.values())
@@ -535,7 +537,7 @@ class SchedulerDaemon:
                 start, end = self._policy_ms(msg.start_s), self._policy_ms(msg.end_s)
                 span = self.policy.claim_span(start, end, now)
                 decisions = self.policy.claimed(msg.group, start, end, now, used_ms=msg.used_ms,
-                                                ahead_ms=msg.ahead_ms)
+                                                ahead_ms=msg.ahead_ms, held_ahead_ms=msg.held_ahead_ms)
                 if span is not None:
                     # what the policy took: a report's raw span (a stale start) added 100 s to the metrics
                     self._notify("on_claim", msg.group, *span)
@@ -998,6 +1000,10 @@ class SchedulerDaemon:
                             now - peer.last_seen)
                 self._forget_peer(identity)
                 if peer.group not in self._owners:
+                    slot = self._board_slots.get(peer.group, -1)
+                    if self.board is not None and slot >= 0 and self.board.flare(slot):
+                        # its flares were the pod manager's to audit: none count until a pod manager says so again
+                        self.board.set_flare(slot, False)
                     t = self.now_ms()
                     self._dispatch(self.policy.cancel(peer.group, t), t)
         if self.guard is not None:

@@ -552,14 +552,14 @@ class Policy:
         return (start_ms, end_ms) if end_ms > start_ms else None
 
     def claimed(self, group: str, start_ms: float, end_ms: float, now: float, used_ms: float = 0.0,
-                ahead_ms: float = 0.0) -> list[Decision]:
+                ahead_ms: float = 0.0, held_ahead_ms: float = 0.0) -> list[Decision]:
         """A latency group's pod manager reports a claim it made: [start_ms, end_ms] on the policy's clock, and
         the GPU time its hooks measured in it (0: not measured). The batch holder it paused is credited the whole
         span; the claimer is charged what it used -- a request's CPU-bound gaps are not GPU time -- but at least a
         quarter of the span, so that a client that under-reports gains little; its cap's bucket pays the whole span.
         An early claim's hooks launched `ahead_ms` before the span, when the claim was not yet on the board: what
         they measured then is charged too (their use may reach span + ahead), but credits no one -- the others
-        were not paused then."""
+        were not paused then -- except `held_ahead_ms` of it, when the group's flare held the others already."""
         now = self._now(now)
         g = self._groups.get(group)
         if g is None:
@@ -570,6 +570,8 @@ class Policy:
         start_ms, end_ms = bounded
         span = end_ms - start_ms
         ahead = min(max(0.0, ahead_ms), MAX_CLAIM_AHEAD_MS) if math.isfinite(ahead_ms) else 0.0
+        held = min(max(0.0, held_ahead_ms), ahead) if math.isfinite(held_ahead_ms) else 0.0
+        credit_start = start_ms - held      # from when the others could not run
         dur = span
         if math.isfinite(used_ms) and used_ms > 0:
             dur = min(span + ahead, max(used_ms, CLAIM_MIN_CHARGE * span))
@@ -593,19 +595,19 @@ class Policy:
         # Credit the overlapped slots of other groups: their holders stopped launching during the claim.
         h = self._holder
         if h is not None and h.group != group:
-            overlap = max(0.0, min(end_ms, h.deadline) - max(start_ms, h.start))
+            overlap = max(0.0, min(end_ms, h.deadline) - max(credit_start, h.start))
             h.claim_credit += overlap
         for p in self._past:
             if p.group == group:
                 continue
-            overlap = max(0.0, min(end_ms, p.end) - max(start_ms, p.start))
+            overlap = max(0.0, min(end_ms, p.end) - max(credit_start, p.start))
             if overlap > 0:
                 overlap = min(overlap, p.charge)
                 p.charge -= overlap
                 pg = self._groups.get(p.group)
                 if pg is not None:
                     self._charge(pg, -overlap, now)
-                    pg.usage.add(max(start_ms, p.start), min(end_ms, p.end), -overlap)
+                    pg.usage.add(max(credit_start, p.start), min(end_ms, p.end), -overlap)
         out = self._update_claim_right(g, now)
         return out + self._schedule(now)
 

@@ -68,6 +68,9 @@ class ClaimReport:
     # an early claim: its processes launched this long before start_s, when the claim was not yet on the board
     # (charged to the group, credited to no one: the others were not paused then); at most MAX_CLAIM_AHEAD_MS
     ahead_ms: float = 0.0
+    # of ahead_ms, how long the others were held already (the group's flare page was raised, hook/flare.h): credited
+    # to the groups it paused, as the span is
+    held_ahead_ms: float = 0.0
 
 
 # The most of an early claim's time ahead that either side believes: hooks launch at most GEMINI_EARLY_CLAIM_MS (2 ms)

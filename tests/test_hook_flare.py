@@ -1,0 +1,143 @@
+"""Flares (hook/flare.h): a latency process raises its group's flare page at an early claim's first launch, and batch
+processes hold their queued work on the GPU at once, before the claim reaches the board through the pod manager.
+
+Each side against a scripted pod manager and a real board and flare page, on the simulated driver:
+- the batch side: the test raises flares on a latency group's page; the batch process's GPU-side gate must rise
+  for them -- and not for a flare whose group may not claim, one that says it lasts too long, or a page that others
+  may write;
+- the latency side: a pod manager that answers each request late; when the request arrives, the process's flare
+  must be up already, and down once the answer came.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from gemini.board import Board, Flare, now_ns
+from gemini.wire import hook as hp
+from tests import native
+from tests.e2e_fixtures import finish, start
+from tests.fake_pmgr import FakeConn, FakePmgr
+from tests.test_hook_board import ClaimedPmgr
+
+MS = 1_000_000
+
+
+@pytest.fixture
+def board(tmp_path):
+    b = Board.create(tmp_path / "board")
+    yield b
+    b.close()
+
+
+@pytest.mark.parametrize("case", ["counts", "not-allowed", "too-long", "others-may-write"])
+def test_a_batch_process_holds_its_work_on_the_gpu_for_a_latency_groups_flare(sim, board, case):
+    """Line 0 is the batch group's, line 1 a latency group's with its flare page. The test raises the flare every
+    20 ms for 4 ms: the batch process's GPU-side gate rises for (nearly) each one. It must not rise when the
+    group's board line says its flares do not count, when a flare says it lasts longer than GEM_FLARE_MAX_NS (5 ms),
+    or when the page is writable by others than the board's owner."""
+    board.set_counts(1, 2)
+    flare = Flare.create(board, 1)
+    board.set_flare(1, case != "not-allowed")
+    if case == "others-may-write":
+        os.chmod(flare.path, 0o666)
+    pmgr = ClaimedPmgr(board)
+    try:
+        env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                      GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="info")
+        proc = start(native.client_cmd("workload-linked", "--kernel-us", "200", "--seconds", "2.0",
+                                       "--sync-every", "16", "--json"), env)
+        assert pmgr.granted.wait(10), "the process never asked for a token"
+        time.sleep(0.3)
+        raised = 0
+        ends = time.monotonic() + 1.0
+        while time.monotonic() < ends:
+            flare.raise_until(now_ns() + (50 if case == "too-long" else 4) * MS)
+            raised += 1
+            time.sleep(0.02)
+            flare._lib.gemhook_flare_lower(flare._f, flare.until_ns())     # as the hook does at the answer
+        r = finish(proc, timeout=30)
+        assert r.rc == 0, r
+        st = sim.stats_of(r.json["pid"])
+        assert st["gpu_gate_waits"] >= 10, st
+        if case == "counts":
+            assert st["gpu_gate_raises"] >= 0.5 * raised, (raised, st)
+        else:
+            assert st["gpu_gate_raises"] == 0, (raised, st)
+        if case == "others-may-write":
+            assert "not the board owner's alone" in r.err, r.err[-2000:]
+    finally:
+        pmgr.close()
+        flare.close()
+
+
+class LatePmgr(FakePmgr):
+    """A latency group's pod manager on line 0 of `board` that answers every request after the first LATE_MS late,
+    with a claim, recording whether the group's flare was up when each request arrived."""
+
+    LATE_MS = 5
+
+    def __init__(self, board: Board, flare: Flare):
+        self.board, self.flare = board, flare
+        self.seq = 1 << 62
+        self.up_at_arrival: list[bool] = []
+        self.up_after_answer: list[bool] = []
+        self.requests_seen = 0
+        self.first = threading.Event()
+        super().__init__(self.answer)
+
+    def ack(self, hello: hp.Hello) -> hp.HelloAck:
+        return hp.HelloAck(client_id=len(self.hellos), mem_limit=self.mem_limit, mem_used=0, group=hello.pod_name,
+                           flags=hp.ACK_LATENCY, board_slot=0, board_path=str(self.board.path))
+
+    def answer(self, conn: FakeConn, seq: int, msg: hp.Message) -> None:
+        if isinstance(msg, hp.TokenRequest):
+            self.requests_seen += 1
+            if self.requests_seen > 1:
+                self.up_at_arrival.append(self.flare.until_ns() > now_ns())
+                time.sleep(self.LATE_MS / 1000)
+            self.seq += 1
+            until = now_ns() + 20 * MS
+            self.board.claim(0, until)
+            conn.send(hp.TokenGrant(quota_ns=20 * MS, token_seq=self.seq, flags=hp.GRANT_CLAIM), seq)
+            self.first.set()
+        elif isinstance(msg, hp.TokenRelease):
+            self.board.unclaim(0)
+            self.up_after_answer.append(self.flare.until_ns() > now_ns())
+            conn.send(hp.Ack(), seq)
+        elif isinstance(msg, (hp.MemAlloc, hp.MemFree, hp.MemInfo)):
+            conn.send(hp.MemReply(verdict=0, used=0, limit=self.mem_limit), seq)
+
+
+@pytest.mark.parametrize("allowed", [True, False], ids=["counts", "not-allowed"])
+def test_a_latency_request_raises_its_flare_before_its_pod_manager_answers(sim, board, allowed):
+    """A request every 20 ms (two 0.5 ms kernels and a synchronisation); the pod manager answers each 5 ms late.
+    Every early request's flare is up when the request reaches the pod manager, and comes down with the answer
+    (it is down again when the claim is given back). With the group's board line saying its flares do not count,
+    the process raises none."""
+    board.set_counts(1, 1)
+    flare = Flare.create(board, 0)
+    board.set_flare(0, allowed)
+    pmgr = LatePmgr(board, flare)
+    try:
+        env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="inf", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                      GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="info")
+        r = finish(start(native.client_cmd("workload-linked", "--kernel-us", "500", "--seconds", "1.0",
+                                           "--period-us", "20000", "--sync-every", "2", "--json"), env), timeout=30)
+        assert r.rc == 0, r
+        st = sim.stats_of(r.json["pid"])
+        early = len(pmgr.up_at_arrival)
+        assert early >= 20 and st["early_claims"] >= early - 1, (early, st)
+        if allowed:
+            assert sum(pmgr.up_at_arrival) >= early - 1, pmgr.up_at_arrival
+            assert st["flares"] >= early - 1, st
+            assert not any(pmgr.up_after_answer), pmgr.up_after_answer
+            assert flare.until_ns() == 0
+        else:
+            assert not any(pmgr.up_at_arrival) and st["flares"] == 0 and flare.raises() == 0, st
+    finally:
+        pmgr.close()
+        flare.close()
