@@ -14,6 +14,7 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   reaction how fast a config edit shows on the GPU
   infer    inference latency alone, natively next to a trainer, and under gemini as a batch and as a
            latency group (bench_inference.py; eager trainer; `infer_graph`: a CUDA-graph trainer)
+  kernels  how long the benchmark trainers' kernels run (bench/trainer_kernels.py): what a request waits for at best
   sharing  4 inference processes of one group next to a trainer: ProcessSharing turns against together
   floor    MinUtil 0.7 vs 0 with two busy PyTorch trainers (bench_trainers.py)
   trainers MaxUtil 0.3 / 0.6 with two busy PyTorch trainers (bench_trainers.py)
@@ -45,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "transport", "reaction",
-             "infer", "infer_graph", "sharing", "floor", "trainers", "soak", "policy_cost", "train", "um"]
+             "infer", "infer_graph", "kernels", "sharing", "floor", "trainers", "soak", "policy_cost", "train", "um"]
 
 
 def sh(cmd: list | str, timeout: float, cwd: Path = REPO, env: dict | None = None, log: Path | None = None) -> str:
@@ -208,6 +209,10 @@ def step_infer_graph(ctx) -> dict:
     return step_infer(ctx, "graph")
 
 
+def step_kernels(ctx) -> dict:
+    return bench(ctx, ["bench/trainer_kernels.py"], 300)
+
+
 def step_sharing(ctx) -> dict:
     # ProcessSharing turns against together: 4 inference processes of one group next to a trainer
     return bench(ctx, ["bench/bench_sharing.py", "--procs", "4", "--seconds", "6" if ctx.args.quick else "10",
@@ -303,7 +308,7 @@ STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests"
               "launch": step_launch, "alloc": step_alloc, "share": step_share,
               "transport": step_transport,
               "reaction": step_reaction,
-              "infer": step_infer, "infer_graph": step_infer_graph, "sharing": step_sharing,
+              "infer": step_infer, "infer_graph": step_infer_graph, "kernels": step_kernels, "sharing": step_sharing,
               "floor": step_floor, "trainers": step_trainers,
               "soak": step_soak, "policy_cost": step_policy_cost, "train": step_train, "um": step_um}
 

@@ -269,12 +269,16 @@ def test_silent_pod_manager_is_disconnected_and_its_request_dropped():
         ga = pa.request(TokenRequest("a"))           # a holds the token for 5 s
         assert isinstance(ga, Grant)
         pb.send(TokenRequest("b"))                    # b waits, then falls silent
+        slot_b = d.call(lambda: d.daemon._board_slots["b"])
+        d.call(lambda: d.daemon.board.set_flare(slot_b, True))    # (as a latency group's pod manager does)
         for _ in range(14):                          # a keeps its heartbeat going
             time.sleep(0.1)
             pa.send(Heartbeat("a"))
         status = {g["name"]: g for g in d.call(d.daemon.status_reply).groups}
         assert status["a"]["connected"] and not status["b"]["connected"]
         assert not status["b"]["waiting"]
+        # its flares were its pod manager's to audit: they count no more
+        assert not d.call(lambda: d.daemon.board.flare(slot_b))
         # a releases: nobody is waiting any more, so nobody gets the token
         pa.send(TokenRelease("a", ga.token_seq))
         time.sleep(0.05)
@@ -324,6 +328,8 @@ def test_reload_pushes_updates_and_removals(schd, pmgrs):
     pa.request(TokenRequest("a"))                 # a holds the token
     pc.send(TokenRequest("c"))                    # c waits
     time.sleep(0.01)
+    slot_c = schd.call(lambda: schd.daemon._board_slots["c"])
+    schd.call(lambda: schd.daemon.board.set_flare(slot_c, True))
     new = parse_config("[a]\nMaxUtil = 1.0\nMemoryLimit = 1GiB\n[b]\nMinUtil = 0.1\nMaxUtil = 0.8\n"
                        "MemoryLimit = 3GiB\n[d]\n", "rc.txt")
     schd.call(lambda: schd.daemon.apply_config(new))
@@ -332,6 +338,7 @@ def test_reload_pushes_updates_and_removals(schd, pmgrs):
     got = [pc.recv(1.0), pc.recv(1.0)]
     assert Error(ERR_UNKNOWN_GROUP, "group 'c' was removed from rc.txt", "c") in got
     assert GroupRemoved("c") in got
+    assert not schd.call(lambda: schd.daemon.board.flare(slot_c))   # a removed group's flares count no more
     assert pa.drain() == []                        # a's settings did not change: nothing pushed
     # c is gone: its heartbeat and its hello are answered with unknown_group
     e = pc.request(Heartbeat("c"))
