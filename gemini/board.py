@@ -68,7 +68,32 @@ def _check_path(path: Path) -> None:
                          f"told paths of at most {limit - 1}")
 
 
-class Board:
+class _MappedFile:
+    """A shared-memory file mapped into this process (the board, a flare page): closed once, removed by name."""
+
+    path: Path
+    _mm: mmap.mmap | None
+
+    def _drop_view(self) -> None:
+        """Forget the cffi view of the mapping (before it is closed)."""
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._drop_view()
+            try:
+                self._mm.close()
+            except BufferError:     # a cffi view still alive somewhere: the mapping goes with the process
+                pass
+            self._mm = None
+
+    def unlink(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class Board(_MappedFile):
     """A mapped board page. `create` (gem-schd) makes a new one; `open` (a pod manager) maps an existing one."""
 
     def __init__(self, path: Path, mm: mmap.mmap):
@@ -200,20 +225,8 @@ class Board:
     def max_groups(self) -> int:
         return int(self._lib.GEM_BOARD_GROUPS)
 
-    def close(self) -> None:
-        if self._mm is not None:
-            del self._b
-            try:
-                self._mm.close()
-            except BufferError:     # a cffi view still alive somewhere: the mapping goes with the process
-                pass
-            self._mm = None  # type: ignore[assignment]
-
-    def unlink(self) -> None:
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+    def _drop_view(self) -> None:
+        del self._b
 
 
 def flare_path(board_path: str | os.PathLike, slot: int) -> Path:
@@ -221,7 +234,7 @@ def flare_path(board_path: str | os.PathLike, slot: int) -> Path:
     return Path(f"{os.fspath(board_path)}.flare{slot}")
 
 
-class Flare:
+class Flare(_MappedFile):
     """A latency group's flare page (hook/gemini_proto.h): its pod manager creates it beside the board, mode 0644
     (only the daemons' user writes it); the group's hooks raise it at an early claim's first launch, and batch hooks
     hold their work on the GPU while it is up and the group's board line says `flare`."""
@@ -277,17 +290,5 @@ class Flare:
         """The group's claims changed on the board: wake the mirrors that sleep on this page."""
         self._lib.gemhook_flare_changed(self._f)
 
-    def close(self) -> None:
-        if self._mm is not None:
-            del self._f
-            try:
-                self._mm.close()
-            except BufferError:
-                pass
-            self._mm = None  # type: ignore[assignment]
-
-    def unlink(self) -> None:
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+    def _drop_view(self) -> None:
+        del self._f

@@ -15,6 +15,10 @@ FIFO, a device such as /dev/zero, or anything but a regular file is an error nam
 than 4 MiB. A ConfigError is logged once, clearly (file:line), and the last good config stays in force; a deleted
 file is logged and the last good config kept until the file is back. A good config is passed to the `apply`
 callback on the loop. One read runs at a time; saves during a read are read again after it.
+
+Two moments no event covers: the file is read once more when the watch begins (the config in force was read
+before it, and an edit in between would never be applied), and a file found empty is read again `debounce_s` later
+before it is reported (an editor that saves in place truncates the file before it writes).
 """
 from __future__ import annotations
 
@@ -46,6 +50,12 @@ class _Handler(FileSystemEventHandler):
         self._reloader._event(event)
 
 
+@dataclasses.dataclass(frozen=True)
+class _EmptyFile:
+    """The file was empty when read (`error` says so): maybe a save in progress."""
+    error: ConfigError
+
+
 class ConfigReloader:
     """Watch `path` and call `apply(config)` on `loop` whenever a new, valid config is saved.
 
@@ -70,6 +80,7 @@ class ConfigReloader:
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._reading: Optional[asyncio.Task] = None
         self._again = False
+        self._empty_seen = False    # the last read found the file empty, and it is to be read once more
         self.reloads = 0            # configs applied (for tests and status)
         self.errors = 0             # bad saves seen
 
@@ -91,8 +102,13 @@ class ConfigReloader:
         observer = Observer()
         observer.schedule(_Handler(self), str(directory), recursive=False, event_filter=_EVENTS)
         observer.daemon = True
-        observer.start()
+        observer.start()            # the directory is watched once this returns (watchdog adds the watch here)
         self._observer = observer
+        if self.current is not None:
+            # The config in force was read before the watch: an edit in between made no event and would never be
+            # applied (launch-backend reported a group added while gem-schd, starting under load, ran without it
+            # for good). One more read now; it applies only what differs from `current`.
+            self._poke(self.settle_s)
         log.info("watching %s for changes%s", self.path,
                  " (a symlink: any change in its directory triggers a reload)" if self._watch_all else "")
 
@@ -169,19 +185,34 @@ class ConfigReloader:
         finally:
             self._reading = None
 
-    def _read(self) -> Union[Config, ConfigError]:
+    def _read(self) -> Union[Config, ConfigError, _EmptyFile]:
         """Read and parse (any thread)."""
         try:
             return load_config(self.path)
         except ConfigError as exc:
+            try:
+                if os.stat(self.path).st_size == 0:
+                    return _EmptyFile(exc)
+            except OSError:
+                pass
             return exc
 
     def reload_now(self) -> Optional[Config]:
         """Read the file now, on the calling thread. Returns the new config if one was applied."""
         return self._handle(self._read())
 
-    def _handle(self, result: Union[Config, ConfigError]) -> Optional[Config]:
+    def _handle(self, result: Union[Config, ConfigError, _EmptyFile]) -> Optional[Config]:
         """Apply what a read found (on the loop): a new config, or an error that keeps the last good one."""
+        if isinstance(result, _EmptyFile) and not self._empty_seen:
+            # An editor that saves in place truncates the file before it writes: read once more after the debounce
+            # before saying the file is empty (a read between the two logged a false error, and reset the memory of
+            # the last one, so a bad save was reported twice)
+            self._empty_seen = True
+            self._poke(self.debounce_s)
+            return None
+        self._empty_seen = False
+        if isinstance(result, _EmptyFile):
+            result = result.error
         if isinstance(result, ConfigError):
             exc = result
             if not os.path.exists(self.path):

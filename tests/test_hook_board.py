@@ -203,6 +203,17 @@ class ClaimedPmgr(BoardPmgr):
 
     grant_flags = hp.GRANT_BOUND | hp.GRANT_TIGHT
 
+    def start_busy(self, sim, seconds: float, log_level: str):
+        """A busy process of 0.2 ms kernels (a synchronisation every 16) for `seconds`, started under this pod
+        manager and running with its first slot for 0.3 s."""
+        env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                      GEMINI_POD_MANAGER_PORT=self.port, GEMINI_LOG_LEVEL=log_level)
+        proc = start(native.client_cmd("workload-linked", "--kernel-us", "200", "--seconds", str(seconds),
+                                       "--sync-every", "16", "--json"), env)
+        assert self.granted.wait(10), "the process never asked for a token"
+        time.sleep(0.3)
+        return proc
+
 
 def test_a_claim_whose_end_is_wrong_holds_the_gpu_gate_at_most_two_seconds(sim, board):
     """A claim on the board that would last 30 s (a pod manager's bug, a clock of its own): the batch process's
@@ -213,15 +224,10 @@ def test_a_claim_whose_end_is_wrong_holds_the_gpu_gate_at_most_two_seconds(sim, 
     board.set_counts(1, 2)                  # one latency group, lines 0 and 1 in use
     pmgr = ClaimedPmgr(board)
     try:
-        env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
-                      GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="warn")
         # It still launches when both 2 s limits are up (its launches' pause began a little before the gate's
         # hold): the work it queues then waits behind the gate's word. (With 1.5 s of work it once ended between
         # the two, its queue already run, before the gate said anything.)
-        proc = start(native.client_cmd("workload-linked", "--kernel-us", "200", "--seconds", "3.0",
-                                       "--sync-every", "16", "--json"), env)
-        assert pmgr.granted.wait(10), "the process never asked for a token"
-        time.sleep(0.3)
+        proc = pmgr.start_busy(sim, 3.0, "warn")
         t0 = time.monotonic()
         board.claim(1, now_ns() + 30 * 1_000_000_000)           # line 1: the latency group's
         r = finish(proc, timeout=60)

@@ -363,3 +363,65 @@ def test_finished_saves_apply_without_waiting_for_the_debounce(tmp_path):
 
     asyncio.run(main())
     assert seen == [0.2, 0.3]
+
+
+def test_an_edit_before_the_watch_began_is_applied(tmp_path):
+    """The daemon read its config, then (a moment later, on a loaded machine) began to watch the directory: an edit
+    in between makes no event. The reloader reads the file once more when its watch is up, and applies the edit;
+    a file unchanged since is not applied again."""
+    path = tmp_path / "rc.txt"
+    path.write_text(cfg_text(0.1))
+    current = load_config(path)
+    save_rename_over(path, cfg_text(0.5, "[c]\n"))       # saved before the watch began
+    calls = []
+
+    async def main():
+        r = ConfigReloader(path, calls.append, loop=asyncio.get_running_loop(), debounce_s=0.05, settle_s=0.005,
+                           current=current)
+        r.start()
+        try:
+            await until(lambda: calls, timeout=5.0, what="the edit made before the watch was applied")
+            assert r.reloads == 1
+        finally:
+            r.stop()
+        unchanged = ConfigReloader(path, calls.append, loop=asyncio.get_running_loop(), debounce_s=0.05,
+                                   settle_s=0.005, current=load_config(path))
+        unchanged.start()
+        try:
+            await asyncio.sleep(0.1)
+        finally:
+            unchanged.stop()
+
+    asyncio.run(main())
+    assert len(calls) == 1
+    assert calls[0].group("a").max_util == pytest.approx(0.5) and calls[0].group("c") is not None
+
+
+def test_a_file_found_empty_is_read_again_before_it_is_reported(tmp_path, caplog):
+    """An editor that saves in place truncates the file before writing it: a read in between found it empty, logged
+    "no groups", and forgot the last error, so the bad save that followed was logged twice. An empty file is read
+    once more after the debounce; still empty, it is reported."""
+    caplog.set_level(logging.ERROR, logger="gemini.reload")
+    path = tmp_path / "rc.txt"
+    path.write_text(cfg_text(0.1))
+    calls = []
+
+    async def main():
+        r = ConfigReloader(path, calls.append, loop=asyncio.get_running_loop(), debounce_s=0.05, settle_s=0.005,
+                           current=load_config(path))
+        path.write_text("")                         # caught between the truncation and the write ...
+        r.request_reload()
+        await read_done(r)
+        assert r.errors == 0 and not caplog.records
+        path.write_text(cfg_text(0.4))              # ... which came: no error was ever said
+        await asyncio.sleep(0.1)
+        await read_done(r)
+        assert r.errors == 0 and not caplog.records and len(calls) == 1
+        path.write_text("")                         # emptied for good: said once, after the second look
+        r.request_reload()
+        await asyncio.sleep(0.1)
+        await read_done(r)
+        assert r.errors == 1 and len(caplog.records) == 1 and "empty" in caplog.records[0].getMessage()
+        r.stop()
+
+    asyncio.run(main())

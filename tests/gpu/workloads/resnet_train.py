@@ -8,25 +8,12 @@ import sys
 import time
 
 import torch
-import torchvision
+
+from train_loop import make_step    # the same eager ResNet-18 step as the benchmarks' trainer
 
 seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
 batch = int(sys.argv[2]) if len(sys.argv) > 2 else 64
-torch.manual_seed(0)
-torch.backends.cudnn.benchmark = True
-model = torchvision.models.resnet18(num_classes=100).cuda()
-opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-x = torch.randn(batch, 3, 224, 224, device="cuda")
-y = torch.randint(0, 100, (batch,), device="cuda")
-
-
-def step():
-    loss = torch.nn.functional.cross_entropy(model(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    return loss
-
+step = make_step("eager", batch)
 
 for _ in range(20):
     step()
