@@ -198,12 +198,13 @@ class ConfigReloader:
             return exc
 
     def reload_now(self) -> Optional[Config]:
-        """Read the file now, on the calling thread. Returns the new config if one was applied."""
-        return self._handle(self._read())
+        """Read the file now, on the calling thread. Returns the new config if one was applied. (Asked for: an empty
+        file is reported at once.)"""
+        return self._handle(self._read(), look_again=False)
 
-    def _handle(self, result: Union[Config, ConfigError, _EmptyFile]) -> Optional[Config]:
+    def _handle(self, result: Union[Config, ConfigError, _EmptyFile], look_again: bool = True) -> Optional[Config]:
         """Apply what a read found (on the loop): a new config, or an error that keeps the last good one."""
-        if isinstance(result, _EmptyFile) and not self._empty_seen:
+        if isinstance(result, _EmptyFile) and look_again and not self._empty_seen:
             # An editor that saves in place truncates the file before it writes: read once more after the debounce
             # before saying the file is empty (a read between the two logged a false error, and reset the memory of
             # the last one, so a bad save was reported twice)

@@ -252,10 +252,12 @@ def test_a_gpu_whose_scheduler_keeps_failing_is_advertised_unhealthy(tmp_path, m
         node.launcher.broken_schedulers = True
         node.kubelet.admit("a", "p", "main", {PCT: 10, MEM: 2})            # lands on the first GPU
         node.set_pods([pod("a", "p", "uid-p")])
-        node.wait(lambda: node.kubelet.capacity(PCT) == 100, what="the failing GPU's units unhealthy")
+        # (each resource's plugin tells the kubelet on its own stream: wait for both)
+        node.wait(lambda: node.kubelet.capacity(PCT) == 100 and
+                  node.kubelet.capacity(MEM) == node.inventory.memory_units(node.inventory.gpus[1]),
+                  what="the failing GPU's units unhealthy")
         unhealthy = {d for d, h in node.kubelet.plugins[PCT].devices.items() if h == "Unhealthy"}
         assert {dv.parse_unit(d).gpu_uuid for d in unhealthy} == {bad}
-        assert node.kubelet.capacity(MEM) == node.inventory.memory_units(node.inventory.gpus[1])
         node.launcher.broken_schedulers = False                           # it runs again: healthy again
         node.wait(lambda: node.kubelet.capacity(PCT) == 200, timeout=30, what="healthy again")
 
