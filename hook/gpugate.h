@@ -8,7 +8,7 @@
  * on a stream before each of its in-flight markers (inflight.c). A mirror thread of the process sleeps on
  * the board's claim sequence (a shared futex the pod managers wake at every claim and unclaim) and keeps the
  * word at 1 while the board shows a claim, 0 otherwise: the GPU stops the batch stream at its next wait,
- * one marker interval (normally a quarter to half of GEMINI_INFLIGHT_MS of work) after the claim began,
+ * one marker interval (normally an eighth to a quarter of GEMINI_INFLIGHT_MS of work) after the claim began,
  * whatever the queue's depth; the queue may then be as deep as a capped slot's (half the time left in it).
  *
  * The word is the process's own and only its mirror writes it: no other process can stop its work. The

@@ -12,7 +12,8 @@
  * `depth` markers' worth of work stays queued on each stream. The GPU time
  * between consecutive markers is measured: N grows while an interval is
  * shorter than a quarter of GEMINI_INFLIGHT_MS (default 1 ms) and shrinks
- * while it is longer than half of it, and depth is the budget over the
+ * while it is longer than half of it (an eighth and a quarter while the
+ * markers carry the GPU-side gate's waits), and depth is the budget over the
  * interval (1 to GEM_INFLIGHT_MARKERS - 1). The budget is half the time left
  * in the slot (at least GEMINI_INFLIGHT_MS): a capped trainer keeps much of
  * a slot queued, which hides its host's pauses, yet the queue ends with the

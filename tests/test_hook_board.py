@@ -239,3 +239,34 @@ def test_a_claim_whose_end_is_wrong_holds_the_gpu_gate_at_most_two_seconds(sim, 
         assert "has held this process's queued work 2 s" in r.err, r.err[-2000:]
     finally:
         pmgr.close()
+
+
+class CappedPmgr(BoardPmgr):
+    """BoardPmgr for a capped group with no latency group beside it: a bounded queue, no gate."""
+
+    grant_flags = hp.GRANT_BOUND
+
+
+def test_the_gpu_gates_waits_come_twice_as_often_as_a_capped_groups_markers(sim, board):
+    """A claim takes effect at the batch stream's next wait, so a request waits for the rest of the marker interval
+    in flight: while the markers carry the GPU-side gate's waits, the interval aims at an eighth to a quarter of
+    GEMINI_INFLIGHT_MS instead of a quarter to a half. The same 0.1 ms kernels: about one marker every 2 launches
+    beside a latency group, every 4 for a capped group alone (with the spacing not halved: the same for both)."""
+    board.set_counts(1, 2)
+    rates = {}
+    for name, pmgr_class in (("capped", CappedPmgr), ("gated", ClaimedPmgr)):
+        pmgr = pmgr_class(board)
+        try:
+            env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                          GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="warn")
+            r = finish(start(native.client_cmd("workload-linked", "--kernel-us", "100", "--seconds", "1.0",
+                                               "--sync-every", "256", "--json"), env), timeout=30)
+            assert r.rc == 0, r
+            st = sim.stats_of(r.json["pid"])
+            assert st["markers"] >= 100, (name, st)
+            rates[name] = st["markers"] / st["launches"]
+            if name == "gated":
+                assert st["gpu_gate_waits"] >= 100, st
+        finally:
+            pmgr.close()
+    assert rates["gated"] >= 1.6 * rates["capped"], rates
