@@ -122,7 +122,8 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     /* The interval aims at a quarter to a half of GEMINI_INFLIGHT_MS -- half that while the markers carry the
      * GPU-side gate's waits (a latency group may claim): a claim takes effect at the next wait, and a request
      * waits for the rest of the interval in flight. On the H100 beside an eager ResNet-18 trainer the halved
-     * spacing took an MLP request's p50 from 1.73 to 1.21 ms at the same trainer rate (docs/benchmarks.md). */
+     * spacing took an MLP request's p50 from 1.71 to 1.55 ms in one call (1.73 to 1.21 in another), at the same
+     * trainer rate; its p99 did not move (docs/benchmarks.md, "Fifteenth session"). */
     int64_t span = r->gate ? gem_cfg.inflight_ns / 2 : gem_cfg.inflight_ns;
     if (held && interval >= span / 4)
         return 0;

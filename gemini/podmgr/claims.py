@@ -138,6 +138,8 @@ class ClaimBroker:
         if allowed != self.allowed:
             log.info("this group %s claim the GPU", "may" if allowed else "may no longer")
         self.allowed = allowed
+        if self.flares is not None:
+            self.flares.follow(allowed)     # its flares count exactly while it may claim
         if max_claim_ms > 0:
             self.max_claim_s = max_claim_ms / 1000.0
 

@@ -434,9 +434,8 @@ class PodManager:
             self.claims.flares = None
         page, self._flare_page = self._flare_page, None
         if page is not None:
-            for step in ("unlink", "close"):
-                if hasattr(page, step):
-                    getattr(page, step)()
+            page.unlink()
+            page.close()
 
     def claims_end_all(self, now: float) -> list[Action]:
         return self._claim_reports(self.claims.end_all(now))
@@ -844,8 +843,6 @@ class PodManager:
             return self._after(self._on_grant(msg, now))
         if isinstance(msg, sm.ClaimRight):
             self.claims.set_right(msg.allowed, msg.max_claim_ms)
-            if self.claims.flares is not None:
-                self.claims.flares.follow(self.claims.allowed)
             return []
         if isinstance(msg, sm.Evict):
             return self._on_evict(msg, now)
@@ -926,8 +923,6 @@ class PodManager:
         link.last_hello = now      # retry Hello in HELLO_RETRY_S
         self.claims.set_right(False, 0.0)
         self.claims.end_all(now)
-        if self.claims.flares is not None:
-            self.claims.flares.follow(False)
         return self._refuse_waiting() + self._resolve_deferred()
 
     def upstream_failed(self, msg: sm.Message) -> list[Action]:
