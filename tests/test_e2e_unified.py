@@ -95,7 +95,9 @@ def test_three_unified_groups_swap_within_the_capacity(traced_sim, backends):
     assert outs, moves
     events = sorted([(m[1], m[0], m[5]) for m in moves if m[4] == "device" and m[5] > 0] +
                     [(m[2], m[0], -m[5]) for m in outs] +
-                    [(max(r[3] for r in trace if r[0] == pid), pid, None) for pid in pids])   # exit frees it all
+                    [(max(r[3] for r in trace if r[0] == pid), pid, None) for pid in pids],   # exit frees it all
+                    # at one instant: moves out, then in, then exits (an exit's None never compared with a size)
+                    key=lambda e: (e[0], e[2] is None, e[2] or 0))
     held = {pid: 0 for pid in pids}
     for _t, pid, delta in events:
         held[pid] = 0 if delta is None else held[pid] + delta
