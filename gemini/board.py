@@ -68,11 +68,29 @@ def _check_path(path: Path) -> None:
                          f"told paths of at most {limit - 1}")
 
 
+def _create_mapped(path: Path, size: int, mode: int, what: str) -> tuple[Path, mmap.mmap]:
+    """A new file of `size` zero bytes beside `path` under a temporary name, with `mode` whatever the umask, mapped
+    read-write: the caller initialises it and renames it over `path`, so nobody sees it half made."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    except OSError as exc:
+        raise BoardError(f"cannot create the {what} {tmp}: {exc.strerror}") from None
+    try:
+        os.fchmod(fd, mode)
+        os.ftruncate(fd, size)
+        return tmp, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+
+
 class _MappedFile:
     """A shared-memory file mapped into this process (the board, a flare page): closed once, removed by name."""
 
-    path: Path
-    _mm: mmap.mmap | None
+    def __init__(self, path: Path, mm: mmap.mmap):
+        self.path = path
+        self._mm: mmap.mmap | None = mm
+        self._ffi, self._lib = _ffi()
 
     def _drop_view(self) -> None:
         """Forget the cffi view of the mapping (before it is closed)."""
@@ -97,9 +115,7 @@ class Board(_MappedFile):
     """A mapped board page. `create` (gem-schd) makes a new one; `open` (a pod manager) maps an existing one."""
 
     def __init__(self, path: Path, mm: mmap.mmap):
-        self.path = path
-        self._mm = mm
-        self._ffi, self._lib = _ffi()
+        super().__init__(path, mm)
         self._b = self._ffi.cast("struct gem_board *", self._ffi.from_buffer(mm))
 
     @classmethod
@@ -109,17 +125,7 @@ class Board(_MappedFile):
         size = ffi.sizeof("struct gem_board")
         path = Path(path)
         _check_path(path)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
-        except OSError as exc:
-            raise BoardError(f"cannot create the board page {tmp}: {exc.strerror}") from None
-        try:
-            os.fchmod(fd, mode)     # whatever the umask
-            os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+        tmp, mm = _create_mapped(path, size, mode, "board page")
         board = cls(path, mm)
         lib.gemhook_board_init(board._b, os.getpid(), secrets.randbits(63))
         os.replace(tmp, path)
@@ -240,9 +246,7 @@ class Flare(_MappedFile):
     hold their work on the GPU while it is up and the group's board line says `flare`."""
 
     def __init__(self, path: Path, mm: mmap.mmap):
-        self.path = path
-        self._mm = mm
-        self._ffi, self._lib = _ffi()
+        super().__init__(path, mm)
         self._f = self._ffi.cast("struct gem_flare *", self._ffi.from_buffer(mm))
 
     @classmethod
@@ -259,17 +263,7 @@ class Flare(_MappedFile):
             if st.st_uid != os.geteuid():
                 raise BoardError(f"{path} exists and belongs to uid {st.st_uid}: no flare page for this group")
             os.unlink(path)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            raise BoardError(f"cannot create the flare page {tmp}: {exc.strerror}") from None
-        try:
-            os.fchmod(fd, 0o644)
-            os.ftruncate(fd, int(lib.GEM_FLARE_SIZE))
-            mm = mmap.mmap(fd, int(lib.GEM_FLARE_SIZE), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+        tmp, mm = _create_mapped(path, int(lib.GEM_FLARE_SIZE), 0o644, "flare page")
         flare = cls(path, mm)
         lib.gemhook_flare_init(flare._f, slot, board.generation)
         os.replace(tmp, path)
