@@ -163,8 +163,10 @@ def test_groups_follow_the_pods(tmp_path):
         # a pod deleted: its pod manager stops, its group leaves the config
         node.kubelet.remove_pod("team-b", "infer")
         node.set_pods([pod("team-a", "train", "uid-a", max_util="40%")])
-        node.wait(lambda: not served(node, gb), what="the deleted pod's pod manager stopped")
-        assert load_config(schd.config_path).names == [ga] and served(node, ga)
+        # (the pod manager's stop and the config's rewrite are two steps of one reconcile: wait for both)
+        node.wait(lambda: not served(node, gb) and load_config(schd.config_path).names == [ga],
+                  what="the deleted pod's pod manager stopped and its group out of the config")
+        assert served(node, ga)
         # the last one gone: gem-schd stops too
         node.kubelet.remove_pod("team-a", "train")
         node.set_pods([])
