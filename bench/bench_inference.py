@@ -20,7 +20,9 @@ one session:
    group that comes back from idle while the trainer had the GPU to itself.
 
 Every run records the inference p50 / p99 / p99.9 and the trainer's steps/s over the same span (from its
-progress lines). Ratios: inference p99 against its best alone p99 (the native one, measured in the same session
+progress lines); with --timeline, also where each request's time went (bench/request_timeline.py: on the host
+before it was issued, before its first kernel started on the GPU, between its first and last kernels, after).
+Ratios: inference p99 against its best alone p99 (the native one, measured in the same session
 after a discarded warm-up run; medians over repeats);
 trainer rate against its alone rate in the same phase and against its rate under native time-slicing.
 Prints one JSON object.
@@ -41,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import request_timeline  # noqa: E402
 from bench.harness import REPO_ROOT, Backend, Group, last_json, read_stats  # noqa: E402
 
 WORKLOADS = REPO_ROOT / "tests" / "gpu" / "workloads"
@@ -115,6 +118,9 @@ def main(argv=None) -> int:
                    help="NAME:VAR=V,VAR=V;... after the gemini phase, for each: a fresh trainer and server with these "
                         "GEMINI_* settings in their environment, `Class = latency` (e.g. "
                         "'inflight2:GEMINI_INFLIGHT_MS=2;idle025:GEMINI_CLAIM_IDLE_MS=0.25')")
+    p.add_argument("--timeline", action="store_true",
+                   help="time each request's parts on the GPU too (serve.py --timeline; two stamp kernels a request)")
+    p.add_argument("--timeline-dir", default="", help="with --timeline, keep each run's request lines here too")
     args = p.parse_args(argv)
     workloads = [tuple(w.split(":")) for w in args.workloads.split(",") if w]
     # --latency-variants, parsed once: {name: the GEMINI_* settings it adds}
@@ -132,9 +138,14 @@ def main(argv=None) -> int:
     gaps = ["--idle-gaps", args.idle_then_busy] if args.idle_then_busy else []
     itb_seconds = args.idle_then_busy_seconds
 
+    timelines = iter(work / f"timeline-{n}.txt" for n in range(1 << 30))
+
+    def timeline_args() -> list[str]:
+        return ["--timeline", str(next(timelines))] if args.timeline else []
+
     def serve(model, arrival, rate, run_env, seconds=None, extra=()):
         argv = [sys.executable, str(WORKLOADS / "serve.py"), model, arrival, rate, str(seconds or args.seconds),
-                *extra]
+                *extra, *timeline_args()]
         proc = subprocess.run(argv, env=run_env, capture_output=True, text=True,
                               timeout=(seconds or args.seconds) + 300)
         if proc.returncode != 0:
@@ -145,7 +156,7 @@ def main(argv=None) -> int:
         """The inference workload in group `infer`, through launch-command."""
         model, arrival, rate = w
         argv = be.command("infer", [sys.executable, str(WORKLOADS / "serve.py"), model, arrival, rate,
-                                    str(seconds or args.seconds), *extra])
+                                    str(seconds or args.seconds), *extra, *timeline_args()])
         proc = subprocess.run(argv, env=run_env, capture_output=True, text=True,
                               timeout=(seconds or args.seconds) + 300)
         if proc.returncode != 0:
@@ -157,6 +168,14 @@ def main(argv=None) -> int:
                                                                              "mean_ms", "requests", "late")}}
         if "after_idle" in res:
             row["after_idle"] = res["after_idle"]
+        if args.timeline:
+            times = request_timeline.read(res["timeline_file"])
+            row["timeline"] = request_timeline.summarise(times)
+            row["timeline"]["slowest"] = request_timeline.slowest(times, 10)
+            if args.timeline_dir:
+                Path(args.timeline_dir).mkdir(parents=True, exist_ok=True)
+                name = f"{len(out['runs']):02d}-{case}-{':'.join(w)}.txt".replace(":", "_")
+                (Path(args.timeline_dir) / name).write_text("".join(t.line() + "\n" for t in times))
         if trainer is not None:
             row["train_steps_per_s"] = trainer.rate(res["t0"], res["t1"])
         out["runs"].append(row)
@@ -262,6 +281,10 @@ def main(argv=None) -> int:
                 s["p99_vs_alone"] = s["p99_ms"] / base
                 s["p999_vs_alone"] = s["p999_ms"] / base999
                 s["worst_p99_vs_alone"] = s["worst_p99_ms"] / base
+            timed = [r["timeline"] for r in rows if r.get("timeline", {}).get("requests")]
+            if timed:   # the first repeat's: where the slowest 1% of its requests spent their time
+                s["timeline"] = timed[0]
+                s["timeline_tail"] = timed[0]["tail"]
             after = [r["after_idle"] for r in rows if r.get("after_idle", {}).get("requests")]
             if after:
                 # the requests just after each pause, against the same requests served alone and against the

@@ -201,7 +201,8 @@ def step_infer(ctx, trainer: str = "eager") -> dict:
     argv = ["bench/bench_inference.py", "--seconds", "8" if ctx.args.quick else str(ctx.args.infer_seconds),
             "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads,
             "--latency-variants", ctx.args.infer_variants, "--idle-then-busy", ctx.args.infer_idle_then_busy,
-            *(["--gemini-only"] if ctx.args.infer_gemini_only else [])]
+            *(["--gemini-only"] if ctx.args.infer_gemini_only else []),
+            *(["--timeline", "--timeline-dir", str(ctx.out / "timelines")] if ctx.args.infer_timeline else [])]
     return bench(ctx, argv, 590)   # hook_stats kept: claims, pauses and waits per process
 
 
@@ -382,6 +383,9 @@ def write_report(ctx, results: dict) -> None:
                              f"p99.9 x{fmt(one.get('p999_vs_alone'), 2)}; trainer "
                              f"{fmt(one.get('train_vs_alone'), 3)} of alone, "
                              f"{fmt(one.get('train_vs_native'), 3)} of native")
+                tl = one.get("timeline_tail")
+                if tl:
+                    lines.append("  slowest 1%: " + ", ".join(f"{k} {fmt(v, 3)}" for k, v in tl.items()))
         elif name in ("floor", "trainers"):
             lines.append(f"groups {res['groups']}: shares of alone throughput "
                          f"{ {k: round(v, 3) for k, v in res['shares'].items()} }, 10 s windows "
@@ -471,6 +475,8 @@ def main(argv=None) -> int:
     p.add_argument("--infer-variants", default="", help="bench_inference --latency-variants")
     p.add_argument("--infer-gemini-only", action="store_true",
                    help="bench_inference --gemini-only: no alone or native runs (A/B of hook changes on one machine)")
+    p.add_argument("--infer-timeline", action="store_true",
+                   help="bench_inference --timeline: where each request's time went (two stamp kernels a request)")
     p.add_argument("--infer-idle-then-busy", default="", metavar="BUSY:IDLE",
                    help="bench_inference --idle-then-busy: each workload also served with pauses (e.g. 2:3)")
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")

@@ -43,6 +43,15 @@ class FakeWorld:
         if itb:
             res["after_idle"] = {"phases": 5, "requests": 50, "p50_ms": 1.0, "p99_ms": AFTER_IDLE_P99[case],
                                  "max_ms": 9.0, "first_ms": [1.0] * 5}
+        if "--timeline" in argv:     # a request each ms; the gemini-latency case's GPU waits 3 ms in 1 of 100
+            path = argv[argv.index("--timeline") + 1]
+            res["timeline_file"] = path
+            with open(path, "w") as f:
+                for i in range(100):
+                    a = i * 1_000_000
+                    wait = 3_000_000 if case == "gemini-latency" and i == 50 else 0
+                    f.write(f"{a} {a + 10_000} {a + 13_000} {a + 20_000 + wait} {a + 400_000} "
+                            f"{a + 520_000 + wait} {a + 530_000 + wait}\n")
         return types.SimpleNamespace(returncode=0, stdout=json.dumps(res), stderr="")
 
 
@@ -113,3 +122,22 @@ def test_without_pauses_no_idle_then_busy_run(world, capsys):
     out = run_bench(capsys)
     assert not [c for c in world.served if c.endswith("-itb")]
     assert not [k for k in out["summary"] if k.endswith("-itb")]
+
+
+def test_timeline_names_the_part_of_a_slow_request_that_waited(world, capsys, tmp_path):
+    out = run_bench(capsys, "--timeline", "--timeline-dir", str(tmp_path))
+    s = out["summary"]
+    tail = s["mlp:poisson:100 gemini-latency"]["timeline_tail"]
+    assert tail["requests"] == 1
+    assert tail["to_gpu_ms"] == pytest.approx(3.0)      # the slowest request waited for the GPU
+    assert tail["span_ms"] == pytest.approx(0.5)
+    assert tail["late_ms"] == pytest.approx(0.01) and tail["back_ms"] == pytest.approx(0.0)
+    assert s["mlp:poisson:100 alone"]["timeline_tail"]["to_gpu_ms"] == pytest.approx(0.0)
+    assert s["mlp:poisson:100 gemini-latency"]["timeline"]["slowest"][0]["to_gpu"] == pytest.approx(3.0)
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert len(kept) == len(out["runs"]) and any("gemini-latency" in name for name in kept)
+
+
+def test_without_timeline_serve_gets_no_timeline_file(world, capsys):
+    out = run_bench(capsys)
+    assert not [k for k, v in out["summary"].items() if "timeline" in v]
