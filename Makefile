@@ -17,10 +17,10 @@ OUT    ?= out
 
 # The hook's files, bottom layer first (libgemhook.c lists the layers; tests/test_hook_layers.py checks
 # that these lists name every file in hook/).
-HOOK_SRC := hook/util.c hook/board.c hook/settings.c hook/stats.c hook/real.c hook/thread.c hook/client.c hook/device.c hook/flare.c hook/gpugate.c hook/capture.c hook/inflight.c \
+HOOK_SRC := hook/util.c hook/board.c hook/settings.c hook/stats.c hook/kcost.c hook/real.c hook/thread.c hook/client.c hook/device.c hook/flare.c hook/gpugate.c hook/capture.c hook/inflight.c \
             hook/gate.c hook/memory.c hook/residency.c hook/rejoin.c hook/vmm.c hook/context.c hook/nvml.c hook/wrappers.c hook/symbols.c hook/libgemhook.c
 HOOK_HDR := hook/cuda_types.h hook/gemini_proto.h hook/hook_table.h hook/hook_exports.h hook/util.h hook/board.h \
-            hook/settings.h hook/stats.h hook/real.h hook/thread.h hook/client.h hook/device.h hook/flare.h hook/gpugate.h hook/capture.h hook/inflight.h hook/gate.h \
+            hook/settings.h hook/stats.h hook/kcost.h hook/real.h hook/thread.h hook/client.h hook/device.h hook/flare.h hook/gpugate.h hook/capture.h hook/inflight.h hook/gate.h \
             hook/rejoin.h hook/memory.h hook/residency.h hook/vmm.h hook/context.h hook/nvml.h hook/symbols.h
 HOOK_LIB := gemini/lib/libgemhook.so.1
 # A plain C library: no libpython, no libcuda (opened at run time), no CUDA headers.

@@ -803,9 +803,29 @@ CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
         return CUDA_SUCCESS;
     struct gem_gpugate *gg = atomic_load_explicit(&g->tight, memory_order_relaxed) ? gem_gpugate_of(g->dev->ordinal)
                                                                                     : NULL;
-    gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()), gg);
+    gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()), gg, NULL);
     if (atomic_load_explicit(&g->bound, memory_order_relaxed))
         atomic_store(&g->marker_mask, atomic_load(&g->inflight.launches_per_marker) - 1);
+    return CUDA_SUCCESS;
+}
+
+/* Beside a latency group the markers follow the kernels' predicted GPU time (kcost.h): this launch would take the
+ * thread's sum past the target, or its kernel is to be measured alone (a marker before it, and the next launch
+ * puts one before itself), or the last launch was. */
+CUresult gem_gate_cost_marker(struct gem_gate *g, CUstream stream, int ptsz, uint64_t key, int64_t cost_ns,
+                              int isolate) {
+    struct gem_thread_counter *t = gem_tls_counter;
+    struct gem_marker_kernel mk = {.costed = 1, .key = isolate ? key : 0, .predicted_ns = t ? t->pending_ns : 0};
+    gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()), gem_gpugate_of(g->dev->ordinal),
+                        &mk);
+    if (isolate)
+        atomic_fetch_add_explicit(&gem_stats.kernels_measured, 1, memory_order_relaxed);
+    if (t) {
+        t->isolating = isolate;
+        t->pending_ns = isolate ? 0 : cost_ns;
+        if (isolate && t->verifying > 0)
+            t->verifying--;
+    }
     return CUDA_SUCCESS;
 }
 

@@ -13,6 +13,7 @@
 #include "device.h"
 #include "flare.h"
 #include "inflight.h"
+#include "kcost.h"
 #include "stats.h"
 #include "util.h"
 
@@ -120,6 +121,10 @@ static inline struct gem_gate *gem_current_gate(void) {
 CUresult gem_gate_slow(struct gem_gate *g, CUstream stream, int ptsz, int64_t now);
 CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t now);
 CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz);
+/* Beside a latency group: a marker before this launch (`key`, predicted `cost_ns`; 0: a graph), measuring the
+ * kernel alone if `isolate` (kcost.h). */
+CUresult gem_gate_cost_marker(struct gem_gate *g, CUstream stream, int ptsz, uint64_t key, int64_t cost_ns,
+                              int isolate);
 
 /* The coarse clock (a kernel variable updated every tick, read without rdtsc) never runs ahead
  * of CLOCK_MONOTONIC and trails it by at most a tick. So "coarse + margin < deadline" proves the
@@ -131,8 +136,11 @@ void gem_gate_measure_clock(void);
 /* The launch path, while a token is held and nobody claims: loads (the hot line, the claim word, the
  * thread's counter), one clock read and compares. The burst flag only changes at the first launch after
  * a synchronisation, the claim word when a latency group's claim starts or ends, the mask with a grant.
- * `graph`: a graph launch, one unit of queued work (a marker after each while bounded). */
-static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph) {
+ * `graph`: a graph launch, one unit of queued work (a marker after each while bounded). `fn`, `blocks`: the
+ * kernel's function and grid size (NULL, 0 for a graph). Beside a latency group (`tight`) the markers follow the
+ * kernels' predicted GPU time instead of their count (kcost.h): a hash, the table's four loads and an add to the
+ * thread's own sum. */
+static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph, const void *fn, uint64_t blocks) {
     struct gem_gate *g = gem_current_gate();
     uint64_t n = gem_count_launch();
     int64_t deadline = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed);
@@ -141,9 +149,23 @@ static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph) {
     /* coarse <= now, so coarse >= claim proves that no claim is running */
     if (GEM_LIKELY((c + gem_coarse_margin_ns < deadline || gem_now_ns() < deadline) && c >= claim)) {
         if (GEM_LIKELY(atomic_load_explicit(&g->in_burst, memory_order_relaxed))) {
-            if (GEM_LIKELY((n & atomic_load_explicit(&g->marker_mask, memory_order_relaxed)) != 0 && !graph))
-                return CUDA_SUCCESS;
-            return gem_gate_marker(g, stream, ptsz);
+            if (GEM_LIKELY(!atomic_load_explicit(&g->tight, memory_order_relaxed) || !gem_cfg.kernel_costs)) {
+                if (GEM_LIKELY((n & atomic_load_explicit(&g->marker_mask, memory_order_relaxed)) != 0 && !graph))
+                    return CUDA_SUCCESS;
+                return gem_gate_marker(g, stream, ptsz);
+            }
+            struct gem_thread_counter *t = gem_tls_counter;
+            uint64_t key = graph ? 0 : gem_kcost_key(fn, blocks);
+            int64_t cost = graph ? 0 : gem_kcost_get(key);
+            int relearn = (n & (GEM_KCOST_RELEARN - 1)) == 0 || t->verifying > 0;
+            if (GEM_LIKELY(cost != 0 && !t->isolating && !relearn)) {
+                int64_t sum = t->pending_ns + cost;
+                if (GEM_LIKELY(sum <= gem_kcost_target_ns())) {
+                    t->pending_ns = sum;
+                    return CUDA_SUCCESS;
+                }
+            }
+            return gem_gate_cost_marker(g, stream, ptsz, key, cost, !graph && (cost == 0 || relearn));
         }
         return gem_burst_begin(g, stream, ptsz, gem_now_ns());
     }

@@ -14,6 +14,7 @@
 #include "capture.h"
 #include "gpugate.h"
 #include "inflight.h"
+#include "kcost.h"
 #include "real.h"
 #include "settings.h"
 #include "stats.h"
@@ -39,6 +40,11 @@ struct ring {
     /* The GPU-side gate's epoch when ev[i] was recorded (gpugate.h: odd while a claim holds the stream). An
      * interval during which a claim held the stream at its wait holds the claim's time, not this stream's. */
     unsigned epoch[GEM_INFLIGHT_MARKERS];
+    /* The kernel the interval from ev[i] to ev[i + 1] holds alone, to be measured (kcost.h; 0: none). */
+    uint64_t key[GEM_INFLIGHT_MARKERS];
+    /* What the kernels of the interval ending at ev[i] were predicted to cost (ns; costed markers). */
+    int64_t predicted[GEM_INFLIGHT_MARKERS];
+    unsigned learn_from;        /* the oldest marker whose interval may still teach the cost table */
     struct gem_gpugate *gate;   /* the gate whose waits this ring's stream carries (NULL: none) */
     unsigned head;              /* the next event to record (the oldest once the ring is full) */
     unsigned count;             /* markers in the chain: since the first, or the last synchronisation of the
@@ -117,6 +123,20 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     if (REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
         REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
         return 0;
+    if (!r->per[done]) {
+        /* placed by the kernels' cost (kcost.h): the rate is not used; the interval, unless it held one kernel
+         * alone or a claim, says how deep the queue may be */
+        if (!r->key[prev] && !held && r->behind[done]) {
+            int64_t interval = (int64_t)((double)ms * 1e6);
+            atomic_store(&f->interval_ns, interval);
+            /* far longer than its kernels' costs said (a kernel whose length changed under the same key): a
+             * kernel alone longer than the target is no surprise, and an interval of the thread's own launches
+             * may hold another thread's too, so only a miss by more than the target and twice the prediction */
+            if (interval > 2 * r->predicted[done] + gem_kcost_target_ns())
+                gem_kcost_verify_thread();
+        }
+        return 1;
+    }
     uint64_t n = atomic_load(&f->launches_per_marker);
     int64_t interval = (int64_t)((double)ms * 1e6 * (double)n / (double)(r->per[done] ? r->per[done] : 1));
     /* The interval aims at a quarter to a half of GEMINI_INFLIGHT_MS -- half that while the markers carry the
@@ -151,29 +171,53 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     return 1;
 }
 
+/* The intervals since `learn_from` whose kernel was measured alone teach the cost table, once both of their markers
+ * are done; an interval a claim held (its wait is inside it) teaches nothing. Stops at the first one not done. */
+static void learn(struct ring *r) {
+    while (r->count > 0 && r->learn_from != r->head) {
+        unsigned i = r->learn_from, j = (i + 1) % GEM_INFLIGHT_MARKERS;
+        if (j == r->head)
+            break;              /* its end is not recorded yet */
+        if (r->key[i]) {
+            CUresult done = REAL(cuEventQuery)(r->ev[j]);
+            if (done == CUDA_ERROR_NOT_READY)
+                break;
+            int held = r->gate && ((r->epoch[i] & 1) || atomic_load(&r->gate->epoch) != r->epoch[i]);
+            float ms = 0;
+            if (done == CUDA_SUCCESS && !held && HAVE_REAL(cuEventElapsedTime) &&
+                REAL(cuEventElapsedTime)(&ms, r->ev[i], r->ev[j]) == CUDA_SUCCESS && ms > 0) {
+                gem_kcost_learn(r->key[i], (int64_t)((double)ms * 1e6), r->behind[j]);
+                atomic_fetch_add_explicit(&gem_stats.kernel_costs_learnt, 1, memory_order_relaxed);
+            }
+            r->key[i] = 0;
+        }
+        r->learn_from = j;
+    }
+}
+
 /* The marker's own calls run in the program's launching thread, in its capture mode (GLOBAL unless it chose
  * otherwise): a capture another thread begins after the check below made the marker's event query or
  * synchronisation an unsafe call, and the driver invalidated that capture (10 of 300 short captures beside a
  * bounded launcher ended with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; tests/test_e2e_hook.py). So the marker runs
  * in relaxed mode, as the drain does, and gives the thread its mode back. */
 static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
-                        struct gem_gpugate *gate);
+                        struct gem_gpugate *gate, const struct gem_marker_kernel *mk);
 
 void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
-                         struct gem_gpugate *gate) {
+                         struct gem_gpugate *gate, const struct gem_marker_kernel *mk) {
     if (atomic_load(&gem_active_captures) > 0 || !HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventQuery) ||
         !HAVE_REAL(cuEventSynchronize) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent))
         return;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
                     REAL(cuThreadExchangeStreamCaptureMode)(&mode) == CUDA_SUCCESS;
-    marker_body(f, stream, ptsz, budget_ns, gate);
+    marker_body(f, stream, ptsz, budget_ns, gate, mk);
     if (exchanged)
         REAL(cuThreadExchangeStreamCaptureMode)(&mode);
 }
 
 static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
-                        struct gem_gpugate *gate) {
+                        struct gem_gpugate *gate, const struct gem_marker_kernel *mk) {
     CUcontext ctx = NULL;
     if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
         return;
@@ -204,9 +248,16 @@ static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64
         if (adapt(f, r, depth))
             r->measured = 1;
     }
+    /* Learnt up to here: the host waits for the marker `depth` back (at most GEM_INFLIGHT_MARKERS - 1), so every
+     * interval older than that is done and learn_from never falls a whole ring behind. */
+    learn(r);
+    if (r->count == 0)
+        r->learn_from = slot;   /* a new chain: nothing before it is an interval of it */
     unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
     r->behind[slot] = r->count > 0 && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
-    r->per[slot] = (uint32_t)atomic_load(&f->launches_per_marker);
+    r->per[slot] = mk && mk->costed ? 0 : (uint32_t)atomic_load(&f->launches_per_marker);
+    r->key[slot] = mk ? mk->key : 0;
+    r->predicted[slot] = mk ? mk->predicted_ns : 0;
     /* The wait before the marker: during a claim the GPU stops this stream here, at most an interval after
      * the claim began, however deep the queue behind it. */
     r->gate = gate && gem_gpugate_wait(gate, s) ? gate : NULL;
@@ -244,6 +295,7 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
     if (__atomic_load_n(&nrings, __ATOMIC_ACQUIRE) == 0)
         return 0;           /* never bounded: nothing to restart, nor to judge */
     unsigned chain = 0;     /* the longest chain the synchronisation ended */
+    int costed = 0;         /* one of them was placed by the kernels' costs (kcost.h) */
     pthread_t self = pthread_self();
     CUcontext cur = NULL;
     /* The events are the context's: timed only from it, and not while a capture runs. A capture another thread
@@ -266,11 +318,15 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
         pthread_mutex_lock(&r->mu);
         if (r->count > chain)
             chain = r->count;
+        if (!r->per[(r->head + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS])
+            costed = 1;
         /* A chain shorter than the queue's depth (a program that synchronises often) never waited for a marker,
          * so it measured nothing: the rate could not grow, nor the depth learn the kernels' length. Its last
          * interval is measured now, off the launch path, its events done. */
         if (may_time && !r->measured)
             adapt(f, r, 1);
+        if (may_time)
+            learn(r);           /* every marker is done: the last kernel measured alone too, if its end was recorded */
         r->count = 0;
         r->measured = 0;
         pthread_mutex_unlock(&r->mu);
@@ -282,6 +338,8 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
      * device's) or on work queued while nothing was bounded says nothing of the markers' spacing. */
     if (budget_ns <= 0 || chain == 0 || waited_ns <= 2 * budget_ns)
         return 0;
+    if (costed)
+        gem_kcost_verify_thread();  /* placed by costs, yet the queue was deep: some cost is wrong */
     /* The queue held about `waited_ns` of work in at most `chain` intervals (and the launches after the last
      * marker): the intervals are at least that long, so the depth shrinks with the rate. */
     int64_t interval = waited_ns / chain;

@@ -52,11 +52,20 @@ struct gem_inflight {
 };
 
 void gem_inflight_init(struct gem_inflight *f);
+
+/* How a marker was placed beside a latency group (gate.h): by the kernels' predicted cost rather than every N
+ * launches (`costed`), and before a kernel to be measured alone (`key`, kcost.h; 0: none). Its interval is then
+ * not judged by the rate's rules, and the one holding `key` alone teaches the cost table. */
+struct gem_marker_kernel {
+    int costed;
+    uint64_t key;
+    int64_t predicted_ns;   /* the predicted cost of the launches since the thread's marker before this one */
+};
 /* Record a marker on `stream` (NULL + ptsz: the per-thread stream), first waiting until at most about
  * `budget_ns` of GPU work (measured intervals) stays queued on that stream; with `gate` (not NULL), a wait on
  * the GPU-side gate's word goes before it (gpugate.h). Never fails the launch. */
 void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
-                         struct gem_gpugate *gate);
+                         struct gem_gpugate *gate, const struct gem_marker_kernel *mk);
 
 /* The program synchronised the whole of `ctx` (whole), or its `stream` (CU_STREAM_PER_THREAD: the calling
  * thread's), after waiting `waited_ns`: those streams' chains start afresh, and the rate halves if the wait was

@@ -16,6 +16,7 @@
  *      board       the board page's protocol (exported for the daemons)
  *      settings    settings from the environment, logging
  *      stats       counters
+ *      kcost       what each kernel costs the GPU (markers beside a latency group follow it)
  *      real        the driver's real functions, resolved from the table
  *      thread      the hook's background threads: detached, named, deaf to signals
  *   2  client      the connection to a pod manager
@@ -44,6 +45,7 @@
 #include "flare.h"
 #include "gpugate.h"
 #include "inflight.h"
+#include "kcost.h"
 #include "memory.h"
 #include "nvml.h"
 #include "real.h"

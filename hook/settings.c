@@ -29,6 +29,7 @@ struct gem_settings gem_cfg = {
     .inflight_ns = GEM_NS_PER_MS,
     .gpu_gate = 1,
     .flare = 1,
+    .kernel_costs = 1,
     .early_claim_ns = 2 * GEM_NS_PER_MS,
     .connect_timeout_ns = 10 * GEM_NS_PER_S,
     .token_timeout_ns = 300 * GEM_NS_PER_S,
@@ -108,7 +109,7 @@ static const char *const file_keys[] = {
     "GEMINI_DISABLE", "GEMINI_FAIL_OPEN", "GEMINI_GROUP_NAME", "GEMINI_POD_MANAGER_IP", "GEMINI_POD_MANAGER_PORT",
     "GEMINI_POD_MANAGERS", "GEMINI_IPC_DIR", "GEMINI_BOARD_DIR", "GEMINI_IDLE_RELEASE_MS", "GEMINI_CLAIM_IDLE_MS",
     "GEMINI_INFLIGHT_MS", "GEMINI_EARLY_CLAIM_MS", "GEMINI_CONNECT_TIMEOUT_MS", "GEMINI_TOKEN_TIMEOUT_MS",
-    "GEMINI_GPU_GATE", "GEMINI_FLARE",
+    "GEMINI_GPU_GATE", "GEMINI_FLARE", "GEMINI_KERNEL_COSTS",
 };
 #define N_FILE_KEYS (sizeof file_keys / sizeof file_keys[0])
 
@@ -320,6 +321,8 @@ void gem_settings_load(void) {
         gem_cfg.gpu_gate = setting_flag("GEMINI_GPU_GATE");
     if ((v = setting("GEMINI_FLARE")) && *v)
         gem_cfg.flare = setting_flag("GEMINI_FLARE");
+    if ((v = setting("GEMINI_KERNEL_COSTS")) && *v)
+        gem_cfg.kernel_costs = setting_flag("GEMINI_KERNEL_COSTS");
     setting_ms("GEMINI_CONNECT_TIMEOUT_MS", &gem_cfg.connect_timeout_ns);
     setting_ms("GEMINI_TOKEN_TIMEOUT_MS", &gem_cfg.token_timeout_ns);
     if (gem_cfg.settings_file[0])

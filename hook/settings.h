@@ -36,6 +36,8 @@ struct gem_settings {
     int64_t inflight_ns;        /* GEMINI_INFLIGHT_MS: GPU work kept queued per stream while bounded */
     int flare;                  /* GEMINI_FLARE=0: a latency process raises no flare (flare.h); batch work makes way for its
                                  * requests when its pod manager has written the claim on the board */
+    int kernel_costs;           /* GEMINI_KERNEL_COSTS=0: beside a latency group the markers come every N launches, as
+                                 * for a capped group, not by the kernels' predicted GPU time (kcost.h) */
     int gpu_gate;               /* GEMINI_GPU_GATE=0: no GPU-side gate during claims (gpugate.h); the queue
                                  * then stays GEMINI_INFLIGHT_MS short next to a latency group */
     int64_t early_claim_ns;     /* GEMINI_EARLY_CLAIM_MS: a latency process launches this long before its

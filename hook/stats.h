@@ -18,13 +18,21 @@ struct gem_stats {
         procaddr_fallback, procaddr_unrouted, reconnects, slots_measured, used_ns, continuations, claim_pauses,
         claim_pause_ns, markers, marker_waits, marker_wait_ns, turn_passes, marker_grows, marker_shrinks,
         marker_sync_shrinks, marker_intervals, marker_interval_ns, idle_ns, group_passes, quick_claim_releases,
-        early_claims, early_claim_lag_ns, flares, withdrawals, board_moves, gpu_gate_waits, gpu_gate_raises, gpu_gate_failures;
+        early_claims, early_claim_lag_ns, flares, withdrawals, board_moves, gpu_gate_waits, gpu_gate_raises, gpu_gate_failures,
+        kernels_measured, kernel_costs_learnt, kernel_cost_checks;
 };
 extern struct gem_stats gem_stats;
 
 /* Launches are counted per thread so the launch path never touches a shared cache line. */
 struct gem_thread_counter {
     uint64_t launches;
+    /* beside a latency group (gate.h, kcost.h): the predicted GPU time launched since this thread's last marker,
+     * and whether that marker went before a kernel to be measured alone (the next launch ends its interval) */
+    int64_t pending_ns;
+    int isolating;
+    /* launches still to be measured alone, each, since a queue ran far longer than its kernels' predicted costs
+     * (a kernel whose length changed under the same key): the one that did is measured again */
+    int verifying;
     struct gem_thread_counter *next;
 };
 /* initial-exec: a plain %fs-relative load on the launch path instead of a __tls_get_addr call */

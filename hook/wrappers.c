@@ -18,9 +18,21 @@
 #include "real.h"
 #include "hook_exports.h"
 
+/* Each gated row's kernel and grid size (kcost.h: the markers beside a latency group follow what they cost) */
+#define GEM_GRID_BLOCKS ((uint64_t)gridDimX * gridDimY * gridDimZ)
+#define GEM_KERNEL_cuLaunchKernel f, GEM_GRID_BLOCKS
+#define GEM_KERNEL_cuLaunchKernel_ptsz f, GEM_GRID_BLOCKS
+#define GEM_KERNEL_cuLaunchCooperativeKernel f, GEM_GRID_BLOCKS
+#define GEM_KERNEL_cuLaunchCooperativeKernel_ptsz f, GEM_GRID_BLOCKS
+#define GEM_EX_BLOCKS (config ? (uint64_t)config->gridDimX * config->gridDimY * config->gridDimZ : 0)
+#define GEM_KERNEL_cuLaunchKernelEx f, GEM_EX_BLOCKS
+#define GEM_KERNEL_cuLaunchKernelEx_ptsz f, GEM_EX_BLOCKS
+#define GEM_KERNEL_cuGraphLaunch NULL, 0
+#define GEM_KERNEL_cuGraphLaunch_ptsz NULL, 0
+
 #define GEM_WRAP_GATED(name, pt, params, args, stream, graph)                                   \
     GEM_EXPORT CUresult name params {                                                           \
-        CUresult gate_rc = gem_gate_launch((stream), pt, graph);                                \
+        CUresult gate_rc = gem_gate_launch((stream), pt, graph, GEM_KERNEL_##name);             \
         if (GEM_UNLIKELY(gate_rc != CUDA_SUCCESS))                                              \
             return gate_rc;                                                                     \
         gem_fn_##name##_t *real = REAL(name);                                                   \

@@ -251,14 +251,16 @@ def test_the_gpu_gates_waits_come_twice_as_often_as_a_capped_groups_markers(sim,
     """A claim takes effect at the batch stream's next wait, so a request waits for the rest of the marker interval
     in flight: while the markers carry the GPU-side gate's waits, the interval aims at an eighth to a quarter of
     GEMINI_INFLIGHT_MS instead of a quarter to a half. The same 0.1 ms kernels: about one marker every 2 launches
-    beside a latency group, every 4 for a capped group alone (with the spacing not halved: the same for both)."""
+    beside a latency group, every 4 for a capped group alone (with the spacing not halved: the same for both). This
+    is the count's rule, which a latency group's neighbours follow with `GEMINI_KERNEL_COSTS=0` (by default their
+    markers follow the kernels' costs: test_hook_flare.py)."""
     board.set_counts(1, 2)
     rates = {}
     for name, pmgr_class in (("capped", CappedPmgr), ("gated", ClaimedPmgr)):
         pmgr = pmgr_class(board)
         try:
             env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
-                          GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="warn")
+                          GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="warn", GEMINI_KERNEL_COSTS="0")
             r = finish(start(native.client_cmd("workload-linked", "--kernel-us", "100", "--seconds", "1.0",
                                                "--sync-every", "256", "--json"), env), timeout=30)
             assert r.rc == 0, r

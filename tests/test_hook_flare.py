@@ -138,3 +138,52 @@ def test_a_latency_request_raises_its_flare_before_its_pod_manager_answers(sim, 
     finally:
         pmgr.close()
         flare.close()
+
+
+@pytest.mark.parametrize("kernel_costs", ["1", "0"])
+def test_a_flare_stops_a_trainers_mix_of_kernels_within_a_fraction_of_a_millisecond(sim, board, kernel_costs):
+    """A trainer's kernels are not alike: here 32 of 10 us, then 8 of 400 us, over and over. Markers every N launches
+    grow N on the short ones (16 of them fit a quarter of GEMINI_INFLIGHT_MS), so that up to 16 long ones -- 6 ms --
+    ran between two of the GPU-side gate's waits, and a flare that rose among them waited for the rest. With the
+    markers placed by each kernel's learnt cost (kcost.h, the default) a wait comes before the launch that would
+    take the queued work past 0.5 ms: after a flare rose the batch process's kernels ran on for about a long kernel
+    at most. `GEMINI_KERNEL_COSTS=0` is the count of before, which the bound must tell apart."""
+    board.set_counts(1, 2)
+    flare = Flare.create(board, 1)
+    board.set_flare(1, True)
+    sim.trace = sim.dir / "trace.txt"
+    pmgr = ClaimedPmgr(board)
+    try:
+        env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                      GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="warn", GEMINI_KERNEL_COSTS=kernel_costs)
+        proc = start(native.client_cmd("workload-linked", "--kernel-us", "10", "--long-us", "400", "--mix", "32:8",
+                                       "--seconds", "3.0", "--sync-every", "400", "--json"), env)
+        assert pmgr.granted.wait(10), "the process never asked for a token"
+        time.sleep(0.8)                     # its costs learnt (or its rate grown)
+        raised = []
+        ends = time.monotonic() + 1.5
+        while time.monotonic() < ends:
+            t = now_ns()
+            flare.raise_until(t + 4 * MS)
+            raised.append(t)
+            time.sleep(0.004)
+            flare._lib.gemhook_flare_lower(flare._f, flare.until_ns())
+            time.sleep(0.016)
+        r = finish(proc, timeout=30)
+        assert r.rc == 0, r
+        st = sim.stats_of(r.json["pid"])
+        assert st["gpu_gate_raises"] >= len(raised) // 2, st
+        kernels = [(s, e) for pid, _dev, s, e, _name in native.read_trace(sim.trace) if pid == r.json["pid"]]
+        # how long the batch process's kernels ran on after each flare rose: the last end of one that ran while it
+        # was up (the one in flight when it rose, and those that began after; none: 0)
+        ran_on = sorted(max([e - t for s, e in kernels if s < t + 4 * MS and e > t], default=0) / MS for t in raised)
+        median = ran_on[len(ran_on) // 2]
+        p90 = ran_on[int(len(ran_on) * 0.9)]
+        if kernel_costs == "1":
+            assert st["kernels_measured"] >= 2 and st["kernel_costs_learnt"] >= 2, st
+            assert median <= 0.8 and p90 <= 1.5, (median, p90, ran_on)     # on a laptop: 0.25 / 0.5
+        else:
+            assert st["kernels_measured"] == 0, st
+            assert median > 1.0, (median, p90, ran_on)                      # on a laptop: 1.9-2.4 / 2.8-3.1
+    finally:
+        pmgr.close()

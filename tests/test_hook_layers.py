@@ -19,7 +19,7 @@ HOOK = REPO_ROOT / "hook"
 # module -> layer; a module is a .c file and its header of the same stem (the layer-0 headers stand alone)
 LAYERS = {
     "cuda_types.h": 0, "gemini_proto.h": 0, "hook_table.h": 0, "hook_exports.h": 0,
-    "util": 1, "board": 1, "settings": 1, "stats": 1, "real": 1, "thread": 1,
+    "util": 1, "board": 1, "settings": 1, "stats": 1, "kcost": 1, "real": 1, "thread": 1,
     "client": 2,
     "device": 3, "gpugate": 3, "flare": 3,
     "capture": 4, "inflight": 4, "gate": 4, "memory": 4, "residency": 4, "rejoin": 4, "vmm": 4, "context": 4, "nvml": 4,

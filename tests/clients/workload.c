@@ -273,8 +273,10 @@ static struct {
     uint64_t pause_us;             /* host work: sleep this long after every pause_every launches (0: none) */
     long pause_every;
     uint64_t think_us;             /* host work after each synchronisation (the GPU idles meanwhile) */
+    uint64_t long_us;              /* a trainer's mix: after every short_n kernels, long_n of long_us on twice the grid */
+    long short_n, long_n;
 } opt = {1000, -1, 0, 0, ST_LEGACY, LA_KERNEL, SY_CTX, AL_DEVICE, 0, 0, 0, 0, 0, 0, 0, 1, 32, 0, 12000, NULL, NULL, 0, 0,
-         0, 1, 0};
+         0, 1, 0, 0, 0, 0};
 
 /* --period-us: each request's latency, from when it was due to when its sync returned */
 static uint64_t *latencies;
@@ -399,6 +401,8 @@ static void usage(FILE *f)
             "  --pause-us P         host work of a training loop: sleep P us after every --pause-every launches\n"
             "  --pause-every N      (default 1)\n"
             "  --think-us T         host work after every synchronisation: sleep T us (the GPU has nothing)\n"
+            "  --long-us L --mix S:N  a trainer's mix of kernel lengths: after every S kernels of --kernel-us,\n"
+            "                       N of L us on twice the grid (another kernel to the hook's cost table)\n"
             "  --ptsz               per-thread default stream entry points\n"
             "  --ctx {primary,create}  context to use (default primary, as cudart does)\n"
             "  --device N, --cuda-version V (cuGetProcAddress version, default 12000)\n"
@@ -449,7 +453,7 @@ static void parse(int argc, char **argv)
     enum {
         O_KUS = 256, O_KERNELS, O_SECONDS, O_SYNCEVERY, O_SYNC, O_STREAM, O_LAUNCH, O_GSIZE, O_BLOCKS, O_THREADS,
         O_ALLOC, O_AKIND, O_MEMINFO, O_TRACE, O_KERNEL_LOG, O_WORK_ITERS, O_JSON, O_PTSZ, O_CTX, O_DEVICE, O_CUDAVER, O_KEEP, O_HELP,
-        O_PERIOD, O_PAUSE, O_PAUSE_EVERY, O_THINK
+        O_PERIOD, O_PAUSE, O_PAUSE_EVERY, O_THINK, O_LONG_US, O_MIX
     };
     static const struct option longopts[] = {
         {"kernel-us", required_argument, 0, O_KUS},   {"kernels", required_argument, 0, O_KERNELS},
@@ -466,7 +470,8 @@ static void parse(int argc, char **argv)
         {"cuda-version", required_argument, 0, O_CUDAVER}, {"keep-going", no_argument, 0, O_KEEP},
         {"period-us", required_argument, 0, O_PERIOD},
         {"pause-us", required_argument, 0, O_PAUSE},  {"pause-every", required_argument, 0, O_PAUSE_EVERY},
-        {"think-us", required_argument, 0, O_THINK},
+        {"think-us", required_argument, 0, O_THINK}, {"long-us", required_argument, 0, O_LONG_US},
+        {"mix", required_argument, 0, O_MIX},
         {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0},
     };
     static const char *const ctx_names[] = {"primary", "create", NULL};
@@ -489,6 +494,13 @@ static void parse(int argc, char **argv)
         case O_PAUSE: opt.pause_us = (uint64_t)parse_long(optarg, "--pause-us"); break;
         case O_PAUSE_EVERY: opt.pause_every = parse_long(optarg, "--pause-every"); break;
         case O_THINK: opt.think_us = (uint64_t)parse_long(optarg, "--think-us"); break;
+        case O_LONG_US: opt.long_us = (uint64_t)parse_long(optarg, "--long-us"); break;
+        case O_MIX:
+            if (sscanf(optarg, "%ld:%ld", &opt.short_n, &opt.long_n) != 2 || opt.short_n < 0 || opt.long_n < 0) {
+                fprintf(stderr, "workload: bad --mix '%s' (S:N)\n", optarg);
+                exit(2);
+            }
+            break;
         case O_SYNC: opt.sync = pick(optarg, sync_names, "--sync"); break;
         case O_STREAM: opt.stream = pick(optarg, stream_names, "--stream"); break;
         case O_LAUNCH: opt.launch = pick(optarg, launch_names, "--launch"); break;
@@ -646,16 +658,21 @@ static void launch_one(long slot)
 {
     CUdeviceptr out = run.out + (CUdeviceptr)slot * SLOT_BYTES;
     uint64_t dur = opt.work_iters ? (uint64_t)opt.work_iters : opt.kernel_us * 1000ull; /* gem_work: iterations */
+    unsigned blocks = opt.blocks;
+    if (opt.long_n > 0 && res.launches % (opt.short_n + opt.long_n) >= opt.short_n) {
+        dur = opt.long_us * 1000ull;
+        blocks *= 2;
+    }
     void *params[] = {&out, &dur};
     switch (opt.launch) {
     case LA_KERNEL:
     case LA_GRAPH:
-        CALL(LaunchKernel, run.fn, opt.blocks, 1, 1, opt.threads, 1, 1, 0, run.stream, params, NULL);
+        CALL(LaunchKernel, run.fn, blocks, 1, 1, opt.threads, 1, 1, 0, run.stream, params, NULL);
         break;
     case LA_EX: {
         CUlaunchConfig cfg;
         memset(&cfg, 0, sizeof cfg);
-        cfg.gridDimX = opt.blocks;
+        cfg.gridDimX = blocks;
         cfg.gridDimY = cfg.gridDimZ = 1;
         cfg.blockDimX = opt.threads;
         cfg.blockDimY = cfg.blockDimZ = 1;
@@ -664,7 +681,7 @@ static void launch_one(long slot)
         break;
     }
     case LA_COOP:
-        CALL(LaunchCooperativeKernel, run.fn, opt.blocks, 1, 1, opt.threads, 1, 1, 0, run.stream, params);
+        CALL(LaunchCooperativeKernel, run.fn, blocks, 1, 1, opt.threads, 1, 1, 0, run.stream, params);
         break;
     }
 }
