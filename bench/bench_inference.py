@@ -174,7 +174,8 @@ def main(argv=None) -> int:
             row["timeline"]["slowest"] = request_timeline.slowest(times, 10)
             if args.timeline_dir:
                 Path(args.timeline_dir).mkdir(parents=True, exist_ok=True)
-                name = f"{len(out['runs']):02d}-{case}-{':'.join(w)}.txt".replace(":", "_")
+                name = "".join(c if c.isalnum() or c in "-." else "_"
+                               for c in f"{len(out['runs']):02d}-{case}-{':'.join(w)}.txt")
                 (Path(args.timeline_dir) / name).write_text("".join(t.line() + "\n" for t in times))
         if trainer is not None:
             row["train_steps_per_s"] = trainer.rate(res["t0"], res["t1"])
