@@ -815,16 +815,23 @@ CUresult gem_gate_marker(struct gem_gate *g, CUstream stream, int ptsz) {
 CUresult gem_gate_cost_marker(struct gem_gate *g, CUstream stream, int ptsz, uint64_t key, int64_t cost_ns,
                               int isolate) {
     struct gem_thread_counter *t = gem_tls_counter;
-    struct gem_marker_kernel mk = {.costed = 1, .key = isolate ? key : 0, .predicted_ns = t ? t->pending_ns : 0};
-    gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()), gem_gpugate_of(g->dev->ordinal),
-                        &mk);
-    if (isolate)
-        atomic_fetch_add_explicit(&gem_stats.kernels_measured, 1, memory_order_relaxed);
+    int graph = key == 0;       /* a graph launch: one unit of queued work, its length unknown */
+    struct gem_marker_kernel mk = {.costed = 1, .key = isolate ? key : 0, .unit = isolate || graph,
+                                   .ends_unit = t && t->isolating, .thread = t,
+                                   .predicted_ns = t ? t->pending_ns : 0};
+    int recorded = gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()),
+                                       gem_gpugate_of(g->dev->ordinal), &mk);
     if (t) {
-        t->isolating = isolate;
-        t->pending_ns = isolate ? 0 : cost_ns;
-        if (isolate && t->verifying > 0)
-            t->verifying--;
+        /* after a unit the next launch puts a marker before itself: the unit's interval holds it alone (a graph's
+         * too, so that no kernel's cost is judged with a graph's length in its interval) */
+        t->isolating = recorded && (isolate || graph);
+        /* a kernel measured again keeps its prediction in the interval's (the synchronisation's check sums them) */
+        t->pending_ns = cost_ns;
+        if (recorded && isolate) {
+            atomic_fetch_add_explicit(&gem_stats.kernels_measured, 1, memory_order_relaxed);
+            if (t->verifying > 0)
+                t->verifying--;
+        }
     }
     return CUDA_SUCCESS;
 }

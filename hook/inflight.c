@@ -40,8 +40,14 @@ struct ring {
     /* The GPU-side gate's epoch when ev[i] was recorded (gpugate.h: odd while a claim holds the stream). An
      * interval during which a claim held the stream at its wait holds the claim's time, not this stream's. */
     unsigned epoch[GEM_INFLIGHT_MARKERS];
-    /* The kernel the interval from ev[i] to ev[i + 1] holds alone, to be measured (kcost.h; 0: none). */
+    /* The kernel the interval from ev[i] to ev[i + 1] holds alone, to be measured (kcost.h; 0: none); whether that
+     * interval holds one unit (that kernel, or a graph: its length is no queue's); whether ev[i] ended its
+     * thread's one-unit interval; and the thread that recorded ev[i] (another thread's marker between a unit's
+     * two would cut it short, so a unit is measured only between its own thread's). */
     uint64_t key[GEM_INFLIGHT_MARKERS];
+    unsigned char unit[GEM_INFLIGHT_MARKERS];
+    unsigned char ends_unit[GEM_INFLIGHT_MARKERS];
+    const void *thread_of[GEM_INFLIGHT_MARKERS];
     /* What the kernels of the interval ending at ev[i] were predicted to cost (ns; costed markers). */
     int64_t predicted[GEM_INFLIGHT_MARKERS];
     unsigned learn_from;        /* the oldest marker whose interval may still teach the cost table */
@@ -126,9 +132,12 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     if (!r->per[done]) {
         /* placed by the kernels' cost (kcost.h): the rate is not used; the interval, unless it held one kernel
          * alone or a claim, says how deep the queue may be */
-        if (!r->key[prev] && !held && r->behind[done]) {
+        if (!r->unit[prev] && !held && r->behind[done]) {
             int64_t interval = (int64_t)((double)ms * 1e6);
-            atomic_store(&f->interval_ns, interval);
+            /* the queue's depth from intervals that a full sum ended (one cut short by a unit after it would
+             * make the depth the budget over a single short kernel) */
+            if (r->predicted[done] >= gem_kcost_target_ns() / 2)
+                atomic_store(&f->interval_ns, interval);
             /* far longer than its kernels' costs said (a kernel whose length changed under the same key): a
              * kernel alone longer than the target is no surprise, and an interval of the thread's own launches
              * may hold another thread's too, so only a miss by more than the target and twice the prediction */
@@ -178,7 +187,9 @@ static void learn(struct ring *r) {
         unsigned i = r->learn_from, j = (i + 1) % GEM_INFLIGHT_MARKERS;
         if (j == r->head)
             break;              /* its end is not recorded yet */
-        if (r->key[i]) {
+        /* only the unit's own thread's next marker ends it: between another thread's, the kernel may not be in
+         * the interval at all, or others' launches with it */
+        if (r->key[i] && r->ends_unit[j] && r->thread_of[j] == r->thread_of[i]) {
             CUresult done = REAL(cuEventQuery)(r->ev[j]);
             if (done == CUDA_ERROR_NOT_READY)
                 break;
@@ -189,9 +200,8 @@ static void learn(struct ring *r) {
                 gem_kcost_learn(r->key[i], (int64_t)((double)ms * 1e6), r->behind[j]);
                 atomic_fetch_add_explicit(&gem_stats.kernel_costs_learnt, 1, memory_order_relaxed);
             }
-            r->key[i] = 0;
         }
-        r->learn_from = j;
+        r->learn_from = j;      /* learnt once: key[i] stays, for adapt (a unit is no queue's length) */
     }
 }
 
@@ -200,37 +210,38 @@ static void learn(struct ring *r) {
  * synchronisation an unsafe call, and the driver invalidated that capture (10 of 300 short captures beside a
  * bounded launcher ended with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; tests/test_e2e_hook.py). So the marker runs
  * in relaxed mode, as the drain does, and gives the thread its mode back. */
-static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
-                        struct gem_gpugate *gate, const struct gem_marker_kernel *mk);
+static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
+                       struct gem_gpugate *gate, const struct gem_marker_kernel *mk);
 
-void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
-                         struct gem_gpugate *gate, const struct gem_marker_kernel *mk) {
+int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
+                        struct gem_gpugate *gate, const struct gem_marker_kernel *mk) {
     if (atomic_load(&gem_active_captures) > 0 || !HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventQuery) ||
         !HAVE_REAL(cuEventSynchronize) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent))
-        return;
+        return 0;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
                     REAL(cuThreadExchangeStreamCaptureMode)(&mode) == CUDA_SUCCESS;
-    marker_body(f, stream, ptsz, budget_ns, gate, mk);
+    int recorded = marker_body(f, stream, ptsz, budget_ns, gate, mk);
     if (exchanged)
         REAL(cuThreadExchangeStreamCaptureMode)(&mode);
+    return recorded;
 }
 
-static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
-                        struct gem_gpugate *gate, const struct gem_marker_kernel *mk) {
+static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
+                       struct gem_gpugate *gate, const struct gem_marker_kernel *mk) {
     CUcontext ctx = NULL;
     if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
-        return;
+        return 0;
     CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
     struct ring *r = ring_for(ctx, s);
     if (!r)
-        return;
+        return 0;
     pthread_mutex_lock(&r->mu);
     if (!r->used) {
         for (int i = 0; i < GEM_INFLIGHT_MARKERS; i++)
             if (REAL(cuEventCreate)(&r->ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
                 pthread_mutex_unlock(&r->mu);
-                return;
+                return 0;
             }
         r->used = 1;
     }
@@ -257,18 +268,23 @@ static void marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64
     r->behind[slot] = r->count > 0 && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
     r->per[slot] = mk && mk->costed ? 0 : (uint32_t)atomic_load(&f->launches_per_marker);
     r->key[slot] = mk ? mk->key : 0;
+    r->unit[slot] = mk ? (unsigned char)mk->unit : 0;
+    r->ends_unit[slot] = mk ? (unsigned char)mk->ends_unit : 0;
+    r->thread_of[slot] = mk ? mk->thread : NULL;
     r->predicted[slot] = mk ? mk->predicted_ns : 0;
     /* The wait before the marker: during a claim the GPU stops this stream here, at most an interval after
      * the claim began, however deep the queue behind it. */
     r->gate = gate && gem_gpugate_wait(gate, s) ? gate : NULL;
     r->epoch[slot] = r->gate ? atomic_load(&gate->epoch) : 0;
-    if (REAL(cuEventRecord)(r->ev[slot], s) == CUDA_SUCCESS) {
+    int recorded = REAL(cuEventRecord)(r->ev[slot], s) == CUDA_SUCCESS;
+    if (recorded) {
         atomic_fetch_add(&gem_stats.markers, 1);
         r->head = (slot + 1) % GEM_INFLIGHT_MARKERS;
         if (r->count < GEM_INFLIGHT_MARKERS)
             r->count++;
     }
     pthread_mutex_unlock(&r->mu);
+    return recorded;
 }
 
 /* The rings are keyed by the context's handle, and a reset primary context keeps its handle (a destroyed one's may
@@ -296,6 +312,8 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
         return 0;           /* never bounded: nothing to restart, nor to judge */
     unsigned chain = 0;     /* the longest chain the synchronisation ended */
     int costed = 0;         /* one of them was placed by the kernels' costs (kcost.h) */
+    int64_t predicted = 0;  /* what their chains' kernels were predicted to cost */
+    int graphs = 0;         /* a chain held a graph (no prediction for it) */
     pthread_t self = pthread_self();
     CUcontext cur = NULL;
     /* The events are the context's: timed only from it, and not while a capture runs. A capture another thread
@@ -318,8 +336,14 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
         pthread_mutex_lock(&r->mu);
         if (r->count > chain)
             chain = r->count;
-        if (!r->per[(r->head + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS])
+        if (!r->per[(r->head + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS]) {
             costed = 1;
+            for (unsigned k = 1; k <= r->count; k++) {
+                unsigned i = (r->head + GEM_INFLIGHT_MARKERS - k) % GEM_INFLIGHT_MARKERS;
+                predicted += r->predicted[i];
+                graphs |= r->unit[i] && !r->key[i];
+            }
+        }
         /* A chain shorter than the queue's depth (a program that synchronises often) never waited for a marker,
          * so it measured nothing: the rate could not grow, nor the depth learn the kernels' length. Its last
          * interval is measured now, off the launch path, its events done. */
@@ -338,8 +362,11 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
      * device's) or on work queued while nothing was bounded says nothing of the markers' spacing. */
     if (budget_ns <= 0 || chain == 0 || waited_ns <= 2 * budget_ns)
         return 0;
-    if (costed)
-        gem_kcost_verify_thread();  /* placed by costs, yet the queue was deep: some cost is wrong */
+    /* placed by costs, and the wait far longer than the kernels queued were predicted to take (one long kernel
+     * alone may be longer than the budget): some cost is wrong */
+    struct gem_thread_counter *t = gem_tls_counter;
+    if (costed && !graphs && waited_ns > 2 * (predicted + (t ? t->pending_ns : 0)) + gem_kcost_target_ns())
+        gem_kcost_verify_thread();
     /* The queue held about `waited_ns` of work in at most `chain` intervals (and the launches after the last
      * marker): the intervals are at least that long, so the depth shrinks with the rate. */
     int64_t interval = waited_ns / chain;

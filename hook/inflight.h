@@ -59,13 +59,17 @@ void gem_inflight_init(struct gem_inflight *f);
 struct gem_marker_kernel {
     int costed;
     uint64_t key;
+    int unit;               /* the interval this marker begins holds one unit: a kernel measured alone, or a graph */
+    int ends_unit;          /* this marker ends its thread's one-unit interval (the launch after it) */
+    const void *thread;     /* the launching thread (its counter): a unit is measured only between its own markers */
     int64_t predicted_ns;   /* the predicted cost of the launches since the thread's marker before this one */
 };
 /* Record a marker on `stream` (NULL + ptsz: the per-thread stream), first waiting until at most about
  * `budget_ns` of GPU work (measured intervals) stays queued on that stream; with `gate` (not NULL), a wait on
- * the GPU-side gate's word goes before it (gpugate.h). Never fails the launch. */
-void gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
-                         struct gem_gpugate *gate, const struct gem_marker_kernel *mk);
+ * the GPU-side gate's word goes before it (gpugate.h). Never fails the launch. Returns 1 if it recorded one (not
+ * while a stream captures, nor without the driver's event calls). */
+int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
+                        struct gem_gpugate *gate, const struct gem_marker_kernel *mk);
 
 /* The program synchronised the whole of `ctx` (whole), or its `stream` (CU_STREAM_PER_THREAD: the calling
  * thread's), after waiting `waited_ns`: those streams' chains start afresh, and the rate halves if the wait was

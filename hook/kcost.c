@@ -61,3 +61,8 @@ void gem_kcost_verify_thread(void) {
         atomic_fetch_add_explicit(&gem_stats.kernel_cost_checks, 1, memory_order_relaxed);
     }
 }
+
+void gem_kcost_after_fork(void) {
+    for (unsigned i = 0; i < GEM_KCOST_SETS * GEM_KCOST_WAYS; i++)
+        atomic_store_explicit(&gem_kcost_table[i], 0, memory_order_relaxed);
+}

@@ -7,7 +7,7 @@
  * its busy time in kernels over 0.25 ms), so a rate grown on the short ones put milliseconds of long ones between
  * two waits: on the H100 about one MLP request in ten waited 1-2.5 ms for its first kernel, as under plain
  * time-slicing (docs/benchmarks.md, sixteenth session). So while the markers carry the gate's waits a marker
- * goes before the launch that would bring the predicted GPU time since the last one past GEM_KCOST_TARGET, and
+ * goes before the launch that would bring the predicted GPU time since the last one past gem_kcost_target_ns(), and
  * each (function, grid size) gets its prediction from an interval that held it alone: a marker before it and one
  * before the next launch. A kernel not in the table is measured that way at once, and every GEM_KCOST_RELEARN
  * launches of a thread one known kernel is measured again (lengths change with the shapes a program runs).
@@ -39,6 +39,12 @@ static inline uint64_t gem_kcost_key(const void *fn, uint64_t blocks) {
     return h >> GEM_KCOST_COST_BITS ? h : h | (1ull << 63);
 }
 
+/* Whether the thread's n-th launch re-measures its kernel: one launch in GEM_KCOST_RELEARN, at positions a hash of n
+ * picks (every 1024th of a loop whose length divides 1024 would measure the same kernel each time). */
+static inline int gem_kcost_relearn(uint64_t n) {
+    return (n * 0x9E3779B97F4A7C15ull) >> 54 == 0;
+}
+
 /* The predicted GPU time (ns) of a launch with this key; 0: not known yet. Four loads and compares. */
 static inline int64_t gem_kcost_get(uint64_t key) {
     uint64_t tag = key >> GEM_KCOST_COST_BITS;
@@ -63,6 +69,9 @@ static inline int64_t gem_kcost_target_ns(void) { return gem_cfg.inflight_ns / 2
 /* The calling thread's queue ran far longer than its kernels' predicted costs: its next GEM_KCOST_VERIFY launches
  * are measured alone (stats.h's thread counter). */
 void gem_kcost_verify_thread(void);
+
+/* A fork child's functions are its own: the parent's keys are forgotten. */
+void gem_kcost_after_fork(void);
 
 /* A measurement of the key's kernel alone: `exact` when the GPU ran it back to back with the work around it, else
  * an upper bound (the interval may hold idle time). A longer exact one replaces the cost at once, a shorter one

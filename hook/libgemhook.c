@@ -69,6 +69,7 @@ static void (*const after_fork_child[])(void) = {
     gem_gpugate_after_fork,     /* no mirror thread, no registered word */
     gem_capture_after_fork,     /* no capture open */
     gem_inflight_after_fork,    /* no marker events of the parent's */
+    gem_kcost_after_fork,       /* no kernel costs of the parent's functions */
     gem_gate_after_fork,        /* no token, no watcher */
     gem_memory_after_fork,      /* no allocations */
     gem_vmm_after_fork,         /* no physical allocations or mappings */

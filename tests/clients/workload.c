@@ -537,6 +537,10 @@ static void parse(int argc, char **argv)
         fprintf(stderr, "workload: bad --blocks/--threads\n");
         exit(2);
     }
+    if (opt.long_n > 0 && (opt.work_iters || !opt.long_us)) {
+        fprintf(stderr, "workload: --mix needs --long-us, and takes gem_spin kernels (not --work-iters)\n");
+        exit(2);
+    }
     if (!opt.graph_size) opt.graph_size = opt.sync_every ? opt.sync_every : 16;
 }
 
