@@ -9,8 +9,8 @@
  * time-slicing (docs/benchmarks.md, sixteenth session). So while the markers carry the gate's waits a marker
  * goes before the launch that would bring the predicted GPU time since the last one past gem_kcost_target_ns(), and
  * each (function, grid size) gets its prediction from an interval that held it alone: a marker before it and one
- * before the next launch. A kernel not in the table is measured that way at once, and every GEM_KCOST_RELEARN
- * launches of a thread one known kernel is measured again (lengths change with the shapes a program runs).
+ * before the same thread's next launch. A kernel not in the table is measured that way at once, and one launch
+ * in GEM_KCOST_RELEARN of a thread measures a known kernel again (lengths change with the shapes a program runs).
  *
  * The table is process-wide and fixed (GEM_KCOST_SETS sets of 4 entries); an entry is one 64-bit word (a tag of
  * the key's high bits and the cost in microseconds), so the launch path reads it without a lock and never sees
@@ -28,7 +28,7 @@
 #define GEM_KCOST_SETS 1024u
 #define GEM_KCOST_WAYS 4u
 #define GEM_KCOST_COST_BITS 20                  /* microseconds: up to about a second */
-#define GEM_KCOST_RELEARN 1024u                 /* a thread's launches between two measurements of a known kernel */
+#define GEM_KCOST_RELEARN 1024u                 /* one launch in this many re-measures a known kernel (a power of 2) */
 
 extern _Atomic uint64_t gem_kcost_table[GEM_KCOST_SETS * GEM_KCOST_WAYS];
 
@@ -42,7 +42,7 @@ static inline uint64_t gem_kcost_key(const void *fn, uint64_t blocks) {
 /* Whether the thread's n-th launch re-measures its kernel: one launch in GEM_KCOST_RELEARN, at positions a hash of n
  * picks (every 1024th of a loop whose length divides 1024 would measure the same kernel each time). */
 static inline int gem_kcost_relearn(uint64_t n) {
-    return (n * 0x9E3779B97F4A7C15ull) >> 54 == 0;
+    return (n * 0x9E3779B97F4A7C15ull) >> (64 - __builtin_ctz(GEM_KCOST_RELEARN)) == 0;
 }
 
 /* The predicted GPU time (ns) of a launch with this key; 0: not known yet. Four loads and compares. */
