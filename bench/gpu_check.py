@@ -385,7 +385,10 @@ def write_report(ctx, results: dict) -> None:
                              f"{fmt(one.get('train_vs_native'), 3)} of native")
                 tl = one.get("timeline_tail")
                 if tl:
-                    lines.append("  slowest 1%: " + ", ".join(f"{k} {fmt(v, 3)}" for k, v in tl.items()))
+                    parts = one["timeline"]
+                    lines.append("  first kernel's wait p50 / p99 " + f"{fmt(parts['to_gpu']['p50_ms'], 3)} / "
+                                 f"{fmt(parts['to_gpu']['p99_ms'], 3)} ms; slowest 1%: " +
+                                 ", ".join(f"{k} {fmt(v, 3)}" for k, v in tl.items()))
         elif name in ("floor", "trainers"):
             lines.append(f"groups {res['groups']}: shares of alone throughput "
                          f"{ {k: round(v, 3) for k, v in res['shares'].items()} }, 10 s windows "
