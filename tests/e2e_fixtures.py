@@ -304,6 +304,8 @@ E2E_CLIENT = r'''
     fork FORKS                    a thread launches all along while the main thread forks FORKS children
     phases K:US:EVERY ...         each phase K kernels of US on the legacy stream, a context-wide synchronisation
                                   after every EVERY; the host time of each synchronisation of the last phase (ms)
+    graphmix SECONDS G:GUS E:EUS EVERY  a graph of G kernels of GUS (captured once), then E kernels of EUS, on one
+                                  stream, over and over; the stream synchronised after every EVERY rounds
 """
 import ctypes, json, os, sys, threading, time
 
@@ -602,8 +604,34 @@ def phases(args):
     print(json.dumps({"pid": os.getpid(), "waits_ms": waits}))
 
 
+def graphmix(args):
+    seconds = float(args[0])
+    (g, gus), (e, eus) = (tuple(int(x) for x in a.split(":")) for a in args[1:3])
+    every = int(args[3])
+    setup()
+    spin = Spin(1)
+    s = c_void_p()
+    check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
+    check(cu.cuStreamBeginCapture_v2(s, GLOBAL), "cuStreamBeginCapture_v2")
+    for _ in range(g):
+        check(spin.launch(s, 0, gus), "cuLaunchKernel (captured)")
+    graph, ex = c_void_p(), c_void_p()
+    check(cu.cuStreamEndCapture(s, byref(graph)), "cuStreamEndCapture")
+    check(cu.cuGraphInstantiateWithFlags(byref(ex), graph, ctypes.c_ulonglong(0)), "cuGraphInstantiateWithFlags")
+    rounds, ends = 0, time.monotonic() + seconds
+    while time.monotonic() < ends:
+        check(cu.cuGraphLaunch(ex, s), "cuGraphLaunch")
+        for _ in range(e):
+            check(spin.launch(s, 0, eus), "cuLaunchKernel")
+        rounds += 1
+        if rounds % every == 0:
+            check(cu.cuStreamSynchronize(s), "cuStreamSynchronize")
+    check(cu.cuStreamSynchronize(s), "cuStreamSynchronize")
+    print(json.dumps({"pid": os.getpid(), "rounds": rounds}))
+
+
 {"serve": serve, "chunks": chunks, "idle": idle, "capture": capture, "capture_race": capture_race,
- "reset": reset, "fork": fork, "phases": phases}[sys.argv[1]](sys.argv[2:])
+ "reset": reset, "fork": fork, "phases": phases, "graphmix": graphmix}[sys.argv[1]](sys.argv[2:])
 '''
 
 
