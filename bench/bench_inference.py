@@ -118,11 +118,17 @@ def main(argv=None) -> int:
                    help="NAME:VAR=V,VAR=V;... after the gemini phase, for each: a fresh trainer and server with these "
                         "GEMINI_* settings in their environment, `Class = latency` (e.g. "
                         "'inflight2:GEMINI_INFLIGHT_MS=2;idle025:GEMINI_CLAIM_IDLE_MS=0.25')")
+    p.add_argument("--classes", default="batch,latency",
+                   help="the gemini phase's classes for the serving group (`latency` alone saves a quarter of a run "
+                        "whose batch-class p99, the trainer's slot, is known)")
     p.add_argument("--timeline", action="store_true",
                    help="time each request's parts on the GPU too (serve.py --timeline; two stamp kernels a request)")
     p.add_argument("--timeline-dir", default="", help="with --timeline, keep each run's request lines here too")
     args = p.parse_args(argv)
     workloads = [tuple(w.split(":")) for w in args.workloads.split(",") if w]
+    classes = [c for c in args.classes.split(",") if c]
+    if not classes or any(c not in ("batch", "latency") for c in classes):
+        p.error(f"--classes {args.classes!r}: a comma-separated list of batch and latency")
     # --latency-variants, parsed once: {name: the GEMINI_* settings it adds}
     variants: dict[str, dict[str, str]] = {}
     for spec in (v.strip() for v in args.latency_variants.split(";")):
@@ -228,7 +234,7 @@ def main(argv=None) -> int:
             out["train_latency_idle_gemini"] = trainer.measure_alone(args.alone_seconds)
             for _ in range(args.repeats):
                 for w in workloads:
-                    for cls in ("batch", "latency"):
+                    for cls in classes:
                         write_config(cls)
                         time.sleep(0.5)       # the edit is in force (gem-schd reloads within ~10 ms)
                         record(f"gemini-{cls}", w, serve_in(be, w, henv), trainer)

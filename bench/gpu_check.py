@@ -202,6 +202,7 @@ def step_infer(ctx, trainer: str = "eager") -> dict:
             "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads,
             "--latency-variants", ctx.args.infer_variants, "--idle-then-busy", ctx.args.infer_idle_then_busy,
             *(["--gemini-only"] if ctx.args.infer_gemini_only else []),
+            "--classes", ctx.args.infer_classes,
             *(["--timeline", "--timeline-dir", str(ctx.out / "timelines")] if ctx.args.infer_timeline else [])]
     return bench(ctx, argv, 590)   # hook_stats kept: claims, pauses and waits per process
 
@@ -478,6 +479,8 @@ def main(argv=None) -> int:
     p.add_argument("--infer-variants", default="", help="bench_inference --latency-variants")
     p.add_argument("--infer-gemini-only", action="store_true",
                    help="bench_inference --gemini-only: no alone or native runs (A/B of hook changes on one machine)")
+    p.add_argument("--infer-classes", default="batch,latency",
+                   help="bench_inference --classes: the serving group's classes under gemini (latency alone is faster)")
     p.add_argument("--infer-timeline", action="store_true",
                    help="bench_inference --timeline: where each request's time went (two stamp kernels a request)")
     p.add_argument("--infer-idle-then-busy", default="", metavar="BUSY:IDLE",

@@ -141,3 +141,15 @@ def test_timeline_names_the_part_of_a_slow_request_that_waited(world, capsys, tm
 def test_without_timeline_serve_gets_no_timeline_file(world, capsys):
     out = run_bench(capsys)
     assert not [k for k, v in out["summary"].items() if "timeline" in v]
+
+
+def test_classes_latency_alone_skips_the_batch_class_runs(world, capsys):
+    out = run_bench(capsys, "--classes", "latency")
+    assert "gemini-batch" not in world.served and "gemini-latency" in world.served
+    assert "mlp:poisson:100 gemini-batch" not in out["summary"]
+
+
+def test_an_unknown_class_is_a_clear_error(world, capsys):
+    with pytest.raises(SystemExit):
+        bi.main(["--classes", "latency,turbo"])
+    assert "--classes" in capsys.readouterr().err
