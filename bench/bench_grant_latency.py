@@ -25,17 +25,15 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.harness import percentile  # noqa: E402
 from gemini.wire.sched import Grant, Hello, TokenRelease, TokenRequest, Welcome  # noqa: E402
 from tests.schd_inproc import FakePodManager  # noqa: E402
 
 
-def pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
 
 def summary(values_ms):
-    return {"n": len(values_ms), "p50_ms": round(pct(values_ms, 0.5), 4), "p99_ms": round(pct(values_ms, 0.99), 4),
+    return {"n": len(values_ms), "p50_ms": round(percentile(values_ms, 0.5), 4),
+            "p99_ms": round(percentile(values_ms, 0.99), 4),
             "max_ms": round(max(values_ms), 4), "mean_ms": round(sum(values_ms) / len(values_ms), 4)}
 
 

@@ -29,18 +29,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.harness import TRANSPORTS, Backend, Group, last_json, read_stats  # noqa: E402
+from bench.harness import TRANSPORTS, Backend, Group, last_json, percentile, read_stats  # noqa: E402
 from gemini.wire import hook as hp  # noqa: E402
 from tests.pmgr_helpers import BlockingHook  # noqa: E402
 
 
-def pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
 
 def summary_ms(values):
-    return {"n": len(values), "p50_ms": round(pct(values, 0.5), 4), "p99_ms": round(pct(values, 0.99), 4),
+    return {"n": len(values), "p50_ms": round(percentile(values, 0.5), 4), "p99_ms": round(percentile(values, 0.99), 4),
             "mean_ms": round(sum(values) / len(values), 4)}
 
 

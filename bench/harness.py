@@ -48,6 +48,12 @@ class Group:
                 + (f"Slots = {self.slots}\n" if self.slots != "free" else ""))
 
 
+def percentile(values, q: float) -> float:
+    """The nearest-rank q-quantile of a non-empty sequence (q in [0, 1])."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def write_config(path: Path, groups: list[Group]) -> Path:
     path.write_text("".join(g.ini() for g in groups))
     return path

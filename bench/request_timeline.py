@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from bench.harness import percentile
+
 PARTS = ("late", "launch", "to_gpu", "launching", "behind", "span", "back")
 
 
@@ -52,10 +54,6 @@ class RequestTimes:
         return " ".join(str(v) for v in (self.arrival, self.issue, self.launched, self.first, self.launched_last,
                                          self.last, self.done))
 
-
-def _pick(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def parts(requests: Iterable[RequestTimes]) -> list[dict]:
@@ -81,7 +79,8 @@ def summarise(requests: Iterable[RequestTimes], tail: float = 0.01) -> dict:
     out: dict = {"requests": len(rows)}
     for part in ("total", *PARTS):
         vals = [row[part] * ms for row in rows]
-        out[part] = {"p50_ms": _pick(vals, 0.5), "p99_ms": _pick(vals, 0.99), "mean_ms": sum(vals) / len(vals)}
+        out[part] = {"p50_ms": percentile(vals, 0.5), "p99_ms": percentile(vals, 0.99),
+                     "mean_ms": sum(vals) / len(vals)}
     rows.sort(key=lambda row: row["total"])
     slow = rows[-max(1, int(round(len(rows) * tail))):]
     out["tail"] = {"requests": len(slow), **{f"{part}_ms": sum(row[part] for row in slow) * ms / len(slow)
