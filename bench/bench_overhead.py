@@ -89,7 +89,10 @@ def launch_rounds(rounds: int, quota_ms: float, program: list, key: str, timeout
     for c in ("hooked", "bound"):
         procs = read_stats(work / f"stats-{c}").values()
         hook[c] = {k: sum(p.get(k, 0) for p in procs) for k in ("launches", "markers", "marker_waits", "marker_grows",
-                                                                  "marker_shrinks", "grants")}
+                                                                  "marker_shrinks", "grants", "marker_wait_ms",
+                                                                  "marker_host_ms", "gpu_gate_waits",
+                                                                  "kernels_measured", "kernel_costs_learnt",
+                                                                  "kernel_cost_learnt_ms", "kernel_cost_checks")}
     return {"cpu": cpu,
             "in_process_added_ns": statistics.median(paired["hooked"]) if paired["hooked"] else None,
             "in_process_added_ns_bound": statistics.median(paired["bound"]) if paired["bound"] else None,

@@ -50,6 +50,15 @@ struct ring {
     const void *thread_of[GEM_INFLIGHT_MARKERS];
     /* What the kernels of the interval ending at ev[i] were predicted to cost (ns; costed markers). */
     int64_t predicted[GEM_INFLIGHT_MARKERS];
+    /* A marker that ends its thread's one-unit interval records unit_end[i] first, before its own work (the wait
+     * for an older marker, the GPU-side gate's wait, the queries): the unit is measured from ev[i - 1] to it.
+     * Ended by ev[i], an interval on an idle GPU also held that work, which is host time: an empty kernel on the
+     * H100 was learnt as about 10 us, so a host-bound launcher got a marker every 50 launches (docs/benchmarks.md,
+     * "Seventeenth session"). unit_end_exact[i]: the marker before it was still pending after its record (the GPU
+     * ran the kernel back to back with the work before it). Created when first needed (NULL: not yet). */
+    CUevent unit_end[GEM_INFLIGHT_MARKERS];
+    unsigned char unit_end_ok[GEM_INFLIGHT_MARKERS];
+    unsigned char unit_end_exact[GEM_INFLIGHT_MARKERS];
     unsigned learn_from;        /* the oldest marker whose interval may still teach the cost table */
     struct gem_gpugate *gate;   /* the gate whose waits this ring's stream carries (NULL: none) */
     unsigned head;              /* the next event to record (the oldest once the ring is full) */
@@ -125,25 +134,28 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
      * only an upper bound of the work. Short, it still shows the launches are short (the rate may grow); long,
      * it says nothing, and is not used (judged, every claim would halve the rate). */
     int held = r->gate && ((r->epoch[prev] & 1) || atomic_load(&r->gate->epoch) != r->epoch[prev]);
+    /* placed by the kernels' cost (kcost.h): the rate is not used; the interval, unless it held one kernel alone or
+     * a claim or idle time, says how deep the queue may be. Judged only then: the driver's two calls below cost
+     * the launching thread about 4.7 us (bench/event_cost.c), more than the rest of a marker, and a host-bound
+     * launcher's intervals (never behind) would pay them at every marker for nothing. */
+    int costed = !r->per[done];
+    if (costed && (r->unit[prev] || held || !r->behind[done]))
+        return 1;
     float ms = 0;
     if (REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
         REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
         return 0;
-    if (!r->per[done]) {
-        /* placed by the kernels' cost (kcost.h): the rate is not used; the interval, unless it held one kernel
-         * alone or a claim, says how deep the queue may be */
-        if (!r->unit[prev] && !held && r->behind[done]) {
-            int64_t interval = (int64_t)((double)ms * 1e6);
-            /* the queue's depth from intervals that a full sum ended (one cut short by a unit after it would
-             * make the depth the budget over a single short kernel) */
-            if (r->predicted[done] >= gem_kcost_target_ns() / 2)
-                atomic_store(&f->interval_ns, interval);
-            /* far longer than its kernels' costs said (a kernel whose length changed under the same key): a
-             * kernel alone longer than the target is no surprise, and an interval of the thread's own launches
-             * may hold another thread's too, so only a miss by more than the target and twice the prediction */
-            if (interval > 2 * r->predicted[done] + gem_kcost_target_ns())
-                gem_kcost_verify_thread();
-        }
+    if (costed) {
+        int64_t interval = (int64_t)((double)ms * 1e6);
+        /* the queue's depth from intervals that a full sum ended (one cut short by a unit after it would make the
+         * depth the budget over a single short kernel) */
+        if (r->predicted[done] >= gem_kcost_target_ns() / 2)
+            atomic_store(&f->interval_ns, interval);
+        /* far longer than its kernels' costs said (a kernel whose length changed under the same key): a kernel
+         * alone longer than the target is no surprise, and an interval of the thread's own launches may hold
+         * another thread's too, so only a miss by more than the target and twice the prediction */
+        if (interval > 2 * r->predicted[done] + gem_kcost_target_ns())
+            gem_kcost_verify_thread();
         return 1;
     }
     uint64_t n = atomic_load(&f->launches_per_marker);
@@ -190,15 +202,20 @@ static void learn(struct ring *r) {
         /* only the unit's own thread's next marker ends it: between another thread's, the kernel may not be in
          * the interval at all, or others' launches with it */
         if (r->key[i] && r->ends_unit[j] && r->thread_of[j] == r->thread_of[i]) {
-            CUresult done = REAL(cuEventQuery)(r->ev[j]);
+            /* the unit's own end where it was recorded (above), else the marker after it */
+            CUevent end = r->unit_end_ok[j] ? r->unit_end[j] : r->ev[j];
+            int exact = r->unit_end_ok[j] ? r->unit_end_exact[j] : r->behind[j];
+            CUresult done = REAL(cuEventQuery)(end);
             if (done == CUDA_ERROR_NOT_READY)
                 break;
             int held = r->gate && ((r->epoch[i] & 1) || atomic_load(&r->gate->epoch) != r->epoch[i]);
             float ms = 0;
             if (done == CUDA_SUCCESS && !held && HAVE_REAL(cuEventElapsedTime) &&
-                REAL(cuEventElapsedTime)(&ms, r->ev[i], r->ev[j]) == CUDA_SUCCESS && ms > 0) {
-                gem_kcost_learn(r->key[i], (int64_t)((double)ms * 1e6), r->behind[j]);
+                REAL(cuEventElapsedTime)(&ms, r->ev[i], end) == CUDA_SUCCESS && ms > 0) {
+                gem_kcost_learn(r->key[i], (int64_t)((double)ms * 1e6), exact);
                 atomic_fetch_add_explicit(&gem_stats.kernel_costs_learnt, 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&gem_stats.kernel_cost_learnt_ns, (unsigned long long)((double)ms * 1e6),
+                                          memory_order_relaxed);
             }
         }
         r->learn_from = j;      /* learnt once: key[i] stays, for adapt (a unit is no queue's length) */
@@ -221,9 +238,12 @@ int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
                     REAL(cuThreadExchangeStreamCaptureMode)(&mode) == CUDA_SUCCESS;
+    int64_t t0 = gem_now_ns();
     int recorded = marker_body(f, stream, ptsz, budget_ns, gate, mk);
     if (exchanged)
         REAL(cuThreadExchangeStreamCaptureMode)(&mode);
+    /* what a marker costs the launching thread (its waits included): the launch cost's share of the bound */
+    atomic_fetch_add_explicit(&gem_stats.marker_host_ns, (unsigned long long)(gem_now_ns() - t0), memory_order_relaxed);
     return recorded;
 }
 
@@ -243,14 +263,28 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
                 pthread_mutex_unlock(&r->mu);
                 return 0;
             }
+        memset(r->unit_end, 0, sizeof r->unit_end);    /* a gone context's were its own */
         r->used = 1;
     }
     unsigned slot = r->head;
+    /* the unit's end, before anything else this marker does (unit_end, above) */
+    r->unit_end_ok[slot] = 0;
+    if (mk && mk->ends_unit && r->count > 0 &&
+        (r->unit_end[slot] || REAL(cuEventCreate)(&r->unit_end[slot], CU_EVENT_DEFAULT) == CUDA_SUCCESS) &&
+        REAL(cuEventRecord)(r->unit_end[slot], s) == CUDA_SUCCESS) {
+        unsigned before = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+        r->unit_end_ok[slot] = 1;
+        r->unit_end_exact[slot] = REAL(cuEventQuery)(r->ev[before]) == CUDA_ERROR_NOT_READY;
+    }
+    /* A stream's events complete in order: with the last marker done, every older one is, and neither the wait
+     * below nor `behind` needs a query of its own (a finished event's query costs 1.6 us on the H100). */
+    unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+    int last_done = r->count == 0 || REAL(cuEventQuery)(r->ev[last]) != CUDA_ERROR_NOT_READY;
     unsigned depth = depth_of(f, budget_ns);
     if (r->count >= depth) {
         /* Wait for the marker `depth` back: then at most `depth` intervals of work stay queued. */
         unsigned back = (slot + GEM_INFLIGHT_MARKERS - depth) % GEM_INFLIGHT_MARKERS;
-        if (REAL(cuEventQuery)(r->ev[back]) == CUDA_ERROR_NOT_READY) {
+        if (!last_done && REAL(cuEventQuery)(r->ev[back]) == CUDA_ERROR_NOT_READY) {
             int64_t t0 = gem_now_ns();
             REAL(cuEventSynchronize)(r->ev[back]);
             atomic_fetch_add(&gem_stats.marker_waits, 1);
@@ -264,8 +298,7 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
     learn(r);
     if (r->count == 0)
         r->learn_from = slot;   /* a new chain: nothing before it is an interval of it */
-    unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
-    r->behind[slot] = r->count > 0 && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
+    r->behind[slot] = !last_done && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
     r->per[slot] = mk && mk->costed ? 0 : (uint32_t)atomic_load(&f->launches_per_marker);
     r->key[slot] = mk ? mk->key : 0;
     r->unit[slot] = mk ? (unsigned char)mk->unit : 0;

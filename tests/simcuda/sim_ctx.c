@@ -631,6 +631,7 @@ CUresult cuEventQuery(CUevent hEvent)
 static CUresult elapsed(float *ms, CUevent hStart, CUevent hEnd)
 {
     SIM_CHECK_INIT();
+    sim_spend_host(sim_cfg.elapsed_ns);
     if (!ms) return CUDA_ERROR_INVALID_VALUE;
     if (!sim_handle_is(hStart, H_EVENT) || !sim_handle_is(hEnd, H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
     if (event_dead((struct sim_event *)hStart) || event_dead((struct sim_event *)hEnd)) return CUDA_ERROR_INVALID_HANDLE;

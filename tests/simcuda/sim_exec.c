@@ -567,6 +567,7 @@ static CUresult wait_value32(CUstream h, CUdeviceptr addr, uint32_t value, unsig
     struct sim_stream *s;
     CUresult rc = sim_stream_resolve(h, ptsz, &s);
     if (rc) return rc;
+    sim_spend_host(sim_cfg.wait_value_ns);
     struct sim_op op = {.kind = OP_WAIT_VALUE};
     op.u.wv.addr = (const volatile uint32_t *)(uintptr_t)addr;
     op.u.wv.value = value;

@@ -41,6 +41,8 @@ struct sim_config {
     int concurrent_managed; /* SIMCUDA_CONCURRENT_MANAGED: CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS */
     int host_prefetch_fails; /* SIMCUDA_HOST_PREFETCH_FAILS: every prefetch to the host fails (tests of evictions) */
     int no_stream_memops;    /* SIMCUDA_NO_STREAM_MEMOPS: cuStreamWaitValue32 is not supported */
+    uint64_t wait_value_ns;  /* SIMCUDA_WAIT_VALUE_US: what a cuStreamWaitValue32 call costs the host (H100: ~2.5 us) */
+    uint64_t elapsed_ns;     /* SIMCUDA_ELAPSED_US: what a cuEventElapsedTime call costs the host (H100: ~3.1 us) */
     int driver_version;    /* SIMCUDA_DRIVER_VERSION of this process */
     int trace_fd;          /* SIMCUDA_TRACE, or -1 */
 };
@@ -270,5 +272,8 @@ void sim_capture_event_record(struct sim_stream *s, struct sim_event *ev);
 int sim_capture_event_wait(struct sim_stream *s, struct sim_event *ev);
 /* Is stream s capturing (status, id)? */
 CUstreamCaptureStatus sim_capture_status(struct sim_stream *s, uint64_t *id);
+
+/* The host time a driver call costs on a real GPU, slept (SIMCUDA_WAIT_VALUE_US, SIMCUDA_ELAPSED_US). */
+void sim_spend_host(uint64_t ns);
 
 #endif /* SIMCUDA_INTERNAL_H */

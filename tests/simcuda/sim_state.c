@@ -257,6 +257,8 @@ static void do_init(void)
     sim_cfg.concurrent_managed = (int)env_u64("SIMCUDA_CONCURRENT_MANAGED", 1) != 0;
     sim_cfg.host_prefetch_fails = (int)env_u64("SIMCUDA_HOST_PREFETCH_FAILS", 0) != 0;
     sim_cfg.no_stream_memops = (int)env_u64("SIMCUDA_NO_STREAM_MEMOPS", 0) != 0;
+    sim_cfg.wait_value_ns = env_u64("SIMCUDA_WAIT_VALUE_US", 0) * 1000ull;
+    sim_cfg.elapsed_ns = env_u64("SIMCUDA_ELAPSED_US", 0) * 1000ull;
     const char *trace = getenv("SIMCUDA_TRACE");
     if (trace && *trace) {
         sim_cfg.trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -773,4 +775,11 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     if (!pi || attrib < 1 || attrib > 160) return CUDA_ERROR_INVALID_VALUE;
     *pi = attribute_value(attrib, dev);
     return CUDA_SUCCESS;
+}
+
+void sim_spend_host(uint64_t ns)
+{
+    if (!ns) return;
+    struct timespec d = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+    nanosleep(&d, NULL);
 }
