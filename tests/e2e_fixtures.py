@@ -306,6 +306,9 @@ E2E_CLIENT = r'''
                                   after every EVERY; the host time of each synchronisation of the last phase (ms)
     graphmix SECONDS G:GUS E:EUS EVERY  a graph of G kernels of GUS (captured once), then E kernels of EUS, on one
                                   stream, over and over; the stream synchronised after every EVERY rounds
+    threads SECONDS N US EVERY    N threads launch kernels of US on one stream they share (created by the main
+                                  thread), never synchronising; every EVERY launches the first of them launches one
+                                  of 4 * US (a second key); the stream is synchronised at the end
 """
 import ctypes, json, os, sys, threading, time
 
@@ -630,8 +633,36 @@ def graphmix(args):
     print(json.dumps({"pid": os.getpid(), "rounds": rounds}))
 
 
+def threads(args):
+    seconds, n, us, every = float(args[0]), int(args[1]), int(args[2]), int(args[3])
+    ctx = setup()
+    spin = Spin(n)
+    s = c_void_p()
+    check(cu.cuStreamCreate(byref(s), NON_BLOCKING), "cuStreamCreate")
+    ends = time.monotonic() + seconds
+    counts, errors = [0] * n, []
+
+    def launcher(i):
+        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        while time.monotonic() < ends:
+            long = i == 0 and every > 0 and counts[i] % every == every - 1
+            rc = spin.launch(s, i, 4 * us if long else us)
+            counts[i] += 1
+            if rc:
+                errors.append(rc)
+                return
+
+    ts = [threading.Thread(target=launcher, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    check(cu.cuStreamSynchronize(s), "cuStreamSynchronize")
+    print(json.dumps({"pid": os.getpid(), "launches": counts, "errors": errors}))
+
+
 {"serve": serve, "chunks": chunks, "idle": idle, "capture": capture, "capture_race": capture_race,
- "reset": reset, "fork": fork, "phases": phases, "graphmix": graphmix}[sys.argv[1]](sys.argv[2:])
+ "reset": reset, "fork": fork, "phases": phases, "graphmix": graphmix, "threads": threads}[sys.argv[1]](sys.argv[2:])
 '''
 
 

@@ -299,18 +299,22 @@ def test_next_to_a_latency_group_a_capped_loop_keeps_its_slot_queued_behind_the_
     assert 0.40 <= share <= 0.55, share
 
 
-def test_a_claim_holds_a_deep_batch_queue_on_the_gpu(tmp_path, hook_lib, backends):
+@pytest.mark.parametrize("launchers", [1, 4])
+def test_a_claim_holds_a_deep_batch_queue_on_the_gpu(tmp_path, hook_lib, backends, client_script, launchers):
     """The trainer launches 1 ms kernels without ever synchronising, beside an idle-but-configured latency group,
     so its queue may be tens of ms deep. Every 60 ms the latency tenant runs a request of 16 kernels of 0.5 ms.
     The simulated GPU runs the two processes' queued kernels in turn (as a GPU time-slices them), so whatever the
     trainer has queued past its next wait would run inside the request: held at its wait by the claim, at most
     the kernel already past it does, and whatever came before the claim was written (the request's first kernels
-    go ahead of their claim). With the word never raised, 7-8 of the trainer's kernels ran inside each request."""
+    go ahead of their claim). With the word never raised, 7-8 of the trainer's kernels ran inside each request.
+    `launchers` = 4: four threads of the trainer launch on one stream they share (each places its own markers by
+    its own kernels' costs, and a kernel measured alone between one thread's markers may have others' with it)."""
     sim = Sim(tmp_path / "sim", hook_lib, trace=tmp_path / "kernels.trace")
     be = backends([Group("inf", 0.5, 1.0, sched_class="latency"), Group("train", 0.0, 1.0)], quota_ms=100,
                   min_quota_ms=5, window_ms=10_000)
-    train = start(client_argv("workload-linked", "--kernel-us", KERNEL_US, "--json", "--seconds", 3.0,
-                              "--sync-every", 0), sim.hooked(be, "train"))
+    argv = (client_argv("workload-linked", "--kernel-us", KERNEL_US, "--json", "--seconds", 3.0, "--sync-every", 0)
+            if launchers == 1 else client_argv("e2e", "threads", 3.0, launchers, KERNEL_US, 0, script=client_script))
+    train = start(argv, sim.hooked(be, "train"))
     time.sleep(0.5)
     inf = finish(start(client_argv("workload-linked", "--kernel-us", 500, "--json", "--seconds", 2.0,
                                    "--period-us", 60_000, "--sync-every", 16), sim.hooked(be, "inf")))
@@ -534,3 +538,4 @@ def test_processes_running_through_a_scheduler_restart_pause_for_claims_on_its_n
     st = sim.stats_of(tr.json["pid"])
     assert held_for_claims(st) >= 30, st
     assert st["board_moves"] >= 1, st
+
