@@ -40,10 +40,10 @@ struct ring {
     /* The GPU-side gate's epoch when ev[i] was recorded (gpugate.h: odd while a claim holds the stream). An
      * interval during which a claim held the stream at its wait holds the claim's time, not this stream's. */
     unsigned epoch[GEM_INFLIGHT_MARKERS];
-    /* The kernel the interval from ev[i] to ev[i + 1] holds alone, to be measured (kcost.h; 0: none); whether that
-     * interval holds one unit (that kernel, or a graph: its length is no queue's); whether ev[i] ended its
-     * thread's one-unit interval; and the thread that recorded ev[i] (another thread's marker between a unit's
-     * two would cut it short, so a unit is measured only between its own thread's). */
+    /* The kernel the interval from ev[i] to the next marker's unit_end holds alone, to be measured (kcost.h; 0:
+     * none); whether that interval holds one unit (that kernel, or a graph: its length is no queue's); whether ev[i]
+     * ended its thread's one-unit interval; and the thread that recorded ev[i] (another thread's marker between a
+     * unit's two would cut it short, so a unit is measured only between its own thread's). */
     uint64_t key[GEM_INFLIGHT_MARKERS];
     unsigned char unit[GEM_INFLIGHT_MARKERS];
     unsigned char ends_unit[GEM_INFLIGHT_MARKERS];
@@ -233,7 +233,8 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
 int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
                         struct gem_gpugate *gate, const struct gem_marker_kernel *mk) {
     if (atomic_load(&gem_active_captures) > 0 || !HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventQuery) ||
-        !HAVE_REAL(cuEventSynchronize) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent))
+        !HAVE_REAL(cuEventSynchronize) || !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent) ||
+        !HAVE_REAL(cuEventElapsedTime))
         return 0;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
@@ -267,19 +268,22 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
         r->used = 1;
     }
     unsigned slot = r->head;
-    /* the unit's end, before anything else this marker does (unit_end, above) */
+    unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+    /* the unit's end, before anything else this marker does (unit_end, above); only where learn() will use it: the
+     * marker before was this thread's, before a kernel to be measured (not a graph's, nor another thread's) */
     r->unit_end_ok[slot] = 0;
-    if (mk && mk->ends_unit && r->count > 0 &&
+    if (mk && mk->ends_unit && r->count > 0 && r->key[last] && r->thread_of[last] == mk->thread &&
         (r->unit_end[slot] || REAL(cuEventCreate)(&r->unit_end[slot], CU_EVENT_DEFAULT) == CUDA_SUCCESS) &&
         REAL(cuEventRecord)(r->unit_end[slot], s) == CUDA_SUCCESS) {
-        unsigned before = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
         r->unit_end_ok[slot] = 1;
-        r->unit_end_exact[slot] = REAL(cuEventQuery)(r->ev[before]) == CUDA_ERROR_NOT_READY;
+        r->unit_end_exact[slot] = REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
     }
     /* A stream's events complete in order: with the last marker done, every older one is, and neither the wait
-     * below nor `behind` needs a query of its own (a finished event's query costs 1.6 us on the H100). */
-    unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
-    int last_done = r->count == 0 || REAL(cuEventQuery)(r->ev[last]) != CUDA_ERROR_NOT_READY;
+     * below nor `behind` needs a query of its own (a finished event's query costs 1.6 us on the H100). Just asked
+     * when the unit's end was recorded; pending then, it is queried again below where that matters. */
+    int last_done = r->count == 0 ||
+                    (r->unit_end_ok[slot] ? !r->unit_end_exact[slot]
+                                          : REAL(cuEventQuery)(r->ev[last]) != CUDA_ERROR_NOT_READY);
     unsigned depth = depth_of(f, budget_ns);
     if (r->count >= depth) {
         /* Wait for the marker `depth` back: then at most `depth` intervals of work stay queued. */
