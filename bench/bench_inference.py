@@ -49,6 +49,33 @@ from bench.harness import REPO_ROOT, Backend, Group, last_json, read_stats  # no
 WORKLOADS = REPO_ROOT / "tests" / "gpu" / "workloads"
 
 
+# What a process start costs a run on the H100 nodes (python, torch, CUDA, the model; gem-schd's too): the calls of
+# the seventeenth session took 259, 366 and 177 s where the plan below gives 277, 365 and 187 (and 920 s for the
+# call it lost, killed at 590).
+START_S = 10.0
+WARMUP_S = 3.0      # the discarded first run of each workload
+
+
+def planned_seconds(seconds: float, repeats: int, workloads: int, classes: int, variants: int = 0,
+                    gemini_only: bool = False, itb_seconds: float = 0.0, alone_seconds: float = 8.0) -> float:
+    """About how long a bench_inference run takes, from its arguments: each serving run and each of the trainer's
+    alone measurements, plus START_S a process (serving runs, trainers, the backend). gpu-check refuses a plan
+    longer than its step's limit before it starts, rather than spend device time on a run it will kill."""
+    itb = 1 if itb_seconds > 0 else 0
+    serve_runs = repeats * workloads * (classes + variants)          # gemini phase, and each variant's
+    serve_s = serve_runs * seconds + workloads * itb * itb_seconds
+    alone = 2 + variants                                             # gemini alone, beside the idle latency group
+    trainers = 1 + variants
+    starts = serve_runs + workloads * itb + trainers + 1             # + the backend
+    if not gemini_only:
+        native_runs = 2 * repeats * workloads                        # alone, then beside the native trainer
+        serve_s += native_runs * seconds + 2 * workloads * itb * itb_seconds + workloads * WARMUP_S
+        alone += 1
+        trainers += 1
+        starts += native_runs + 2 * workloads * itb + workloads + 1
+    return serve_s + alone * alone_seconds + starts * START_S
+
+
 class Trainer:
     """A train_loop.py process whose progress lines are read in the background."""
 

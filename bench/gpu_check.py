@@ -13,7 +13,8 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   share    always-busy spin tenants: native time-slicing, then gemini with MaxUtil 0.3 / 0.6
   reaction how fast a config edit shows on the GPU
   infer    inference latency alone, natively next to a trainer, and under gemini as a batch and as a
-           latency group (bench_inference.py; eager trainer; `infer_graph`: a CUDA-graph trainer)
+           latency group (bench_inference.py; eager trainer; `infer_graph`: a CUDA-graph trainer); refused at once
+           when its plan (bench_inference.planned_seconds) passes the step's 590 s
   kernels  how long the benchmark trainers' kernels run (bench/trainer_kernels.py): what a request waits for at best
   sharing  4 inference processes of one group next to a trainer: ProcessSharing turns against together
   floor    MinUtil 0.7 vs 0 with two busy PyTorch trainers (bench_trainers.py)
@@ -44,6 +45,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from bench.bench_inference import planned_seconds  # noqa: E402
 
 ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "transport", "reaction",
              "infer", "infer_graph", "kernels", "sharing", "floor", "trainers", "soak", "policy_cost", "train", "um"]
@@ -197,14 +200,29 @@ def step_reaction(ctx) -> dict:
     return r
 
 
+INFER_LIMIT_S = 590
+
+
 def step_infer(ctx, trainer: str = "eager") -> dict:
+    a = ctx.args
+    seconds = 8.0 if a.quick else float(a.infer_seconds)
+    workloads = len([w for w in a.infer_workloads.split(",") if w])
+    plan = planned_seconds(seconds, a.infer_repeats, workloads, len([c for c in a.infer_classes.split(",") if c]),
+                           variants=len([v for v in a.infer_variants.split(";") if v.strip()]),
+                           gemini_only=a.infer_gemini_only,
+                           itb_seconds=30.0 if a.infer_idle_then_busy else 0.0)
+    if plan > INFER_LIMIT_S:
+        # the step would be killed at its limit with nothing to show (a 590 s call lost this way, seventeenth session)
+        raise RuntimeError(f"the serving runs would take about {plan:.0f} s, over the step's {INFER_LIMIT_S} s limit: "
+                           f"lower --infer-repeats ({a.infer_repeats}) or --infer-seconds ({seconds:g}), or give "
+                           f"--infer-workloads one workload a call ({workloads} now)")
     argv = ["bench/bench_inference.py", "--seconds", "8" if ctx.args.quick else str(ctx.args.infer_seconds),
             "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads,
             "--latency-variants", ctx.args.infer_variants, "--idle-then-busy", ctx.args.infer_idle_then_busy,
             *(["--gemini-only"] if ctx.args.infer_gemini_only else []),
             "--classes", ctx.args.infer_classes,
             *(["--timeline", "--timeline-dir", str(ctx.out / "timelines")] if ctx.args.infer_timeline else [])]
-    return bench(ctx, argv, 590)   # hook_stats kept: claims, pauses and waits per process
+    return bench(ctx, argv, INFER_LIMIT_S)   # hook_stats kept: claims, pauses and waits per process
 
 
 def step_infer_graph(ctx) -> dict:

@@ -29,8 +29,15 @@ class FakeWorld:
         self.config = None
         self.last = ""
         self.served: list[str] = []
+        # what planned_seconds counts: serving seconds, process starts, the trainers' alone measurements
+        self.serve_s = 0.0
+        self.starts = 0
+        self.alone_s = 0.0
 
     def run(self, argv, **_kw):
+        at = next(i for i, a in enumerate(argv) if str(a).endswith("serve.py"))
+        self.serve_s += float(argv[at + 4])
+        self.starts += 1
         if argv[0] == "launch-command":
             case = "gemini-" + re.search(r"\[infer\][^[]*Class = (\w+)", self.config.read_text()).group(1)
         else:
@@ -62,11 +69,13 @@ def world(monkeypatch):
     class Trainer:
         def __init__(self, argv, env):
             w.trainers += 1
+            w.starts += 1
 
         def wait_ready(self):
             pass
 
         def measure_alone(self, seconds):
+            w.alone_s += seconds
             return 64.0
 
         def rate(self, t0, t1):
@@ -78,6 +87,7 @@ def world(monkeypatch):
     class Backend:
         def __init__(self, workdir, groups, config=None, **kw):
             w.config = config
+            w.starts += 1
 
         def __enter__(self):
             return self
@@ -153,3 +163,40 @@ def test_an_unknown_class_is_a_clear_error(world, capsys):
     with pytest.raises(SystemExit):
         bi.main(["--classes", "latency,turbo"])
     assert "--classes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,plan", [
+    ((), dict(classes=2)),
+    (("--repeats", "2", "--workloads", "mlp:periodic:50,resnet18:poisson:100", "--classes", "latency"),
+     dict(repeats=2, workloads=2, classes=1)),
+    (("--latency-variants", "a:GEMINI_INFLIGHT_MS=2;b:GEMINI_KERNEL_COSTS=0", "--idle-then-busy", "2:3"),
+     dict(classes=2, variants=2, itb_seconds=30.0)),
+    (("--gemini-only", "--classes", "latency"), dict(classes=1, gemini_only=True)),
+])
+def test_the_plan_counts_what_the_bench_runs(world, capsys, extra, plan):
+    """gpu-check refuses a serving step whose plan passes its time limit (a call was lost to a run killed at it):
+    the plan must count every serving run, trainer, backend and alone measurement the bench makes."""
+    run_bench(capsys, *extra)
+    measured = world.serve_s + world.alone_s + world.starts * bi.START_S
+    args = dict(seconds=1.0, repeats=1, workloads=1, classes=2) | plan
+    assert bi.planned_seconds(**args) == pytest.approx(measured)
+
+
+def test_gpu_check_refuses_a_serving_step_longer_than_its_limit(monkeypatch):
+    """The seventeenth session's lost call: two workloads, gpu-check's default 2 repeats, 60 s runs (about 920 s
+    planned against the step's 590 s). It is refused at once, naming what to lower; one workload a call passes."""
+    import bench.gpu_check as gc
+    ran = []
+    monkeypatch.setattr(gc, "bench", lambda ctx, argv, timeout: ran.append(argv) or {})
+    args = types.SimpleNamespace(quick=False, infer_seconds=60.0, infer_repeats=2,
+                                 infer_workloads="mlp:periodic:50,resnet18:poisson:100", infer_classes="latency",
+                                 infer_variants="", infer_idle_then_busy="", infer_gemini_only=False,
+                                 infer_timeline=False)
+    ctx = types.SimpleNamespace(args=args)
+    with pytest.raises(RuntimeError, match=r"about 920 s, over the step's 590 s limit.*--infer-repeats"):
+        gc.step_infer(ctx)
+    assert not ran
+    args.infer_repeats, args.infer_workloads = 1, "mlp:periodic:50"
+    gc.step_infer(ctx)
+    assert len(ran) == 1
+
