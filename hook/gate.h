@@ -179,6 +179,9 @@ void gem_gate_on_sync(CUcontext ctx, int whole_context, int64_t began_ns);
 /* After the program's successful synchronisation of `stream` (NULL + ptsz: the thread's stream), begun at
  * `began_ns`: that stream's marker chain restarts. */
 void gem_gate_on_stream_sync(CUstream stream, int ptsz, int64_t began_ns);
+/* Before the program synchronises its whole context, or `stream` (NULL + ptsz: the thread's own): a kernel of the
+ * calling thread being measured alone on it ends there (inflight.h, gem_inflight_end_unit). */
+void gem_gate_end_unit_before_sync(int whole, CUstream stream, int ptsz);
 /* Before a context-wide synchronisation of the program: mark where the GPU's queue ends. */
 void gem_gate_before_sync(CUcontext ctx);
 /* A context was destroyed or reset: forget the events and the context the gate measured and drained with. */

@@ -59,6 +59,8 @@ struct ring {
     CUevent unit_end[GEM_INFLIGHT_MARKERS];
     unsigned char unit_end_ok[GEM_INFLIGHT_MARKERS];
     unsigned char unit_end_exact[GEM_INFLIGHT_MARKERS];
+    /* unit_end[head] recorded before a synchronisation (gem_inflight_end_unit), no marker at head yet: whose it is */
+    const void *unit_end_thread;
     unsigned learn_from;        /* the oldest marker whose interval may still teach the cost table */
     struct gem_gpugate *gate;   /* the gate whose waits this ring's stream carries (NULL: none) */
     unsigned head;              /* the next event to record (the oldest once the ring is full) */
@@ -197,11 +199,13 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
 static void learn(struct ring *r) {
     while (r->count > 0 && r->learn_from != r->head) {
         unsigned i = r->learn_from, j = (i + 1) % GEM_INFLIGHT_MARKERS;
-        if (j == r->head)
+        /* at the head only a unit's end recorded before a synchronisation (no marker there yet) */
+        int at_head = j == r->head;
+        if (at_head && !(r->unit_end_ok[j] && r->key[i] && r->unit_end_thread == r->thread_of[i]))
             break;              /* its end is not recorded yet */
         /* only the unit's own thread's next marker ends it: between another thread's, the kernel may not be in
          * the interval at all, or others' launches with it */
-        if (r->key[i] && r->ends_unit[j] && r->thread_of[j] == r->thread_of[i]) {
+        if (r->key[i] && (at_head || (r->ends_unit[j] && r->thread_of[j] == r->thread_of[i]))) {
             /* the unit's own end where it was recorded (above), else the marker after it */
             CUevent end = r->unit_end_ok[j] ? r->unit_end[j] : r->ev[j];
             int exact = r->unit_end_ok[j] ? r->unit_end_exact[j] : r->behind[j];
@@ -219,6 +223,10 @@ static void learn(struct ring *r) {
             }
         }
         r->learn_from = j;      /* learnt once: key[i] stays, for adapt (a unit is no queue's length) */
+        if (at_head) {
+            r->unit_end_ok[j] = 0;
+            break;
+        }
     }
 }
 
@@ -277,6 +285,7 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
         REAL(cuEventRecord)(r->unit_end[slot], s) == CUDA_SUCCESS) {
         r->unit_end_ok[slot] = 1;
         r->unit_end_exact[slot] = REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
+        r->unit_end_thread = mk->thread;
     }
     /* A stream's events complete in order: with the last marker done, every older one is, and neither the wait
      * below nor `behind` needs a query of its own (a finished event's query costs 1.6 us on the H100). Just asked
@@ -321,6 +330,44 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
             r->count++;
     }
     pthread_mutex_unlock(&r->mu);
+    return recorded;
+}
+
+int gem_inflight_end_unit(CUstream stream) {
+    struct gem_thread_counter *t = gem_tls_counter;
+    CUcontext ctx = NULL;
+    if (!t || atomic_load(&gem_active_captures) > 0 || !HAVE_REAL(cuEventRecord) || !HAVE_REAL(cuEventQuery) ||
+        !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS ||
+        !ctx)
+        return 0;
+    struct ring *r = NULL;
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&table_mu);
+    for (int i = 0; i < nrings && !r; i++)
+        if (rings[i].ctx == ctx && rings[i].stream == stream &&
+            (stream != CU_STREAM_PER_THREAD || pthread_equal(rings[i].thread, self)))
+            r = &rings[i];
+    pthread_mutex_unlock(&table_mu);
+    if (!r)
+        return 0;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
+                    REAL(cuThreadExchangeStreamCaptureMode)(&mode) == CUDA_SUCCESS;
+    int recorded = 0;
+    pthread_mutex_lock(&r->mu);
+    unsigned slot = r->head, last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+    /* the stream's last marker is the one before this thread's kernel (no other marker since) */
+    if (r->used && r->count > 0 && r->key[last] && r->thread_of[last] == (const void *)t &&
+        (r->unit_end[slot] || REAL(cuEventCreate)(&r->unit_end[slot], CU_EVENT_DEFAULT) == CUDA_SUCCESS) &&
+        REAL(cuEventRecord)(r->unit_end[slot], stream) == CUDA_SUCCESS) {
+        r->unit_end_ok[slot] = 1;
+        r->unit_end_exact[slot] = REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
+        r->unit_end_thread = t;
+        recorded = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (exchanged)
+        REAL(cuThreadExchangeStreamCaptureMode)(&mode);
     return recorded;
 }
 

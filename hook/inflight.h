@@ -71,6 +71,13 @@ struct gem_marker_kernel {
 int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
                         struct gem_gpugate *gate, const struct gem_marker_kernel *mk);
 
+/* Before the program synchronises `stream` (CU_STREAM_PER_THREAD: the calling thread's), or its whole context: the
+ * calling thread's kernel measured alone on it, if its marker is the stream's last, ends here (its end recorded
+ * now), so the synchronisation's learning takes it. Without this a program that synchronises after every second
+ * launch never learnt its kernel: each second launch was measured alone again, a marker each. Returns 1 if
+ * recorded. Off the launch path (the synchronisation's wrapper). */
+int gem_inflight_end_unit(CUstream stream);
+
 /* The program synchronised the whole of `ctx` (whole), or its `stream` (CU_STREAM_PER_THREAD: the calling
  * thread's), after waiting `waited_ns`: those streams' chains start afresh, and the rate halves if the wait was
  * more than twice `budget_ns` (0: the queue is not bounded now, no judgement). Returns 1 if the rate changed.

@@ -50,6 +50,8 @@
         const int one_stream = sizeof(#name) >= 20 && __builtin_memcmp(#name, "cuStreamSynchronize", 19) == 0; \
         CUcontext sync_ctx = whole ? (CUcontext)(void *)(scope) : NULL;                         \
         int64_t began = 0;                                                                      \
+        if (whole || one_stream)                                                                \
+            gem_gate_end_unit_before_sync(whole, (CUstream)(void *)(scope), pt);                \
         if (whole)                                                                              \
             gem_gate_before_sync(sync_ctx);                                                     \
         if (whole || one_stream)                                                                \

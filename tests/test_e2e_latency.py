@@ -370,6 +370,22 @@ def _bounded(backends):
                     min_quota_ms=5, window_ms=10_000)
 
 
+@pytest.mark.parametrize("sync", ["ctx", "stream"])
+def test_a_loop_that_synchronises_after_every_second_launch_learns_its_kernel(sim, backends, sync):
+    """Beside a latency group a kernel new to the cost table is measured alone: a marker before it, and its end
+    recorded when its thread next launches. A program that synchronises after every second launch never launched
+    again before the synchronisation restarted the chain: the kernel was never learnt, and every second launch was
+    measured alone again, a marker each (about 5 us of the thread's time on an H100). Its end is now recorded
+    before the synchronisation (gate.c, gem_gate_end_unit_before_sync)."""
+    r = finish(start(client_argv("workload-linked", "--json", "--seconds", 1.0, "--kernel-us", 20, "--sync-every", 2,
+                                 "--sync", sync), sim.hooked(_bounded(backends), "train")))
+    assert r.rc == 0, r
+    st = sim.stats_of(r.json["pid"])
+    assert st["launches"] >= 2000 and st["kernel_costs_learnt"] >= 1, st
+    # on a laptop one marker in 26 launches; before, one in 2 (and nothing learnt)
+    assert st["markers"] <= st["launches"] / 8, st
+
+
 @pytest.mark.parametrize("sync,stream", [("ctx", "legacy"), ("stream", "created"), ("stream", "per-thread")])
 def test_a_loop_that_synchronises_often_keeps_its_marker_rate(sim, backends, sync, stream):
     """Bursts of 128 short kernels, each ended by a synchronisation (of the context, or of the stream they run on)
