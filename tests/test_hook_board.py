@@ -49,6 +49,15 @@ class BoardPmgr(FakePmgr):
         return hp.HelloAck(client_id=len(self.hellos), mem_limit=self.mem_limit, mem_used=0, group=hello.pod_name,
                            board_slot=0, board_path=str(self.board.path))
 
+    def run_workload(self, sim, *args, **env) -> dict:
+        """workload-linked ARGS --json under this pod manager (GEMINI_* and SIMCUDA_* settings in `env`), to its end:
+        the hook's counters of the process."""
+        env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
+                      GEMINI_POD_MANAGER_PORT=self.port, **{"GEMINI_LOG_LEVEL": "warn", **env})
+        r = finish(start(native.client_cmd("workload-linked", *map(str, args), "--json"), env), timeout=30)
+        assert r.rc == 0, r
+        return sim.stats_of(r.json["pid"])
+
     def answer(self, conn: FakeConn, seq: int, msg: hp.Message) -> None:
         if isinstance(msg, hp.TokenRequest):
             self.asked.append(now_ns())
@@ -259,12 +268,8 @@ def test_the_gpu_gates_waits_come_twice_as_often_as_a_capped_groups_markers(sim,
     for name, pmgr_class in (("capped", CappedPmgr), ("gated", ClaimedPmgr)):
         pmgr = pmgr_class(board)
         try:
-            env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
-                          GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="warn", GEMINI_KERNEL_COSTS="0")
-            r = finish(start(native.client_cmd("workload-linked", "--kernel-us", "100", "--seconds", "1.0",
-                                               "--sync-every", "256", "--json"), env), timeout=30)
-            assert r.rc == 0, r
-            st = sim.stats_of(r.json["pid"])
+            st = pmgr.run_workload(sim, "--kernel-us", 100, "--seconds", 1.0, "--sync-every", 256,
+                                   GEMINI_KERNEL_COSTS="0")
             assert st["markers"] >= 100, (name, st)
             rates[name] = st["markers"] / st["launches"]
             if name == "gated":

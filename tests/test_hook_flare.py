@@ -200,12 +200,8 @@ def test_a_kernel_measured_alone_is_not_charged_the_markers_own_host_time(sim, b
     board.set_counts(1, 2)
     pmgr = ClaimedPmgr(board)
     try:
-        env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
-                      GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="warn", SIMCUDA_WAIT_VALUE_US="300")
-        r = finish(start(native.client_cmd("workload-linked", "--kernel-us", "20", "--seconds", "1.5",
-                                           "--sync-every", "200", "--json"), env), timeout=30)
-        assert r.rc == 0, r
-        st = sim.stats_of(r.json["pid"])
+        st = pmgr.run_workload(sim, "--kernel-us", 20, "--seconds", 1.5, "--sync-every", 200,
+                               SIMCUDA_WAIT_VALUE_US="300")
         assert st["kernel_costs_learnt"] >= 2, st
         learnt_us = st["kernel_cost_learnt_ms"] * 1000 / st["kernel_costs_learnt"]
         # judged by the markers: the table keeps the lowest upper bound it was given (kcost.h), so one measurement
@@ -227,13 +223,8 @@ def test_a_host_bound_launchers_markers_skip_the_timing_calls_they_cannot_use(si
     board.set_counts(1, 2)
     pmgr = ClaimedPmgr(board)
     try:
-        env = sim.env(LD_PRELOAD=str(sim.hook), GEMINI_POD_NAME="g", GEMINI_POD_MANAGER_IP="127.0.0.1",
-                      GEMINI_POD_MANAGER_PORT=pmgr.port, GEMINI_LOG_LEVEL="warn", SIMCUDA_ELAPSED_US="200")
-        r = finish(start(native.client_cmd("workload-linked", "--kernel-us", "5", "--pause-us", "30",
-                                           "--pause-every", "1", "--seconds", "1.5", "--sync-every", "200",
-                                           "--json"), env), timeout=30)
-        assert r.rc == 0, r
-        st = sim.stats_of(r.json["pid"])
+        st = pmgr.run_workload(sim, "--kernel-us", 5, "--pause-us", 30, "--pause-every", 1, "--seconds", 1.5,
+                               "--sync-every", 200, SIMCUDA_ELAPSED_US="200")
         assert st["markers"] >= 50, st
         per_marker_us = st["marker_host_ms"] * 1000 / st["markers"]
         assert per_marker_us < 100, (per_marker_us, st)         # 8.7 us; timed at every marker: 547 us
