@@ -93,7 +93,8 @@ static unsigned depth_of(const struct gem_inflight *f, int64_t budget_ns) {
     return d < 1 ? 1 : d > GEM_INFLIGHT_MARKERS - 1 ? GEM_INFLIGHT_MARKERS - 1 : (unsigned)d;
 }
 
-static struct ring *ring_for(CUcontext ctx, CUstream s) {
+/* The ring of `s` in `ctx` (the calling thread's for the per-thread stream); a new one if `create` and none yet. */
+static struct ring *ring_for(CUcontext ctx, CUstream s, int create) {
     pthread_t self = pthread_self();
     int per_thread = s == CU_STREAM_PER_THREAD;
     pthread_mutex_lock(&table_mu);
@@ -101,6 +102,10 @@ static struct ring *ring_for(CUcontext ctx, CUstream s) {
     for (int i = 0; i < nrings && !r; i++)
         if (rings[i].ctx == ctx && rings[i].stream == s && (!per_thread || pthread_equal(rings[i].thread, self)))
             r = &rings[i];
+    if (!create) {
+        pthread_mutex_unlock(&table_mu);
+        return r;
+    }
     if (!r && nrings < MAX_RINGS) {
         r = &rings[nrings];
         __atomic_store_n(&nrings, nrings + 1, __ATOMIC_RELEASE);   /* read unlocked by gem_inflight_synced */
@@ -230,6 +235,21 @@ static void learn(struct ring *r) {
     }
 }
 
+/* Record the end of `thread`'s unit at `slot` (the head) on `s`, if the ring's last marker is that thread's, placed
+ * before a kernel to be measured (not a graph's, nor another thread's); r->mu held. Returns 1 if recorded. */
+static int record_unit_end(struct ring *r, unsigned slot, CUstream s, const void *thread) {
+    unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+    r->unit_end_ok[slot] = 0;
+    if (!r->used || r->count == 0 || !r->key[last] || r->thread_of[last] != thread ||
+        (!r->unit_end[slot] && REAL(cuEventCreate)(&r->unit_end[slot], CU_EVENT_DEFAULT) != CUDA_SUCCESS) ||
+        REAL(cuEventRecord)(r->unit_end[slot], s) != CUDA_SUCCESS)
+        return 0;
+    r->unit_end_ok[slot] = 1;
+    r->unit_end_exact[slot] = REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
+    r->unit_end_thread = thread;
+    return 1;
+}
+
 /* The marker's own calls run in the program's launching thread, in its capture mode (GLOBAL unless it chose
  * otherwise): a capture another thread begins after the check below made the marker's event query or
  * synchronisation an unsafe call, and the driver invalidated that capture (10 of 300 short captures beside a
@@ -262,7 +282,7 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
     if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
         return 0;
     CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
-    struct ring *r = ring_for(ctx, s);
+    struct ring *r = ring_for(ctx, s, 1);
     if (!r)
         return 0;
     pthread_mutex_lock(&r->mu);
@@ -277,16 +297,10 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
     }
     unsigned slot = r->head;
     unsigned last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
-    /* the unit's end, before anything else this marker does (unit_end, above); only where learn() will use it: the
-     * marker before was this thread's, before a kernel to be measured (not a graph's, nor another thread's) */
+    /* the unit's end, before anything else this marker does (unit_end, above), where learn() will use it */
     r->unit_end_ok[slot] = 0;
-    if (mk && mk->ends_unit && r->count > 0 && r->key[last] && r->thread_of[last] == mk->thread &&
-        (r->unit_end[slot] || REAL(cuEventCreate)(&r->unit_end[slot], CU_EVENT_DEFAULT) == CUDA_SUCCESS) &&
-        REAL(cuEventRecord)(r->unit_end[slot], s) == CUDA_SUCCESS) {
-        r->unit_end_ok[slot] = 1;
-        r->unit_end_exact[slot] = REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
-        r->unit_end_thread = mk->thread;
-    }
+    if (mk && mk->ends_unit)
+        record_unit_end(r, slot, s, mk->thread);
     /* A stream's events complete in order: with the last marker done, every older one is, and neither the wait
      * below nor `behind` needs a query of its own (a finished event's query costs 1.6 us on the H100). Just asked
      * when the unit's end was recorded; pending then, it is queried again below where that matters. */
@@ -340,31 +354,14 @@ int gem_inflight_end_unit(CUstream stream) {
         !HAVE_REAL(cuEventCreate) || !HAVE_REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS ||
         !ctx)
         return 0;
-    struct ring *r = NULL;
-    pthread_t self = pthread_self();
-    pthread_mutex_lock(&table_mu);
-    for (int i = 0; i < nrings && !r; i++)
-        if (rings[i].ctx == ctx && rings[i].stream == stream &&
-            (stream != CU_STREAM_PER_THREAD || pthread_equal(rings[i].thread, self)))
-            r = &rings[i];
-    pthread_mutex_unlock(&table_mu);
+    struct ring *r = ring_for(ctx, stream, 0);
     if (!r)
         return 0;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     int exchanged = HAVE_REAL(cuThreadExchangeStreamCaptureMode) &&
                     REAL(cuThreadExchangeStreamCaptureMode)(&mode) == CUDA_SUCCESS;
-    int recorded = 0;
     pthread_mutex_lock(&r->mu);
-    unsigned slot = r->head, last = (slot + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
-    /* the stream's last marker is the one before this thread's kernel (no other marker since) */
-    if (r->used && r->count > 0 && r->key[last] && r->thread_of[last] == (const void *)t &&
-        (r->unit_end[slot] || REAL(cuEventCreate)(&r->unit_end[slot], CU_EVENT_DEFAULT) == CUDA_SUCCESS) &&
-        REAL(cuEventRecord)(r->unit_end[slot], stream) == CUDA_SUCCESS) {
-        r->unit_end_ok[slot] = 1;
-        r->unit_end_exact[slot] = REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
-        r->unit_end_thread = t;
-        recorded = 1;
-    }
+    int recorded = record_unit_end(r, r->head, stream, t);
     pthread_mutex_unlock(&r->mu);
     if (exchanged)
         REAL(cuThreadExchangeStreamCaptureMode)(&mode);
