@@ -825,6 +825,7 @@ CUresult gem_gate_cost_marker(struct gem_gate *g, CUstream stream, int ptsz, uin
         /* after a unit the next launch puts a marker before itself: the unit's interval holds it alone (a graph's
          * too, so that no kernel's cost is judged with a graph's length in its interval) */
         t->isolating = recorded && (isolate || graph);
+        t->measuring = recorded && isolate && !graph;
         t->unit_stream = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
         /* a kernel measured again keeps its prediction in the interval's (the synchronisation's check sums them) */
         t->pending_ns = cost_ns;
@@ -910,13 +911,15 @@ static struct gem_gate *gate_of_ctx(CUcontext ctx) {
 
 void gem_gate_end_unit_before_sync(int whole, CUstream stream, int ptsz) {
     struct gem_thread_counter *t = gem_tls_counter;
-    if (GEM_LIKELY(!t || !t->isolating) || !atomic_load(&gates_ready))
+    if (GEM_LIKELY(!t || !t->measuring) || !atomic_load(&gates_ready))
         return;
     CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
     if (!whole && s != (CUstream)t->unit_stream)
         return;     /* another stream's: the kernel may still be queued after it returns */
-    if (gem_inflight_end_unit((CUstream)t->unit_stream))
-        t->isolating = 0;   /* ended: the next launch needs no marker of its own */
+    /* once: the synchronisation restarts the chain. The next launch still puts a marker before itself
+     * (`isolating`), which ends the unit in its stead should this synchronisation fail or be another context's. */
+    t->measuring = 0;
+    gem_inflight_end_unit((CUstream)t->unit_stream);
 }
 
 void gem_gate_before_sync(CUcontext ctx) {

@@ -201,12 +201,13 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
 
 /* The intervals since `learn_from` whose kernel was measured alone teach the cost table, once both of their markers
  * are done; an interval a claim held (its wait is inside it) teaches nothing. Stops at the first one not done. */
-static void learn(struct ring *r) {
+static void learn(struct ring *r, int head_ok) {
     while (r->count > 0 && r->learn_from != r->head) {
         unsigned i = r->learn_from, j = (i + 1) % GEM_INFLIGHT_MARKERS;
-        /* at the head only a unit's end recorded before a synchronisation (no marker there yet) */
+        /* at the head only a unit's end recorded before a synchronisation (no marker there yet), and only once the
+         * synchronisation returned (`head_ok`: it is done; a marker's own, just recorded, may well not be) */
         int at_head = j == r->head;
-        if (at_head && !(r->unit_end_ok[j] && r->key[i] && r->unit_end_thread == r->thread_of[i]))
+        if (at_head && !(head_ok && r->unit_end_ok[j] && r->key[i] && r->unit_end_thread == r->thread_of[i]))
             break;              /* its end is not recorded yet */
         /* only the unit's own thread's next marker ends it: between another thread's, the kernel may not be in
          * the interval at all, or others' launches with it */
@@ -322,7 +323,7 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
     }
     /* Learnt up to here: the host waits for the marker `depth` back (at most GEM_INFLIGHT_MARKERS - 1), so every
      * interval older than that is done and learn_from never falls a whole ring behind. */
-    learn(r);
+    learn(r, 0);
     if (r->count == 0)
         r->learn_from = slot;   /* a new chain: nothing before it is an interval of it */
     r->behind[slot] = !last_done && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
@@ -340,6 +341,7 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
     if (recorded) {
         atomic_fetch_add(&gem_stats.markers, 1);
         r->head = (slot + 1) % GEM_INFLIGHT_MARKERS;
+        r->unit_end_ok[r->head] = 0;    /* a lap old: only a unit's end recorded at the head from now on counts */
         if (r->count < GEM_INFLIGHT_MARKERS)
             r->count++;
     }
@@ -379,6 +381,7 @@ void gem_inflight_context_gone(CUcontext ctx) {
             continue;
         pthread_mutex_lock(&r->mu);
         r->used = 0;
+        memset(r->unit_end_ok, 0, sizeof r->unit_end_ok);   /* their events went with the context */
         r->count = 0;
         r->measured = 0;
         r->head = 0;
@@ -431,7 +434,7 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
         if (may_time && !r->measured)
             adapt(f, r, 1);
         if (may_time)
-            learn(r);           /* every marker is done: the last kernel measured alone too, if its end was recorded */
+            learn(r, 1);           /* every marker is done: the last kernel measured alone too, if its end was recorded */
         r->count = 0;
         r->measured = 0;
         pthread_mutex_unlock(&r->mu);

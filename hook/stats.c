@@ -101,6 +101,6 @@ void gem_stats_after_fork(void) {
     for (struct gem_thread_counter *c = atomic_load(&counter_list); c; c = c->next) {
         c->launches = 0;
         c->pending_ns = 0;      /* no marker of the parent's is the child's last */
-        c->isolating = c->verifying = 0;
+        c->isolating = c->verifying = c->measuring = 0;
     }
 }

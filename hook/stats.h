@@ -30,7 +30,10 @@ struct gem_thread_counter {
      * and whether that marker went before a kernel to be measured alone (the next launch ends its interval) */
     int64_t pending_ns;
     int isolating;
-    void *unit_stream;          /* ... the stream of that kernel (CU_STREAM_PER_THREAD for the thread's own) */
+    /* a kernel (not a graph) is being measured alone, its end not recorded yet, on unit_stream (CU_STREAM_PER_THREAD
+     * for the thread's own): a synchronisation of that stream or of the context records it first (gate.h) */
+    int measuring;
+    void *unit_stream;
     /* launches still to be measured alone, each, since a queue ran far longer than its kernels' predicted costs
      * (a kernel whose length changed under the same key): the one that did is measured again */
     int verifying;
