@@ -216,12 +216,11 @@ def step_infer(ctx, trainer: str = "eager") -> dict:
         raise RuntimeError(f"the serving runs would take about {plan:.0f} s, over the step's {INFER_LIMIT_S} s limit: "
                            f"lower --infer-repeats ({a.infer_repeats}) or --infer-seconds ({seconds:g}), or give "
                            f"--infer-workloads one workload a call ({workloads} now)")
-    argv = ["bench/bench_inference.py", "--seconds", "8" if ctx.args.quick else str(ctx.args.infer_seconds),
-            "--repeats", str(ctx.args.infer_repeats), "--trainer", trainer, "--workloads", ctx.args.infer_workloads,
-            "--latency-variants", ctx.args.infer_variants, "--idle-then-busy", ctx.args.infer_idle_then_busy,
-            *(["--gemini-only"] if ctx.args.infer_gemini_only else []),
-            "--classes", ctx.args.infer_classes,
-            *(["--timeline", "--timeline-dir", str(ctx.out / "timelines")] if ctx.args.infer_timeline else [])]
+    argv = ["bench/bench_inference.py", "--seconds", f"{seconds:g}", "--repeats", str(a.infer_repeats),
+            "--trainer", trainer, "--workloads", a.infer_workloads, "--latency-variants", a.infer_variants,
+            "--idle-then-busy", a.infer_idle_then_busy, *(["--gemini-only"] if a.infer_gemini_only else []),
+            "--classes", a.infer_classes,
+            *(["--timeline", "--timeline-dir", str(ctx.out / "timelines")] if a.infer_timeline else [])]
     return bench(ctx, argv, INFER_LIMIT_S)   # hook_stats kept: claims, pauses and waits per process
 
 

@@ -192,7 +192,7 @@ def test_gpu_check_refuses_a_serving_step_longer_than_its_limit(monkeypatch):
                                  infer_workloads="mlp:periodic:50,resnet18:poisson:100", infer_classes="latency",
                                  infer_variants="", infer_idle_then_busy="", infer_gemini_only=False,
                                  infer_timeline=False)
-    ctx = types.SimpleNamespace(args=args)
+    ctx = types.SimpleNamespace(args=args, out=None)
     with pytest.raises(RuntimeError, match=r"about 920 s, over the step's 590 s limit.*--infer-repeats"):
         gc.step_infer(ctx)
     assert not ran
