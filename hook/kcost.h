@@ -8,8 +8,9 @@
  * two waits: on the H100 about one MLP request in ten waited 1-2.5 ms for its first kernel, as under plain
  * time-slicing (docs/benchmarks.md, sixteenth session). So while the markers carry the gate's waits a marker
  * goes before the launch that would bring the predicted GPU time since the last one past gem_kcost_target_ns(), and
- * each (function, grid size) gets its prediction from an interval that held it alone: a marker before it and one
- * before the same thread's next launch. A kernel not in the table is measured that way at once, and one launch
+ * each (function, grid size) gets its prediction from an interval that held it alone: a marker before it, and its
+ * end recorded first thing at the same thread's next marker, or before a synchronisation of its stream or context,
+ * whichever comes first (inflight.c, unit_end). A kernel not in the table is measured that way at once, and one launch
  * in GEM_KCOST_RELEARN of a thread measures a known kernel again (lengths change with the shapes a program runs).
  *
  * The table is process-wide and fixed (GEM_KCOST_SETS sets of 4 entries); an entry is one 64-bit word (a tag of
