@@ -282,6 +282,7 @@ def run(args) -> dict:
     if args.mode == "gemini":
         groups = [Group(n, mn, cap, turns=args.turns) for n, mn, cap in zip(group_names, mins, caps)]
         extra = [f"--schd-arg=--trace={out / 'grants.json'}"] + (["-vv"] if args.debug_logs else [])
+        extra += [f"--schd-arg={a}" for a in args.schd_arg]
         if args.debug_logs:
             env["GEMINI_LOG_LEVEL"] = "debug"     # each grant and continuation, timed to the ms, in <tenant>.stderr
         backend = Backend(out / "backend", groups, quota_ms=args.quota, min_quota_ms=args.min_quota,
@@ -404,6 +405,8 @@ def main(argv=None) -> int:
     p.add_argument("--quota", type=float, default=None, help="gem-schd base quota, ms (default: gem-schd's)")
     p.add_argument("--min-quota", type=float, default=None, help="(default: gem-schd's)")
     p.add_argument("--window", type=float, default=None, help="gem-schd's reporting window, ms (default: its own)")
+    p.add_argument("--schd-arg", action="append", default=[], metavar="FLAG",
+                   help="one more gem-schd flag (repeatable), e.g. --schd-arg=--frame=0 (continuous buckets)")
     p.add_argument("--out")
     p.add_argument("--plot", help="write a PNG of share over time and the token timeline here (needs matplotlib)")
     p.add_argument("--title", help="plot title")

@@ -143,12 +143,15 @@ SHARE_RUNS = [
     ("native-2", ["--mode", "native", "--tenants", "2"], "native time-slicing, 2 tenants"),
     ("native-3", ["--mode", "native", "--tenants", "3"], None),
     ("gemini-0.3-0.6", ["--mode", "gemini", "--caps", "0.3,0.6"], "gemini, MaxUtil 0.3 / 0.6"),
+    # the caps' mechanism switched off: continuous token buckets instead of budgets per frame
+    ("gemini-0.3-0.6-frame0", ["--mode", "gemini", "--caps", "0.3,0.6", "--schd-arg=--frame=0"], None),
     ("gemini-0.3-0.6-q20", ["--mode", "gemini", "--caps", "0.3,0.6", "--quota", "20"], None),
     ("gemini-0.3-0.6-ipc", ["--mode", "gemini", "--caps", "0.3,0.6", "--transport", "ipc"], None),  # Unix sockets
     # a capped group whose program queues 800 kernels of 1 ms between synchronisations, beside a busy one
     ("gemini-deep-0.05", ["--mode", "gemini", "--caps", "0.05,1.0", "--sync-every", "800"], None),
     ("gemini-0.4-0.6", ["--mode", "gemini", "--caps", "0.4,0.6"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
+    ("gemini-3-frame0", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=0"], None),
     # the same with every grant logged (hooks, pod managers, gem-schd): where a slot's first kernel starts late
     ("gemini-3-debug", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--debug-logs"], None),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),
@@ -169,7 +172,7 @@ def schd_flags(ctx, extra: list) -> list:
 
 
 def step_share(ctx, only: str | None = None) -> dict:
-    secs = "8" if ctx.args.quick else "14"
+    secs = str(ctx.args.share_seconds) if ctx.args.share_seconds else "8" if ctx.args.quick else "14"
     out = {}
     for name, extra, title in SHARE_RUNS:
         if ctx.args.share_runs and name not in ctx.args.share_runs.split(","):
@@ -179,7 +182,7 @@ def step_share(ctx, only: str | None = None) -> dict:
         if title:
             argv += ["--plot", ctx.out / f"share-{name}.png", "--title", title]
         try:
-            r = bench(ctx, argv, 200)
+            r = bench(ctx, argv, 200 + 2 * int(float(secs)))
             r.pop("results", None)
             out[name] = r
         except Exception as exc:  # noqa: BLE001 -- one configuration failing (MPS absent) keeps the others
@@ -503,6 +506,8 @@ def main(argv=None) -> int:
     p.add_argument("--infer-idle-then-busy", default="", metavar="BUSY:IDLE",
                    help="bench_inference --idle-then-busy: each workload also served with pauses (e.g. 2:3)")
     p.add_argument("--share-runs", help="comma-separated subset of the share configurations")
+    p.add_argument("--share-seconds", type=float, default=None,
+                   help="each share run's length (default 14, 8 with --quick): 10 s windows want 25 or more")
     p.add_argument("--trainers-groups", default="a:0:0.3,b:0:0.6",
                    help="the trainers step's group sets (name:min:max,...), ';' between sets")
     p.add_argument("--trainers-variants", default="",

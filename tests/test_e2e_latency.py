@@ -354,13 +354,13 @@ def test_short_kernels_never_queue_far_past_a_capped_slot(sim, backends):
     """20 us kernels with no synchronisation at MaxUtil 0.3: the marker rate grows to hundreds of launches per
     marker, yet every interval it measures is scaled to the rate in force, so it never overshoots; each slot's
     queued work ends within a few ms of its deadline (a rate judged on intervals measured at a lower rate grew
-    to 4096 launches per marker: about 100 ms past every deadline, 8 slots in 3 s)."""
+    to 4096 launches per marker: about 100 ms past every deadline, 8 slots in 3 s, where its cap's frames allow 30)."""
     be = backends([Group("capped", 0.0, 0.3)], quota_ms=None, min_quota_ms=None, window_ms=None)
     r = finish(start(client_argv("workload-linked", "--kernel-us", 20, "--json", "--seconds", 3, "--sync-every", 0),
                      sim.hooked(be, "capped")))
     assert r.rc == 0, r
     st = sim.stats_of(r.json["pid"])
-    assert st["grants"] >= 40, st
+    assert st["grants"] >= 25, st           # a slot per 100 ms frame of the cap
     assert st["overuse_ms"] / st["grants"] <= 10, st
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from gemini.config import parse_config
-from gemini.scheduler.policy import DEFAULT_BUCKET_MS
 from gemini.wire.sched import Grant, Hello, StatusReply, StatusRequest, TokenRelease, TokenRequest, Welcome
 from gemini.scheduler.daemon import BindError
 from tests.schd_inproc import DaemonThread, FakePodManager
@@ -104,9 +103,10 @@ def test_metrics_after_grants(schd):
     for group in ("a", "b"):
         held = sum(end - start for g, start, end, _ in history if g == group) / 1000.0
         assert _get(samples, "gemini_token_held_seconds_total", group=group) == pytest.approx(held, abs=1e-6)
-    # b (MaxUtil 0.5) held what its full token bucket allows: the depth / (1 - 0.5)
-    assert _get(samples, "gemini_token_held_seconds_total", group="b") == pytest.approx(
-        DEFAULT_BUCKET_MS / (1 - 0.5) / 1000.0)
+    # b (MaxUtil 0.5) held what its cap allowed: a frame's quota (50 ms of 100), or, granted less than that before
+    # the frame's boundary, up to the boundary and the next frame's quota
+    assert _get(samples, "gemini_token_held_seconds_total", group="b") == pytest.approx(g2.quota_ms / 1000.0)
+    assert 50.0 - 1e-6 <= g2.quota_ms <= 100.0 + 1e-6
     # Status gauges: configuration, memory, clients, quota, token state.
     assert _get(samples, "gemini_group_min_util_ratio", group="a") == 0.2
     assert _get(samples, "gemini_group_max_util_ratio", group="b") == 0.5
@@ -114,7 +114,7 @@ def test_metrics_after_grants(schd):
     assert _get(samples, "gemini_memory_limit_bytes", group="b") == 256 << 20
     assert _get(samples, "gemini_group_clients", group="a") == 2
     assert _get(samples, "gemini_group_connected", group="b") == 1
-    assert _get(samples, "gemini_quota_seconds", group="b") == pytest.approx(DEFAULT_BUCKET_MS / (1 - 0.5) / 1000.0)
+    assert _get(samples, "gemini_quota_seconds", group="b") == pytest.approx(g2.quota_ms / 1000.0)
     assert _get(samples, "gemini_token_holder", group="a") == 0 and _get(samples, "gemini_token_holder", group="b") == 0
     assert _get(samples, "gemini_group_waiting", group="a") == 0
     assert _get(samples, "gemini_window_seconds") == 10.0

@@ -78,31 +78,48 @@ def test_fair_targets_with_floors_and_caps():
 
 # --- caps ---------------------------------------------------------------------------------------------------------
 
-# 1 s windows: within the bucket's depth over 1 s (MaxUtil x T + bucket is the guarantee) plus 2 points
+# Continuous buckets (`--frame 0`): 1 s windows within the bucket's depth over 1 s (MaxUtil x T + bucket is the
+# guarantee) plus 2 points
 W1 = DEFAULT_BUCKET_MS / 1000 + 0.002
 
 
-@pytest.mark.parametrize("caps,w1,w10,mean", [
-    ((0.3, 0.6), W1, 0.010, 0.009),
-    ((0.4, 0.6), W1, 0.006, 0.005),
-    ((0.2, 0.3, 0.5), W1, 0.010, 0.008),
-    ((0.1, 0.2, 0.3, 0.4), W1, 0.010, 0.008),
-])
-def test_busy_capped_groups_reach_their_caps_over_every_window(caps, w1, w10, mean):
-    """Sliding 1 s and 10 s windows, stepped by 100 ms, from the 2nd second. 1 s windows stay within the bucket's
-    depth of the cap (the 25 ms bucket's slots swing a 1 s window by up to 2.6 points in this model; the 12 ms one
-    gave 1.2 but cost PyTorch trainers a tenth of their cap on an H100, docs/benchmarks.md). The 10 s and mean
-    bounds are what this model gives with the default bucket: with caps adding up to 1 the GPU's context
-    switches (modelled at 0.14 ms each) cost someone up to a point of share; with 0.3 / 0.6 the 0.3 group is
-    credited the grant's travel at the start of its slots (the hooks measure it) and runs up to 0.8 pp over.
-    The GPU benchmarks are the real measure."""
+@pytest.mark.parametrize("caps", [(0.3, 0.6), (0.4, 0.6), (0.2, 0.3, 0.5), (0.1, 0.2, 0.3, 0.4)])
+def test_busy_capped_groups_reach_their_caps_over_every_window(caps):
+    """Sliding 1 s and 10 s windows, stepped by 100 ms, from the 2nd second: within 1.1 points of the cap (issue 14:
+    1.5 and 1), and so is the mean. With frames a busy group's slots repeat every 100 ms, so a window holds whole
+    frames; what is left is the model's delays: with caps adding up to 1 the GPU's context switches (0.14 ms each)
+    cost someone up to a point of share, and with 0.3 / 0.6 the 0.3 group is credited the grant's travel at the
+    start of its slots (the hooks measure it). The GPU benchmarks are the real measure."""
     groups = [(chr(97 + i), 0.0, c) for i, c in enumerate(caps)]
     m = busy_model(groups, until=25_000.0)
     for name, _, cap in groups:
-        assert worst(m.window_shares(name, 1000.0, 100.0, 2000.0), cap) <= w1, name
+        assert worst(m.window_shares(name, 1000.0, 100.0, 2000.0), cap) <= 0.011, name
+        assert worst(m.window_shares(name, 10_000.0, 100.0, 2000.0), cap) <= 0.011, name
+        assert abs(m.share(name, 2000, m.now) - cap) <= 0.011, name
+
+
+@pytest.mark.parametrize("caps,w10,mean", [
+    ((0.3, 0.6), 0.010, 0.009),
+    ((0.4, 0.6), 0.006, 0.005),
+    ((0.2, 0.3, 0.5), 0.010, 0.008),
+    ((0.1, 0.2, 0.3, 0.4), 0.010, 0.008),
+])
+def test_continuous_buckets_swing_a_one_second_window_by_up_to_their_depth(caps, w10, mean):
+    """The mechanism switched off (`--frame 0`): continuous buckets of 25 ms hold the same means and the 1 s windows
+    within the bucket's depth, but the cycle of slots is as long as the refill and the handoffs make it, so a 1 s
+    window holds a fraction of a cycle too, and swings by 1.6-2.6 points in this model (2.2-5.6 on an H100,
+    docs/benchmarks.md): past issue 14's 1.5 for at least one group of every mix."""
+    groups = [(chr(97 + i), 0.0, c) for i, c in enumerate(caps)]
+    m = busy_model(groups, until=25_000.0, cap_frame_ms=0.0)
+    worst_1s = 0.0
+    for name, _, cap in groups:
+        w1 = worst(m.window_shares(name, 1000.0, 100.0, 2000.0), cap)
+        worst_1s = max(worst_1s, w1)
+        assert w1 <= W1, name
         assert worst(m.window_shares(name, 10_000.0, 100.0, 2000.0), cap) <= w10, name
         assert abs(m.share(name, 2000, m.now) - cap) <= mean, name
         assert max(m.window_shares(name, 1000.0, 100.0, 2000.0)) <= cap + DEFAULT_BUCKET_MS / 1000 + 0.002
+    assert worst_1s > 0.015
 
 
 @pytest.mark.parametrize("cap", [0.3, 0.5])
@@ -121,6 +138,43 @@ def test_a_capped_group_next_to_uncapped_ones_reaches_its_cap(cap):
 def test_a_lone_capped_group_stays_at_its_cap():
     m = busy_model([("a", 0.0, 0.3)], until=20_000.0)
     assert worst(m.window_shares("a", 1000.0, 100.0, 1000.0), 0.3) <= 0.01
+
+
+@pytest.mark.parametrize("cap_bound_only", [True, False])
+def test_uncapped_slots_are_not_cut_for_a_capped_group_that_its_fair_share_holds_below_its_cap(cap_bound_only,
+                                                                                              monkeypatch):
+    """MaxUtil 0.5 beside two busy uncapped groups: its fair share is a third, below its cap, so it cannot use its
+    frame's budget whatever the others' slots, and their slots are not cut to its frame. Cut (the `False` case:
+    every active capped group counted, as with continuous buckets), the uncapped groups' slots splintered into the
+    shortest ones, about 100 handoffs a second in this model instead of 10."""
+    if not cap_bound_only:
+        real = Policy._current_targets
+
+        def every_capped(self, now):
+            out = real(self, now)
+            self._cap_bound = {n: g for n, g in self._capped.items() if n in out}
+            return out
+        monkeypatch.setattr(Policy, "_current_targets", every_capped)
+    m = busy_model([("a", 0.0, 0.5), ("b", 0.0, 1.0), ("c", 0.0, 1.0)], until=10_000.0)
+    for name in "abc":
+        assert m.share(name, 2000, m.now) == pytest.approx(1 / 3, abs=0.01), name
+    per_s = m.handoffs(2000, m.now) / 8.0
+    assert (per_s <= 15) == cap_bound_only, per_s
+
+
+def test_a_slot_across_a_frames_boundary_gives_up_the_rest_of_its_frame():
+    """A framed group granted with 30 ms left of its frame 20 ms before the boundary runs through the next frame's
+    quota as one slot (20 + 50 ms), and the 10 ms it left of its own frame are gone; released before the boundary,
+    it keeps them (the first slot here)."""
+    for release_at, left in ((130.0, 50.0 - 30.0), (150.0, 0.0)):     # used 30 or 50 of the next frame
+        p = Policy(config(("a", 0.0, 0.5)), 100, 5, 10_000)
+        [g] = grants(p.request("a", now=60.0))           # 40 ms to the boundary: the frame's 50 ms reach past it
+        assert g.quota_ms == pytest.approx(40.0 + 50.0)
+        p.release("a", g.token_seq, now=80.0)            # used 20 of its frame: 30 left
+        [g] = grants(p.request("a", now=80.0))
+        assert g.quota_ms == pytest.approx(20.0 + 50.0)  # up to the boundary, then the next frame's quota
+        p.release("a", g.token_seq, now=release_at)
+        assert p.status(release_at)["a"].bucket_ms == pytest.approx(left)
 
 
 def test_caps_adding_up_to_one_keep_the_gpu_busy():
@@ -144,13 +198,15 @@ def _mixes(draw):
     return groups, ops
 
 
+@pytest.mark.parametrize("frame", [100.0, 0.0], ids=["frames", "buckets"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mixes())
-def test_no_interval_gets_more_than_its_cap_plus_the_bucket(mix):
-    """The token bucket's guarantee, for any mix of requests and early releases: over any interval of length T
-    a group holds the GPU at most MaxUtil x T + bucket_ms."""
+def test_no_interval_gets_more_than_its_cap_plus_the_bucket(frame, mix):
+    """The cap's guarantee, for any mix of requests and early releases: over any interval of length T a group
+    holds the GPU at most MaxUtil x T + its burst (`cap_burst_ms`): a continuous bucket's depth (25 ms), or with
+    frames 2 x MaxUtil x (1 - MaxUtil) x the group's frame (at most 50 ms, at 0.5)."""
     groups, ops = mix
-    p = Policy(config(*groups), 100.0, 5.0, 10_000.0)
+    p = Policy(config(*groups), 100.0, 5.0, 10_000.0, cap_frame_ms=frame)
     now = 0.0
     held: dict[str, list[tuple[float, float]]] = {g[0]: [] for g in groups}
     seq_of: dict[str, int] = {}
@@ -189,7 +245,7 @@ def test_no_interval_gets_more_than_its_cap_plus_the_bucket(mix):
         for t0 in points:
             for length in (10.0, 50.0, 200.0, 1000.0):
                 got = sum(max(0.0, min(e, t0 + length) - max(s, t0)) for s, e in spans)
-                assert got <= cap * length + DEFAULT_BUCKET_MS + 1e-6, (name, t0, length, got)
+                assert got <= cap * length + p.cap_burst_ms(name) + 1e-6, (name, t0, length, got)
 
 
 # --- tenants that come late, come and go, or report oddly ---------------------------------------------------------
@@ -409,7 +465,9 @@ def test_a_latency_group_that_cannot_claim_yet_sets_no_timer_before_it_can(cfg):
         p.claimed("lat", 10.0, 30.0, now=30.0, used_ms=20.0)
         p.claimed("lat", 30.0, 40.0, now=40.0, used_ms=10.0)     # its cap's bucket (25 ms at 0.1) is spent
         assert not p.claim_right("lat").allowed
-    for _ in range(3):
+    for _ in range(3 if cfg[0][1] == 0 else 8):    # (the cap's frames refill at their boundaries: more wakes)
+        if cfg[0][1] > 0 and p.claim_right("lat").allowed:
+            break
         w = p.next_wakeup(now)
         assert w is None or w > now, f"next_wakeup({now}) = {w}: the timer fires at once"
         if w is not None and math.isfinite(w):
@@ -649,7 +707,7 @@ def test_removed_group_finishes_its_slot_and_its_waiting_request_is_refused():
 
 
 def test_reload_keeps_buckets_and_applies_new_caps_from_the_next_decision():
-    p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000)
+    p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000, cap_frame_ms=0)
     [g] = grants(p.request("a", now=0.0))
     assert g.quota_ms == pytest.approx(DEFAULT_BUCKET_MS / 0.5)
     p.apply_config(config(("a", 0, 0.8)), now=1.0)
@@ -661,6 +719,20 @@ def test_reload_keeps_buckets_and_applies_new_caps_from_the_next_decision():
     # for 1 ms, then at 0.8; the slot empties it at the new rate
     level = DEFAULT_BUCKET_MS - g.quota_ms + 0.5 * 1.0 + 0.8 * (g.quota_ms - 1.0)
     assert g2.quota_ms == pytest.approx(level / (1 - 0.8))
+
+
+def test_reload_keeps_a_frames_budget_and_applies_the_new_cap_from_the_next_frame():
+    p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000)
+    [g] = grants(p.request("a", now=0.0))
+    assert g.quota_ms == pytest.approx(50.0)        # the frame's quota: 0.5 x 100 ms
+    p.apply_config(config(("a", 0, 0.2)), now=1.0)
+    assert p.status(1.0)["a"].bucket_ms <= 0.0      # what it had reserved stays spent
+    ds = p.request("a", now=g.quota_ms)
+    assert not grants(ds)                           # nothing left in this frame
+    wake = p.next_wakeup(g.quota_ms)
+    assert wake == pytest.approx(100.0)             # the next frame
+    [g2] = grants(p.tick(wake))
+    assert g2.quota_ms == pytest.approx(20.0)       # at the new cap: 0.2 x 100 ms
 
 
 def test_bad_parameters_are_refused():

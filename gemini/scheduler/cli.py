@@ -17,7 +17,8 @@ from gemini.config import ConfigError, load_config, parse_size
 from gemini.logs import LEVEL_NAMES, level_from_flags, setup_logging
 from gemini.scheduler.capacity import NvmlProbe
 from gemini.scheduler.daemon import DEFAULT_PORT, BindError, SchedulerDaemon
-from gemini.scheduler.policy import DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS
+from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_CAP_FRAME_MS,
+                                     DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS)
 
 EXIT_USAGE = 2
 
@@ -25,6 +26,12 @@ EXIT_USAGE = 2
 def _positive(ctx, param, value):
     if value is not None and not (math.isfinite(value) and value > 0):
         raise click.BadParameter(f"must be a positive number of milliseconds, got {value}")
+    return value
+
+
+def _non_negative(ctx, param, value):
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise click.BadParameter(f"must be 0 or a positive number of milliseconds, got {value}")
     return value
 
 
@@ -49,8 +56,12 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
 @click.option("-w", "--window", type=float, default=DEFAULT_WINDOW_MS, show_default=True, callback=_positive,
               help="Sliding window (ms) over which gem-schd reports shares (status, metrics).")
 @click.option("--bucket", "bucket", type=float, default=DEFAULT_BUCKET_MS, show_default=True, callback=_positive,
-              help="Depth (ms) of each MaxUtil token bucket: over any interval T a group gets at most "
-                   "MaxUtil x T + this.")
+              help="With --frame 0, the depth (ms) of each MaxUtil token bucket: over any interval T a group gets "
+                   "at most MaxUtil x T + this. `Slots = aligned` groups' windows are this long.")
+@click.option("--frame", "frame", type=float, default=DEFAULT_CAP_FRAME_MS, show_default=True, callback=_non_negative,
+              help="Caps are budgets per frame (ms) of the host's clock: MaxUtil x this at every frame boundary "
+                   "(a cap below 2 x --min-quota per frame gets a frame 2, 2.5, 5 or 10 times as long). 0: continuous "
+                   "token buckets of --bucket ms instead.")
 @click.option("--board", "board", default="", metavar="PATH",
               help="The GPU's board page (claims, continuations); default a new file in /dev/shm; 'none': no "
                    "board.")
@@ -81,7 +92,7 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               show_default=True, metavar="MS",
               help="While the unified groups do not all fit in --device-memory: the shortest slot of each (longer if "
                    "its swap takes more than a tenth of it), so that a swap is paid by a long slot.")
-def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_file_dir, verbose, log_level,
+def main(port, ip, quota, min_quota, window, bucket, frame, board, limit_file, limit_file_dir, verbose, log_level,
          metrics_port, trace_path, ipc_dir, device_uuid, device_memory, unified_min_slot):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     ctx = click.get_current_context()
@@ -119,7 +130,7 @@ def main(port, ip, quota, min_quota, window, bucket, board, limit_file, limit_fi
         log.warning("TCP transport: any local process can connect to %s:%d and say hello for any group; --ipc-dir "
                     "(Unix sockets) lets only this user in", ip, port)
     daemon = SchedulerDaemon(config, ip=ip, port=port, base_quota_ms=quota, min_quota_ms=min_quota,
-                             window_ms=window, bucket_ms=bucket, config_path=str(path),
+                             window_ms=window, bucket_ms=bucket, cap_frame_ms=frame, config_path=str(path),
                              metrics_port=metrics_port, trace_path=trace_path,
                              board_path=None if board.lower() == "none" else board, ipc_dir=ipc_dir,
                              device_uuid=device_uuid, device_memory=capacity,

@@ -48,9 +48,9 @@ from gemini.scheduler.connections import HELLO_TIMEOUT_S, MAX_CONNECTIONS, Conne
 from gemini.scheduler.observers import SchedulerObserver
 from gemini.scheduler.residency import SLOT_FLOOR_MIN_MS, Eviction, ResidencyPolicy
 from gemini.scheduler.share import reported_share
-from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_MIN_QUOTA_MS,
-                                     DEFAULT_WINDOW_MS, ClaimRightDecision, Decision, GrantDecision, Policy,
-                                     RefuseDecision, SlotEndDecision, diff_configs)
+from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_CAP_FRAME_MS,
+                                     DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS, ClaimRightDecision, Decision,
+                                     GrantDecision, Policy, RefuseDecision, SlotEndDecision, diff_configs)
 from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, MAX_MESSAGE_BYTES,
                                TO_SCHEDULER, ClaimReport, ClaimRight, ConfigUpdate, Error, Evict, Grant, GroupRemoved,
                                GroupStatus, Heartbeat, HeartbeatAck, Hello, Message, MessageError, StatusReply,
@@ -186,7 +186,8 @@ class SchedulerDaemon:
     def __init__(self, config: Config, *, ip: str = transport.DEFAULT_IP, port: int = DEFAULT_PORT,
                  base_quota_ms: float = DEFAULT_BASE_QUOTA_MS, min_quota_ms: float = DEFAULT_MIN_QUOTA_MS,
                  window_ms: float = DEFAULT_WINDOW_MS, bucket_ms: float = DEFAULT_BUCKET_MS,
-                 config_path: Optional[str] = None, heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+                 cap_frame_ms: float = DEFAULT_CAP_FRAME_MS, config_path: Optional[str] = None,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
                  debounce_s: float = 0.05, settle_s: float = 0.005,
                  metrics_port: Optional[int] = None, trace_path: Optional[str] = None,
                  board_path: Optional[str] = "", ipc_dir: Optional[str] = None, device_uuid: Optional[str] = None,
@@ -213,7 +214,7 @@ class SchedulerDaemon:
         self._t0_ns = time.monotonic_ns()
         self._t0 = self._t0_ns / 1e9
         self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0, bucket_ms=bucket_ms,
-                             clock_origin_ms=self._t0_ns / 1e6)
+                             clock_origin_ms=self._t0_ns / 1e6, cap_frame_ms=cap_frame_ms)
         # Unified groups' memory on the GPU (residency.py decides; this daemon carries it out): a grant that needs
         # evictions first is held until the evicted groups' pod managers answer (or evict_timeout_s passes).
         self.residency = ResidencyPolicy(device_memory, slot_floor_min_ms=unified_min_slot_ms)

@@ -6,11 +6,17 @@ so it can be driven on simulated time in tests and by the daemon on real time.
 One group holds the GPU at a time (a *slot*), except that a latency-class group may *claim* it at any moment
 within its budget (see below). Three mechanisms decide who gets the next slot and for how long:
 
-* **Caps (MaxUtil) are token buckets.** Each capped group has a bucket that fills at MaxUtil ms per ms of wall
-  time up to a depth of `bucket_ms`; GPU time it uses empties it. A slot is only granted when the bucket allows
-  at least a useful slot (`min_quota_ms`), and it is trimmed so that the bucket is empty, not negative, when it
-  ends. So over ANY interval of length T a group gets at most MaxUtil x T + bucket_ms (a sliding-window cap
-  held only on average would let it run far above its cap for a second and below it the next). The bucket is
+* **Caps (MaxUtil) are budgets per frame** (`cap_frame_ms`, 100 ms; `_FrameBucket`). At every frame boundary of
+  the host's monotonic clock a capped group's budget is topped up to MaxUtil x the frame (an idle frame is not
+  banked; overuse carries over as debt); GPU time it uses empties it. A slot is only granted when the budget allows
+  a useful one (half the frame's quota), and it is trimmed so that the budget is empty, not negative, when it ends;
+  one that would reach the boundary may run on through the next frame's quota, giving up the rest of its own. So a
+  busy group's slots repeat with the frame, which divides 1 s and 10 s: a window of either holds whole frames, and
+  the group's share over it is its cap (with continuous buckets the cycle was as long as the refill and the handoffs
+  made it, and a 1 s window swung by up to the bucket's depth). Over ANY interval of length T a group gets at most
+  MaxUtil x T + 2 x MaxUtil x (1 - MaxUtil) x the frame (`cap_burst_ms`). `cap_frame_ms=0` keeps the continuous
+  token buckets: each fills at MaxUtil ms per ms of wall time up to a depth of `bucket_ms`, for at most MaxUtil x T
+  + bucket_ms over any interval (`Slots = aligned` groups always have one). The budget is
   charged what the group really used: the slot up to its release, minus the part the hooks measured as not
   theirs (the handoff at its start, at most `max_used_credit_ms`), minus time a latency group claimed the GPU,
   plus overuse the hooks report. An overrun into the next slot is split evenly between the two holders, and half
@@ -56,6 +62,7 @@ DEFAULT_BASE_QUOTA_MS = 100.0
 DEFAULT_MIN_QUOTA_MS = 5.0
 DEFAULT_WINDOW_MS = 10_000.0
 DEFAULT_BUCKET_MS = 25.0
+DEFAULT_CAP_FRAME_MS = 100.0  # divides 1 s and 10 s: a window holds whole frames
 DEFAULT_CLAIM_BURST_MS = 100.0
 DEFAULT_MAX_CLAIM_MS = 20.0
 DEFAULT_CONTINUE_LEAD_MS = 2.0
@@ -190,6 +197,74 @@ class _Bucket:
         return now + (level - cur) / self.rate
 
 
+class _FrameBucket:
+    """A cap's budget per frame: `rate` x `frame` ms of GPU time at every `frame` ms boundary of the host's
+    monotonic clock (`origin` is the clock's value at policy time 0), topped up to `depth` (one frame's quota), so
+    idle frames are not banked, and debt (overuse) carries over. Refilled on a grid, not continuously: a busy capped
+    group's slots then repeat with the frame's period, which divides 1 s, so a 1 s or 10 s window holds whole frames
+    (tests/test_policy.py; with a continuous bucket the cycle's length was set by the refill and the handoffs, and a
+    1 s window held a fraction of a cycle too: 2-2.6 points of error on the simulated delays, 2.2-5.6 on an H100)."""
+
+    __slots__ = ("rate", "frame", "origin", "depth", "level", "t")
+
+    def __init__(self, rate: float, frame: float, origin: float, now: float):
+        self.rate, self.frame, self.origin, self.t = rate, frame, origin, now
+        self.depth = rate * frame
+        self.level = self.depth
+
+    def _index(self, t: float) -> int:
+        return math.floor((t + self.origin) / self.frame + 1e-9)
+
+    def next_boundary(self, now: float) -> float:
+        """The first frame boundary after `now`."""
+        return (self._index(now) + 1) * self.frame - self.origin
+
+    def at(self, now: float) -> float:
+        if now <= self.t:
+            return self.level
+        k = self._index(now) - self._index(self.t)
+        return min(self.depth, self.level + k * self.depth) if k > 0 else self.level
+
+    def advance(self, now: float) -> None:
+        if now > self.t:
+            self.level = self.at(now)
+            self.t = now
+
+    def add(self, ms: float, now: float) -> None:
+        """Debit (ms > 0 used) or refund (ms < 0) GPU time."""
+        self.advance(now)
+        self.level = min(self.depth, self.level - ms)
+
+    def time_to_reach(self, level: float, now: float) -> float:
+        """When the level reaches `level` (now if it has; inf if it never will): at a frame boundary."""
+        cur = self.at(now)
+        if cur >= level - EPS:
+            return now
+        if self.depth <= 0 or level > self.depth + EPS:
+            return math.inf
+        k = max(1, math.ceil((level - cur) / self.depth - 1e-9))
+        return self.next_boundary(now) + (k - 1) * self.frame
+
+    def room(self, at: float) -> float:
+        """The longest slot that may start at `at`: what is left of the frame, or, when that reaches the frame's
+        boundary, up to the boundary and the next frame's quota (one slot across the boundary, not two)."""
+        level = self.at(at)
+        if level <= 0:
+            return 0.0
+        b = self.next_boundary(at)
+        if at + level <= b + EPS:
+            return level
+        return (b - at) + self.depth
+
+    def forfeit(self, at: float, quota: float) -> float:
+        """What a slot of `quota` from `at` that runs across the boundary leaves of its frame: lost at the boundary
+        (idle frames are not banked, and neither is a frame's rest carried past it by a slot that holds on)."""
+        b = self.next_boundary(at)
+        if at + quota <= b + EPS:
+            return 0.0
+        return max(0.0, self.at(at) - (b - at))
+
+
 @dataclass
 class _Waiting:
     arrival: float
@@ -209,6 +284,8 @@ class _Slot:
     claim_credit: float = 0.0   # claimed by latency groups while this slot ran
     head_shared: float = 0.0    # how long the previous holder's overrun shared the start of this slot
     decided: bool = False       # the continuation decision was taken (lead point passed)
+    forfeit: float = 0.0        # a framed cap's rest of the frame that this slot, across the boundary, gave up
+    forfeit_until: float = 0.0  # that boundary
 
     @property
     def deadline(self) -> float:
@@ -261,7 +338,7 @@ class _Usage:
 @dataclass
 class _Group:
     cfg: GroupConfig
-    bucket: Optional[_Bucket]           # None when uncapped
+    bucket: Optional[Union[_Bucket, _FrameBucket]]  # None when uncapped; frames unless aligned or --frame 0
     vtime: float = 0.0
     waiting: Optional[_Waiting] = None
     last_active: float = -math.inf
@@ -324,7 +401,8 @@ class Policy:
                  start_ms: float = 0.0, max_used_credit_ms: float = 4.0, *, bucket_ms: float = DEFAULT_BUCKET_MS,
                  claim_burst_ms: float = DEFAULT_CLAIM_BURST_MS, max_claim_ms: float = DEFAULT_MAX_CLAIM_MS,
                  continue_lead_ms: float = DEFAULT_CONTINUE_LEAD_MS, active_ms: Optional[float] = None,
-                 cap_slot_fraction: float = 0.5, continuation: bool = True, clock_origin_ms: float = 0.0):
+                 cap_slot_fraction: float = 0.5, continuation: bool = True, clock_origin_ms: float = 0.0,
+                 cap_frame_ms: float = DEFAULT_CAP_FRAME_MS):
         for name, value in (("base_quota_ms", base_quota_ms), ("min_quota_ms", min_quota_ms),
                             ("window_ms", window_ms), ("bucket_ms", bucket_ms), ("claim_burst_ms", claim_burst_ms),
                             ("max_claim_ms", max_claim_ms)):
@@ -332,6 +410,8 @@ class Policy:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if not (math.isfinite(continue_lead_ms) and continue_lead_ms >= 0):
             raise ValueError(f"continue_lead_ms must be >= 0, got {continue_lead_ms!r}")
+        if not (math.isfinite(cap_frame_ms) and cap_frame_ms >= 0):
+            raise ValueError(f"cap_frame_ms must be >= 0 (0: continuous buckets), got {cap_frame_ms!r}")
         self.base_quota_ms = float(base_quota_ms)
         # Per group, the shortest slot (ms) it is given when its slot is not capped: set by gem-schd for unified
         # groups whose slots end in swaps (gemini/scheduler/residency.py), so swapping stays a small part of them.
@@ -342,6 +422,8 @@ class Policy:
         self.min_quota_ms = float(min_quota_ms)
         self.window_ms = float(window_ms)
         self.bucket_ms = float(bucket_ms)
+        # Caps are budgets per frame of the host's clock (_FrameBucket); 0: continuous buckets of `bucket_ms`.
+        self.cap_frame_ms = float(cap_frame_ms)
         self.claim_burst_ms = float(claim_burst_ms)
         self.max_claim_ms = float(max_claim_ms)
         self.continue_lead_ms = float(continue_lead_ms)
@@ -400,6 +482,7 @@ class Policy:
         self._next_order = 0
         self._latency: dict[str, _Group] = {}
         self._capped: dict[str, _Group] = {}
+        self._cap_bound: dict[str, _Group] = {}     # of those, the active ones whose target is their cap
         self._aligned: dict[str, _Group] = {}
         for gc in config.groups:
             self._groups[gc.name] = self._new_group(gc, self.start_ms)
@@ -670,7 +753,7 @@ class Policy:
                 continue
             was_latency = old.cfg.latency
             old.cfg = gc
-            old.bucket = self._retune_bucket(old.bucket, gc.max_util, now)
+            old.bucket = self._retune_bucket(old.bucket, gc, now)
             if gc.latency:
                 if old.claim_bucket is None:
                     old.claim_bucket = _Bucket(gc.min_util, self.claim_burst_ms, now)
@@ -760,21 +843,65 @@ class Policy:
         return RefuseDecision(group, ERR_UNKNOWN_GROUP, f"group {group!r} is not in {self.config.path}")
 
     def _new_group(self, gc: GroupConfig, now: float) -> _Group:
-        g = _Group(gc, self._retune_bucket(None, gc.max_util, now), order=self._next_order)
+        g = _Group(gc, self._retune_bucket(None, gc, now), order=self._next_order)
         self._next_order += 1
         if gc.latency:
             g.claim_bucket = _Bucket(gc.min_util, self.claim_burst_ms, now)
             g.claim_allowed = self._claim_ok(g, now)
         return g
 
-    def _retune_bucket(self, bucket: Optional[_Bucket], cap: float, now: float) -> Optional[_Bucket]:
+    def _cap_frame(self, cap: float) -> float:
+        """A capped group's frame: `cap_frame_ms`, or the first of its multiples that divide 1 s (2, 2.5, 5, 10 x)
+        whose quota is at least two of the shortest slots (a group capped at 0.05 gets 10 ms every 200 ms, not
+        5 ms every 100: a 5 ms slot loses much of itself to the handoffs)."""
+        for k in (1.0, 2.0, 2.5, 5.0, 10.0):
+            if cap * self.cap_frame_ms * k >= 2 * self.min_quota_ms - EPS:
+                return self.cap_frame_ms * k
+        return self.cap_frame_ms * 10.0
+
+    def _retune_bucket(self, bucket: Optional[Union[_Bucket, _FrameBucket]], gc: GroupConfig,
+                       now: float) -> Optional[Union[_Bucket, _FrameBucket]]:
+        cap = gc.max_util
         if cap >= 1.0:
             return None
-        if bucket is None:
-            return _Bucket(cap, self.bucket_ms, now)
-        bucket.advance(now)
-        bucket.rate = cap
-        return bucket
+        # An aligned group keeps the continuous bucket: its own grid (_grid) places its slots.
+        framed = self.cap_frame_ms > 0 and not gc.aligned
+        fresh: Union[_Bucket, _FrameBucket]
+        if framed:
+            frame = self._cap_frame(cap)
+            if isinstance(bucket, _FrameBucket):
+                bucket.advance(now)
+                bucket.rate, bucket.frame, bucket.depth = cap, frame, cap * frame
+                bucket.level = min(bucket.level, bucket.depth)
+                return bucket
+            fresh = _FrameBucket(cap, frame, self.clock_origin_ms, now)
+        else:
+            if isinstance(bucket, _Bucket):
+                bucket.advance(now)
+                bucket.rate = cap
+                return bucket
+            fresh = _Bucket(cap, self.bucket_ms, now)
+        if bucket is not None:      # the kind changed (Slots edited): keep what is left, never more than a full one
+            fresh.level = min(fresh.depth, bucket.at(now))
+        return fresh
+
+    def cap_burst_ms(self, group: str) -> float:
+        """How far above MaxUtil x T a group's slots may reach over any interval T: a continuous bucket's depth; with
+        frames 2 x MaxUtil x (1 - MaxUtil) x its frame (a frame's quota at the end of one frame and the next one's at
+        the start of the next, as one slot across the boundary). inf if uncapped."""
+        g = self._groups.get(group)
+        if g is None or g.bucket is None:
+            return math.inf
+        if isinstance(g.bucket, _FrameBucket):
+            return 2 * g.bucket.depth * (1.0 - g.cfg.max_util)
+        return g.bucket.depth
+
+    def _room(self, g: _Group, at: float) -> float:
+        """The longest slot the cap allows from `at`: the bucket empty, not negative, when it ends."""
+        assert g.bucket is not None
+        if isinstance(g.bucket, _FrameBucket):
+            return g.bucket.room(at)
+        return g.bucket.at(at) / (1.0 - g.cfg.max_util)
 
     def _level(self, g: _Group, now: float) -> float:
         return g.bucket.at(now) if g.bucket is not None else math.inf
@@ -922,7 +1049,10 @@ class Policy:
         if cap > 0.0:
             # _quota allows a slot once level / (1 - cap) >= theta - EPS; a little below that level, so that `until`
             # is never later than the first moment it does (time_to_reach has its own EPS)
-            until = g.bucket.time_to_reach((self._theta(g) - EPS) * (1.0 - cap) - 2 * EPS, at)
+            if isinstance(g.bucket, _FrameBucket):
+                until = self._frame_ready_at(g, at)
+            else:
+                until = g.bucket.time_to_reach((self._theta(g) - EPS) * (1.0 - cap) - 2 * EPS, at)
         if until <= at:
             return False
         # a new stamp: its _wheap entries go stale, and its _held entry is live until a re-key
@@ -979,6 +1109,10 @@ class Policy:
             self._targets_key = active
             self._targets = fair_targets({n: self._groups[n].cfg.max_util for n in active},
                                          {n: self._groups[n].cfg.min_util for n in active})
+            # the active capped groups whose fair share is their cap: only their buckets can overflow while they
+            # wait (one held back by the others' shares gets less than its cap whatever the slots around it)
+            self._cap_bound = {n: self._capped[n] for n in active if n in self._capped and
+                               self._targets.get(n, 0.0) >= self._capped[n].cfg.max_util - EPS}
         self._key_diff = 0
         return self._targets
 
@@ -1038,6 +1172,8 @@ class Policy:
             # counts as inactive here (weight 1e-3): its virtual time fell by millions of ms, it won every choice.
             if g.bucket is not None:
                 g.bucket.add(charge - h.reserved, now)
+                if h.forfeit > 0 and end < h.forfeit_until - EPS:
+                    g.bucket.add(-h.forfeit, now)   # ended before the boundary: the frame's rest was not lost
             g.vtime += (charge - h.reserved) / h.reserved_weight
             self._rekey(g)
             g.usage.add(h.start, end, charge)
@@ -1143,7 +1279,8 @@ class Policy:
         if g.waiting is not None and g.waiting.burst > 0:
             theta = min(theta, g.waiting.burst)
         if g.bucket is not None and g.cfg.max_util < 1.0:
-            full = self.bucket_ms / (1.0 - g.cfg.max_util)      # the slot a full bucket allows
+            # the slot a full bucket allows (a frame's quota)
+            full = g.bucket.depth if isinstance(g.bucket, _FrameBucket) else self.bucket_ms / (1.0 - g.cfg.max_util)
             # Fewer, longer slots: every handoff costs the GPU a context switch (~0.14 ms), so a capped group
             # waits until its bucket allows a good part of a full slot; waiting costs it nothing (the bucket
             # fills meanwhile), as long as it is served before the bucket overflows.
@@ -1160,8 +1297,7 @@ class Policy:
         longest = max(self.base_quota_ms, self.quota_floor.get(g.cfg.name, 0.0))
         if g.bucket is None:
             return longest
-        level = g.bucket.at(at)
-        room = level / (1.0 - cap)          # run this long and the bucket is empty at the end
+        room = self._room(g, at)            # run this long and the bucket is empty at the end
         if g.cfg.aligned:
             # only inside its window of the grid, and never past the window's end (on every GPU the same)
             period, length = self._grid(g)
@@ -1191,10 +1327,30 @@ class Policy:
                     return t
                 t = max(t + 1e-3, g.bucket.time_to_reach(self.min_quota_ms * (1.0 - cap), t))
             return t
+        if isinstance(g.bucket, _FrameBucket):
+            return self._frame_ready_at(g, now)
         need = self._theta(g) * (1.0 - cap)
         t = g.bucket.time_to_reach(need, now)
         if t > now and self._quota(g, t) is None:   # float rounding: nudge so the daemon does not spin
             t += 1e-3
+        return t
+
+    def _frame_ready_at(self, g: _Group, now: float) -> float:
+        """When a framed group's cap first allows a useful slot, from `now`: its level moves only at frame boundaries
+        (and at charges, which re-key it), but a slot that reaches the next boundary may use the next frame's quota
+        too (_FrameBucket.room), so it may be allowed before the boundary, once `level` ms are left of the frame."""
+        b = g.bucket
+        assert isinstance(b, _FrameBucket)
+        theta = self._theta(g)
+        t = now
+        for _ in range(64):
+            level = b.at(t)
+            if b.room(t) >= theta - EPS:
+                return t
+            nb = b.next_boundary(t)
+            if level > 0 and level + b.depth >= theta - EPS and nb - level + 3 * EPS > t:
+                return nb - level + 3 * EPS    # from then on a slot reaches the boundary (room's test has an EPS)
+            t = nb
         return t
 
     def _grid(self, g: _Group) -> tuple[float, float]:
@@ -1336,19 +1492,24 @@ class Policy:
             if g.waiting is not None or start - g.last_active <= period:
                 window = min(window, period - (start + self.clock_origin_ms) % period)
         useful = min(quota, self.min_quota_ms)
-        # The capped groups that are active: walk the smaller of the two sets. Once the limit is down to a useful
-        # slot the others cannot change the answer, so the walk stops there (a waiting group whose bucket is full
-        # already, the usual case when many groups are busy, ends it at once).
-        capped = self._capped
-        walk: Iterable[tuple[str, Optional[_Group]]] = (
-            ((n, capped.get(n)) for n in active) if len(active) < len(capped) else capped.items())
-        for other, cg in walk:
+        self._current_targets(start)        # (and _cap_bound with them)
+        # The active capped groups whose fair share is their cap (_cap_bound: one that the others' shares hold
+        # below its cap loses its refill whatever is cut for it, and cutting for it splintered the uncapped slots
+        # into the shortest ones). Once the limit is down to a useful slot the others cannot change the answer, so
+        # the walk stops there (a waiting group whose bucket is full already, the usual case when many groups are
+        # busy, ends it at once).
+        for other, cg in self._cap_bound.items():
             if cg is None or other == name or cg.cfg.max_util <= 0 or other not in active:
                 continue
             assert cg.bucket is not None
             full = cg.bucket.time_to_reach(cg.bucket.depth, start)
             if full <= start + EPS and cg.waiting is None:
                 continue        # full already and not asking: it has nothing to lose by waiting (idle now)
+            if isinstance(cg.bucket, _FrameBucket) and full > start + EPS:
+                # what is left of its frame is lost at the boundary unless a slot of its starts before it (room)
+                level = cg.bucket.at(start)
+                if level > 0:
+                    full = max(start, cg.bucket.next_boundary(start) - level)
             limit = min(limit, full - start)
             if limit <= useful:
                 break
@@ -1363,9 +1524,14 @@ class Policy:
         g.last_quota = quota
         self._touch(g, now)
         weight = self._weight(name, now)
+        lost = g.bucket.forfeit(start, quota) if isinstance(g.bucket, _FrameBucket) else 0.0
         self._charge(g, quota, now)                       # reserved; settled when the slot ends
         self._holder = _Slot(name, self._seq, start, quota, wait, reserved=quota, reserved_weight=weight,
                              prev_seq=prev_seq)
+        if isinstance(g.bucket, _FrameBucket):
+            if lost > 0:        # given back if the slot ends before the boundary after all
+                g.bucket.add(lost, now)
+                self._holder.forfeit, self._holder.forfeit_until = lost, g.bucket.next_boundary(start)
         self._refresh(name, g)
         return GrantDecision(name, quota, self._seq, start, bool(prev_seq), prev_seq, wait)
 
