@@ -83,15 +83,17 @@ def test_fair_targets_with_floors_and_caps():
 W1 = DEFAULT_BUCKET_MS / 1000 + 0.002
 
 
-@pytest.mark.parametrize("caps", [(0.3, 0.6), (0.4, 0.6), (0.2, 0.3, 0.5), (0.1, 0.2, 0.3, 0.4)])
-def test_busy_capped_groups_reach_their_caps_over_every_window(caps):
-    """Sliding 1 s and 10 s windows, stepped by 100 ms, from the 2nd second: within 1.1 points of the cap (issue 14:
-    1.5 and 1), and so is the mean. With frames a busy group's slots repeat every 100 ms, so a window holds whole
-    frames; what is left is the model's delays: with caps adding up to 1 the GPU's context switches (0.14 ms each)
-    cost someone up to a point of share, and with 0.3 / 0.6 the 0.3 group is credited the grant's travel at the
-    start of its slots (the hooks measure it). The GPU benchmarks are the real measure."""
+@pytest.mark.parametrize("caps", [(0.3, 0.6), (0.2, 0.3, 0.5), (0.1, 0.2, 0.3, 0.4)])
+def test_framed_busy_capped_groups_reach_their_caps_over_every_window(caps):
+    """`--frame 100`: sliding 1 s and 10 s windows, stepped by 100 ms, from the 2nd second, within 1.1 points of the
+    cap (issue 14: 1.5 and 1), and so is the mean. With frames a busy group's slots repeat every 100 ms, so a window
+    holds whole frames; what is left is the model's delays (with 0.3 / 0.6 the 0.3 group is credited the grant's
+    travel at the start of its slots). Not (0.4, 0.6): with caps adding up to exactly 1 the handoffs push the last
+    slot of each frame past its boundary, and this model lost 2-3 points there (the next test). On an H100 frames
+    gave 1.40 points at 0.3 / 0.6 against 2.87 for the buckets, and 7.7 / 9.4 against 4.5 / 6.2 with caps adding up
+    to 1 (docs/benchmarks.md): why they are not the default."""
     groups = [(chr(97 + i), 0.0, c) for i, c in enumerate(caps)]
-    m = busy_model(groups, until=25_000.0)
+    m = busy_model(groups, until=25_000.0, cap_frame_ms=100.0)
     for name, _, cap in groups:
         assert worst(m.window_shares(name, 1000.0, 100.0, 2000.0), cap) <= 0.011, name
         assert worst(m.window_shares(name, 10_000.0, 100.0, 2000.0), cap) <= 0.011, name
@@ -104,13 +106,13 @@ def test_busy_capped_groups_reach_their_caps_over_every_window(caps):
     ((0.2, 0.3, 0.5), 0.010, 0.008),
     ((0.1, 0.2, 0.3, 0.4), 0.010, 0.008),
 ])
-def test_continuous_buckets_swing_a_one_second_window_by_up_to_their_depth(caps, w10, mean):
-    """The mechanism switched off (`--frame 0`): continuous buckets of 25 ms hold the same means and the 1 s windows
+def test_busy_capped_groups_reach_their_caps_over_every_window(caps, w10, mean):
+    """The default (`--frame 0`, frames switched off): continuous buckets of 25 ms hold the means and the 1 s windows
     within the bucket's depth, but the cycle of slots is as long as the refill and the handoffs make it, so a 1 s
     window holds a fraction of a cycle too, and swings by 1.6-2.6 points in this model (2.2-5.6 on an H100,
     docs/benchmarks.md): past issue 14's 1.5 for at least one group of every mix."""
     groups = [(chr(97 + i), 0.0, c) for i, c in enumerate(caps)]
-    m = busy_model(groups, until=25_000.0, cap_frame_ms=0.0)
+    m = busy_model(groups, until=25_000.0)
     worst_1s = 0.0
     for name, _, cap in groups:
         w1 = worst(m.window_shares(name, 1000.0, 100.0, 2000.0), cap)
@@ -155,7 +157,7 @@ def test_uncapped_slots_are_not_cut_for_a_capped_group_that_its_fair_share_holds
             self._cap_bound = {n: g for n, g in self._capped.items() if n in out}
             return out
         monkeypatch.setattr(Policy, "_current_targets", every_capped)
-    m = busy_model([("a", 0.0, 0.5), ("b", 0.0, 1.0), ("c", 0.0, 1.0)], until=10_000.0)
+    m = busy_model([("a", 0.0, 0.5), ("b", 0.0, 1.0), ("c", 0.0, 1.0)], until=10_000.0, cap_frame_ms=100.0)
     for name in "abc":
         assert m.share(name, 2000, m.now) == pytest.approx(1 / 3, abs=0.01), name
     per_s = m.handoffs(2000, m.now) / 8.0
@@ -167,7 +169,7 @@ def test_a_slot_across_a_frames_boundary_gives_up_the_rest_of_its_frame():
     quota as one slot (20 + 50 ms), and the 10 ms it left of its own frame are gone; released before the boundary,
     it keeps them (the first slot here)."""
     for release_at, left in ((130.0, 50.0 - 30.0), (150.0, 0.0)):     # used 30 or 50 of the next frame
-        p = Policy(config(("a", 0.0, 0.5)), 100, 5, 10_000)
+        p = Policy(config(("a", 0.0, 0.5)), 100, 5, 10_000, cap_frame_ms=100.0)
         [g] = grants(p.request("a", now=60.0))           # 40 ms to the boundary: the frame's 50 ms reach past it
         assert g.quota_ms == pytest.approx(40.0 + 50.0)
         p.release("a", g.token_seq, now=80.0)            # used 20 of its frame: 30 left
@@ -707,7 +709,7 @@ def test_removed_group_finishes_its_slot_and_its_waiting_request_is_refused():
 
 
 def test_reload_keeps_buckets_and_applies_new_caps_from_the_next_decision():
-    p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000, cap_frame_ms=0)
+    p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000)
     [g] = grants(p.request("a", now=0.0))
     assert g.quota_ms == pytest.approx(DEFAULT_BUCKET_MS / 0.5)
     p.apply_config(config(("a", 0, 0.8)), now=1.0)
@@ -722,7 +724,7 @@ def test_reload_keeps_buckets_and_applies_new_caps_from_the_next_decision():
 
 
 def test_reload_keeps_a_frames_budget_and_applies_the_new_cap_from_the_next_frame():
-    p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000)
+    p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000, cap_frame_ms=100.0)
     [g] = grants(p.request("a", now=0.0))
     assert g.quota_ms == pytest.approx(50.0)        # the frame's quota: 0.5 x 100 ms
     p.apply_config(config(("a", 0, 0.2)), now=1.0)

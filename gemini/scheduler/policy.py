@@ -6,21 +6,19 @@ so it can be driven on simulated time in tests and by the daemon on real time.
 One group holds the GPU at a time (a *slot*), except that a latency-class group may *claim* it at any moment
 within its budget (see below). Three mechanisms decide who gets the next slot and for how long:
 
-* **Caps (MaxUtil) are budgets per frame** (`cap_frame_ms`, 100 ms; `_FrameBucket`). At every frame boundary of
-  the host's monotonic clock a capped group's budget is topped up to MaxUtil x the frame (an idle frame is not
-  banked; overuse carries over as debt); GPU time it uses empties it. A slot is only granted when the budget allows
-  a useful one (half the frame's quota), and it is trimmed so that the budget is empty, not negative, when it ends;
-  one that would reach the boundary may run on through the next frame's quota, giving up the rest of its own. So a
-  busy group's slots repeat with the frame, which divides 1 s and 10 s: a window of either holds whole frames, and
-  the group's share over it is its cap (with continuous buckets the cycle was as long as the refill and the handoffs
-  made it, and a 1 s window swung by up to the bucket's depth). Over ANY interval of length T a group gets at most
-  MaxUtil x T + 2 x MaxUtil x (1 - MaxUtil) x the frame (`cap_burst_ms`). `cap_frame_ms=0` keeps the continuous
-  token buckets: each fills at MaxUtil ms per ms of wall time up to a depth of `bucket_ms`, for at most MaxUtil x T
-  + bucket_ms over any interval (`Slots = aligned` groups always have one). The budget is
+* **Caps (MaxUtil) are token buckets.** Each capped group has a bucket that fills at MaxUtil ms per ms of wall
+  time up to a depth of `bucket_ms`; GPU time it uses empties it. A slot is only granted when the bucket allows
+  at least a useful slot (`min_quota_ms`), and it is trimmed so that the bucket is empty, not negative, when it
+  ends. So over ANY interval of length T a group gets at most MaxUtil x T + bucket_ms (a sliding-window cap
+  held only on average would let it run far above its cap for a second and below it the next). The bucket is
   charged what the group really used: the slot up to its release, minus the part the hooks measured as not
   theirs (the handoff at its start, at most `max_used_credit_ms`), minus time a latency group claimed the GPU,
   plus overuse the hooks report. An overrun into the next slot is split evenly between the two holders, and half
   of it comes off each one's measurement too (`_measured_charge`).
+  `cap_frame_ms` > 0 (gem-schd `--frame 100`, off by default) makes the caps budgets per frame of the host's clock
+  instead (`_FrameBucket`): a busy capped group's slots then repeat with the frame, which divides 1 s and 10 s, so
+  a window of either holds whole frames; over any interval T a group gets at most MaxUtil x T + `cap_burst_ms`.
+  Better 1 s windows where the caps leave slack, worse where they add up to 1 (docs/architecture.md).
 * **Floors (MinUtil) and fair shares are weighted virtual time.** Each active group (one that is waiting,
   holding, or used the GPU in the last `active_ms`) gets a target share by water-filling: every group gets at
   least its MinUtil and at most its MaxUtil, and what is left is split evenly (this is where Gemini's
@@ -62,7 +60,7 @@ DEFAULT_BASE_QUOTA_MS = 100.0
 DEFAULT_MIN_QUOTA_MS = 5.0
 DEFAULT_WINDOW_MS = 10_000.0
 DEFAULT_BUCKET_MS = 25.0
-DEFAULT_CAP_FRAME_MS = 100.0  # divides 1 s and 10 s: a window holds whole frames
+DEFAULT_CAP_FRAME_MS = 0.0  # 0: continuous buckets; 100 divides 1 s and 10 s (a window holds whole frames)
 DEFAULT_CLAIM_BURST_MS = 100.0
 DEFAULT_MAX_CLAIM_MS = 20.0
 DEFAULT_CONTINUE_LEAD_MS = 2.0
@@ -205,11 +203,17 @@ class _FrameBucket:
     (tests/test_policy.py; with a continuous bucket the cycle's length was set by the refill and the handoffs, and a
     1 s window held a fraction of a cycle too: 2-2.6 points of error on the simulated delays, 2.2-5.6 on an H100)."""
 
-    __slots__ = ("rate", "frame", "origin", "depth", "level", "t")
+    __slots__ = ("rate", "frame", "origin", "depth", "carry", "level", "t")
 
-    def __init__(self, rate: float, frame: float, origin: float, now: float):
+    def __init__(self, rate: float, frame: float, origin: float, now: float, carry: float = 0.0):
         self.rate, self.frame, self.origin, self.t = rate, frame, origin, now
         self.depth = rate * frame
+        # A little may pass a boundary on top of the next frame's quota: what the hooks' measured use gives back
+        # after a slot (a millisecond or two), too little for a slot of its own. Lost at the boundary, a group sat
+        # that far under its cap; used by a slot that started before the boundary to reach it, it let the group go
+        # ahead of the others there, and their order in the frame flipped (on an H100: a worst 1 s window of 3.9
+        # points at 0.3 / 0.6).
+        self.carry = carry
         self.level = self.depth
 
     def _index(self, t: float) -> int:
@@ -223,7 +227,7 @@ class _FrameBucket:
         if now <= self.t:
             return self.level
         k = self._index(now) - self._index(self.t)
-        return min(self.depth, self.level + k * self.depth) if k > 0 else self.level
+        return min(self.depth + self.carry, self.level + k * self.depth) if k > 0 else self.level
 
     def advance(self, now: float) -> None:
         if now > self.t:
@@ -233,7 +237,7 @@ class _FrameBucket:
     def add(self, ms: float, now: float) -> None:
         """Debit (ms > 0 used) or refund (ms < 0) GPU time."""
         self.advance(now)
-        self.level = min(self.depth, self.level - ms)
+        self.level = min(self.depth + self.carry, self.level - ms)
 
     def time_to_reach(self, level: float, now: float) -> float:
         """When the level reaches `level` (now if it has; inf if it never will): at a frame boundary."""
@@ -245,14 +249,15 @@ class _FrameBucket:
         k = max(1, math.ceil((level - cur) / self.depth - 1e-9))
         return self.next_boundary(now) + (k - 1) * self.frame
 
-    def room(self, at: float) -> float:
+    def room(self, at: float, cross_min: float = 0.0) -> float:
         """The longest slot that may start at `at`: what is left of the frame, or, when that reaches the frame's
-        boundary, up to the boundary and the next frame's quota (one slot across the boundary, not two)."""
+        boundary and is at least `cross_min` (a useful slot), up to the boundary and the next frame's quota (one
+        slot across the boundary, not two)."""
         level = self.at(at)
         if level <= 0:
             return 0.0
         b = self.next_boundary(at)
-        if at + level <= b + EPS:
+        if at + level <= b + EPS or level < cross_min - EPS:
             return level
         return (b - at) + self.depth
 
@@ -859,6 +864,11 @@ class Policy:
                 return self.cap_frame_ms * k
         return self.cap_frame_ms * 10.0
 
+    def _cap_carry(self, quota: float) -> float:
+        """How much of a frame's rest passes its boundary: what the hooks' measured use gives back after a slot
+        (at most `max_used_credit_ms` a slot), never more than a quarter of the quota."""
+        return min(0.25 * quota, 2 * self.max_used_credit_ms)
+
     def _retune_bucket(self, bucket: Optional[Union[_Bucket, _FrameBucket]], gc: GroupConfig,
                        now: float) -> Optional[Union[_Bucket, _FrameBucket]]:
         cap = gc.max_util
@@ -872,9 +882,10 @@ class Policy:
             if isinstance(bucket, _FrameBucket):
                 bucket.advance(now)
                 bucket.rate, bucket.frame, bucket.depth = cap, frame, cap * frame
-                bucket.level = min(bucket.level, bucket.depth)
+                bucket.carry = self._cap_carry(bucket.depth)
+                bucket.level = min(bucket.level, bucket.depth + bucket.carry)
                 return bucket
-            fresh = _FrameBucket(cap, frame, self.clock_origin_ms, now)
+            fresh = _FrameBucket(cap, frame, self.clock_origin_ms, now, self._cap_carry(cap * frame))
         else:
             if isinstance(bucket, _Bucket):
                 bucket.advance(now)
@@ -888,19 +899,19 @@ class Policy:
     def cap_burst_ms(self, group: str) -> float:
         """How far above MaxUtil x T a group's slots may reach over any interval T: a continuous bucket's depth; with
         frames 2 x MaxUtil x (1 - MaxUtil) x its frame (a frame's quota at the end of one frame and the next one's at
-        the start of the next, as one slot across the boundary). inf if uncapped."""
+        the start of the next, as one slot across the boundary) plus the frame's carry. inf if uncapped."""
         g = self._groups.get(group)
         if g is None or g.bucket is None:
             return math.inf
         if isinstance(g.bucket, _FrameBucket):
-            return 2 * g.bucket.depth * (1.0 - g.cfg.max_util)
+            return 2 * g.bucket.depth * (1.0 - g.cfg.max_util) + g.bucket.carry
         return g.bucket.depth
 
     def _room(self, g: _Group, at: float) -> float:
         """The longest slot the cap allows from `at`: the bucket empty, not negative, when it ends."""
         assert g.bucket is not None
         if isinstance(g.bucket, _FrameBucket):
-            return g.bucket.room(at)
+            return g.bucket.room(at, self._theta(g))
         return g.bucket.at(at) / (1.0 - g.cfg.max_util)
 
     def _level(self, g: _Group, now: float) -> float:
@@ -1337,20 +1348,16 @@ class Policy:
 
     def _frame_ready_at(self, g: _Group, now: float) -> float:
         """When a framed group's cap first allows a useful slot, from `now`: its level moves only at frame boundaries
-        (and at charges, which re-key it), but a slot that reaches the next boundary may use the next frame's quota
-        too (_FrameBucket.room), so it may be allowed before the boundary, once `level` ms are left of the frame."""
+        (and at charges, which re-key it). A rest too small for a useful slot is not used to start one before the
+        boundary (it passes the boundary instead, up to the bucket's carry)."""
         b = g.bucket
         assert isinstance(b, _FrameBucket)
         theta = self._theta(g)
         t = now
         for _ in range(64):
-            level = b.at(t)
-            if b.room(t) >= theta - EPS:
+            if b.room(t, theta) >= theta - EPS:
                 return t
-            nb = b.next_boundary(t)
-            if level > 0 and level + b.depth >= theta - EPS and nb - level + 3 * EPS > t:
-                return nb - level + 3 * EPS    # from then on a slot reaches the boundary (room's test has an EPS)
-            t = nb
+            t = b.next_boundary(t)
         return t
 
     def _grid(self, g: _Group) -> tuple[float, float]:
@@ -1508,7 +1515,7 @@ class Policy:
             if isinstance(cg.bucket, _FrameBucket) and full > start + EPS:
                 # what is left of its frame is lost at the boundary unless a slot of its starts before it (room)
                 level = cg.bucket.at(start)
-                if level > 0:
+                if level > cg.bucket.carry and level >= self._theta(cg) - EPS:
                     full = max(start, cg.bucket.next_boundary(start) - level)
             limit = min(limit, full - start)
             if limit <= useful:
