@@ -149,6 +149,8 @@ SHARE_RUNS = [
     ("gemini-0.3-0.6-ipc", ["--mode", "gemini", "--caps", "0.3,0.6", "--transport", "ipc"], None),  # Unix sockets
     # a capped group whose program queues 800 kernels of 1 ms between synchronisations, beside a busy one
     ("gemini-deep-0.05", ["--mode", "gemini", "--caps", "0.05,1.0", "--sync-every", "800"], None),
+    ("gemini-deep-0.05-frame0", ["--mode", "gemini", "--caps", "0.05,1.0", "--sync-every", "800",
+                                 "--schd-arg=--frame=0"], None),
     ("gemini-0.4-0.6", ["--mode", "gemini", "--caps", "0.4,0.6"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
     ("gemini-3-frame100", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=100"], None),

@@ -11,7 +11,7 @@ from gemini.scheduler.policy import Policy, SlotEndDecision
 
 
 def busy_slots(slots: str, origin_ms: float, until_ms: float = 8000.0,
-               extra: str = "", frame_ms: float = 0.0) -> list[tuple[float, float]]:
+               extra: str = "", frame_ms: float = 100.0) -> list[tuple[float, float]]:
     """The slots (on the host's clock) of an always-busy group `g` (MaxUtil 0.3) under one gem-schd whose time 0
     is `origin_ms` on the host's clock."""
     cfg = parse_config(f"[g]\nMaxUtil = 0.3\nSlots = {slots}\n{extra}")
@@ -59,18 +59,18 @@ def test_aligned_groups_on_two_gpus_hold_them_at_the_same_time(origins):
 
 
 def test_free_slots_on_two_gpus_overlap_only_by_chance_with_continuous_buckets():
-    """The same without alignment and with continuous buckets (the default, `--frame 0`): the two GPUs' slots
-    overlap far less -- the NCCL case."""
+    """The same without alignment and with continuous buckets (`--frame 0`): the two GPUs' slots overlap far
+    less -- the NCCL case."""
     origins = (0.0, 2_345.678)
-    a, b = (busy_slots("free", o) for o in origins)
+    a, b = (busy_slots("free", o, frame_ms=0.0) for o in origins)
     lo, hi = max(origins) + 500.0, min(origins) + 8000.0
     assert overlap(a, b, lo, hi) < 0.8
 
 
 def test_a_lone_capped_groups_free_slots_follow_the_frames_of_the_hosts_clock():
-    """With frames (`--frame 100`) a lone busy capped group's slots start at the frames' boundaries, which are on the
-    host's clock too, so they coincide on two GPUs even without `Slots = aligned`. Beside other groups the order
-    within a frame is each gem-schd's own, so a job on several GPUs still needs `aligned`."""
+    """With frames (the default, `--frame 100`) a lone busy capped group's slots start at the frames' boundaries,
+    which are on the host's clock too, so they coincide on two GPUs even without `Slots = aligned`. Beside other
+    groups the order within a frame is each gem-schd's own, so a job on several GPUs still needs `aligned`."""
     origins = (0.0, 2_345.678)
     a, b = (busy_slots("free", o, frame_ms=100.0) for o in origins)
     lo, hi = max(origins) + 500.0, min(origins) + 8000.0

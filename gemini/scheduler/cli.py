@@ -56,12 +56,12 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
 @click.option("-w", "--window", type=float, default=DEFAULT_WINDOW_MS, show_default=True, callback=_positive,
               help="Sliding window (ms) over which gem-schd reports shares (status, metrics).")
 @click.option("--bucket", "bucket", type=float, default=DEFAULT_BUCKET_MS, show_default=True, callback=_positive,
-              help="Depth (ms) of each MaxUtil token bucket: over any interval T a group gets at most "
-                   "MaxUtil x T + this. `Slots = aligned` groups' windows are this long.")
+              help="Depth (ms) of the MaxUtil token buckets (caps under 0.2, aligned groups, --frame 0): over any "
+                   "interval T such a group gets at most MaxUtil x T + this. Aligned groups' windows are this long.")
 @click.option("--frame", "frame", type=float, default=DEFAULT_CAP_FRAME_MS, show_default=True, callback=_non_negative,
-              help="Caps as budgets per frame (ms) of the host's clock instead of token buckets: MaxUtil x this at "
-                   "every frame boundary (100 divides 1 s: steadier 1 s windows where the caps leave slack, worse "
-                   "where they add up to 1). 0: token buckets of --bucket ms.")
+              help="Caps are budgets per frame (ms) of the host's clock: MaxUtil x this at every frame boundary "
+                   "(100 divides 1 s: a 1 s window holds whole frames). A cap whose quota per frame is under 20 ms "
+                   "keeps a token bucket. 0: token buckets for every cap.")
 @click.option("--board", "board", default="", metavar="PATH",
               help="The GPU's board page (claims, continuations); default a new file in /dev/shm; 'none': no "
                    "board.")

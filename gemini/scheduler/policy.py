@@ -6,19 +6,23 @@ so it can be driven on simulated time in tests and by the daemon on real time.
 One group holds the GPU at a time (a *slot*), except that a latency-class group may *claim* it at any moment
 within its budget (see below). Three mechanisms decide who gets the next slot and for how long:
 
-* **Caps (MaxUtil) are token buckets.** Each capped group has a bucket that fills at MaxUtil ms per ms of wall
-  time up to a depth of `bucket_ms`; GPU time it uses empties it. A slot is only granted when the bucket allows
-  at least a useful slot (`min_quota_ms`), and it is trimmed so that the bucket is empty, not negative, when it
-  ends. So over ANY interval of length T a group gets at most MaxUtil x T + bucket_ms (a sliding-window cap
-  held only on average would let it run far above its cap for a second and below it the next). The bucket is
+* **Caps (MaxUtil) are budgets per frame** (`cap_frame_ms`, 100 ms; `_FrameBucket`). At every frame boundary of
+  the host's monotonic clock a capped group's budget is topped up to MaxUtil x the frame (an idle frame is not
+  banked; overuse carries over as debt, and a little of a frame's rest passes the boundary: what the hooks'
+  measured use gives back after a slot). A slot is granted only when the budget allows a useful one (half the
+  frame's quota) and is the frame's rest at most; what it runs past the boundary is paid from the next frame's
+  quota. So a busy capped group's slots repeat every frame, which divides 1 s and 10 s: a window of either holds
+  whole frames, and the group's share over it is its cap (with a continuous bucket the cycle of slots is as long as
+  the refill and the handoffs make it, and a 1 s window swung by up to the bucket's depth). Over ANY interval of
+  length T a group gets at most MaxUtil x T + `cap_burst_ms` (2 x MaxUtil x (1 - MaxUtil) x the frame + the carry).
+  A cap whose frame's quota would be under MIN_FRAME_QUOTA_MS, an aligned group, and every cap with
+  `cap_frame_ms=0` have a continuous token bucket instead: it fills at MaxUtil ms per ms of wall time up to a depth
+  of `bucket_ms`, a slot is trimmed so that it is empty, not negative, when the slot ends, and over any interval a
+  group gets at most MaxUtil x T + bucket_ms. Either is
   charged what the group really used: the slot up to its release, minus the part the hooks measured as not
   theirs (the handoff at its start, at most `max_used_credit_ms`), minus time a latency group claimed the GPU,
   plus overuse the hooks report. An overrun into the next slot is split evenly between the two holders, and half
   of it comes off each one's measurement too (`_measured_charge`).
-  `cap_frame_ms` > 0 (gem-schd `--frame 100`, off by default) makes the caps budgets per frame of the host's clock
-  instead (`_FrameBucket`): a busy capped group's slots then repeat with the frame, which divides 1 s and 10 s, so
-  a window of either holds whole frames; over any interval T a group gets at most MaxUtil x T + `cap_burst_ms`.
-  Better 1 s windows where the caps leave slack, worse where they add up to 1 (docs/architecture.md).
 * **Floors (MinUtil) and fair shares are weighted virtual time.** Each active group (one that is waiting,
   holding, or used the GPU in the last `active_ms`) gets a target share by water-filling: every group gets at
   least its MinUtil and at most its MaxUtil, and what is left is split evenly (this is where Gemini's
@@ -60,7 +64,8 @@ DEFAULT_BASE_QUOTA_MS = 100.0
 DEFAULT_MIN_QUOTA_MS = 5.0
 DEFAULT_WINDOW_MS = 10_000.0
 DEFAULT_BUCKET_MS = 25.0
-DEFAULT_CAP_FRAME_MS = 0.0  # 0: continuous buckets; 100 divides 1 s and 10 s (a window holds whole frames)
+DEFAULT_CAP_FRAME_MS = 100.0  # divides 1 s and 10 s: a window holds whole frames (0: continuous buckets)
+MIN_FRAME_QUOTA_MS = 20.0     # a cap whose frame's quota is smaller keeps the continuous bucket (_retune_bucket)
 DEFAULT_CLAIM_BURST_MS = 100.0
 DEFAULT_MAX_CLAIM_MS = 20.0
 DEFAULT_CONTINUE_LEAD_MS = 2.0
@@ -850,15 +855,6 @@ class Policy:
             g.claim_allowed = self._claim_ok(g, now)
         return g
 
-    def _cap_frame(self, cap: float) -> float:
-        """A capped group's frame: `cap_frame_ms`, or the first of its multiples that divide 1 s (2, 2.5, 5, 10 x)
-        whose quota is at least two of the shortest slots (a group capped at 0.05 gets 10 ms every 200 ms, not
-        5 ms every 100: a 5 ms slot loses much of itself to the handoffs)."""
-        for k in (1.0, 2.0, 2.5, 5.0, 10.0):
-            if cap * self.cap_frame_ms * k >= 2 * self.min_quota_ms - EPS:
-                return self.cap_frame_ms * k
-        return self.cap_frame_ms * 10.0
-
     def _cap_carry(self, quota: float) -> float:
         """How much of a frame's rest passes its boundary: what the hooks' measured use gives back after a slot
         (at most `max_used_credit_ms` a slot), never more than a quarter of the quota."""
@@ -869,11 +865,14 @@ class Policy:
         cap = gc.max_util
         if cap >= 1.0:
             return None
-        # An aligned group keeps the continuous bucket: its own grid (_grid) places its slots.
-        framed = self.cap_frame_ms > 0 and not gc.aligned
+        # Only a cap whose frame's quota makes a slot worth its handoff and drain (MIN_FRAME_QUOTA_MS): on an H100 a
+        # deep-queued group capped at 0.05 ran 0.031 of the GPU's time given 10 ms every 200 ms, 0.042 given 25 ms
+        # every 500 ms (and up to 0.083 over a 1 s window), and 0.050 with the bucket (0.072), in the same call.
+        # An aligned group keeps the bucket too: its own grid (_grid) places its slots.
+        framed = self.cap_frame_ms > 0 and not gc.aligned and cap * self.cap_frame_ms >= MIN_FRAME_QUOTA_MS - EPS
         fresh: Union[_Bucket, _FrameBucket]
         if framed:
-            frame = self._cap_frame(cap)
+            frame = self.cap_frame_ms
             if isinstance(bucket, _FrameBucket):
                 bucket.advance(now)
                 bucket.rate, bucket.frame, bucket.depth = cap, frame, cap * frame
