@@ -881,3 +881,44 @@ def test_caps_under_a_useful_quota_per_frame_and_aligned_groups_keep_the_bucket(
     assert p.cap_burst_ms("free") == math.inf
     off = Policy(cfg, cap_frame_ms=0)
     assert off.cap_burst_ms("framed") == DEFAULT_BUCKET_MS
+
+
+def test_a_frames_boundary_on_the_hosts_clock_never_makes_the_timer_fire_for_nothing():
+    """gem-schd's origin is the host's clock (about 1e9 ms): a division's rounding put a time up to a microsecond
+    before a boundary in the next frame, where a parked group could be granted but was not unparked, and
+    next_wakeup returned that time again and again (found by an independent review's fuzzing)."""
+    p = Policy(config(("a", 0.0, 0.3)), 100, 5, 10_000, clock_origin_ms=987654321.987, cap_frame_ms=100.0)
+    [g] = grants(p.request("a", now=0.0))
+    p.release("a", g.token_seq, now=20.0)          # 10 ms left of its 30: less than a useful slot
+    assert not grants(p.request("a", now=20.0))
+    b = p._groups["a"].bucket.next_boundary(20.0)
+    for now in (b - 3e-8, b - 1e-9, b):
+        w = p.next_wakeup(now)
+        ds = p.tick(now)
+        assert grants(ds) or (w is not None and w > now), (now, w, ds)
+
+
+def test_a_continuation_across_a_frames_boundary_is_charged_after_the_boundarys_refill():
+    """A continuation decided before the boundary, starting at it: charged before the refill, the refill's ceiling
+    (the quota and the carry) did not hold, and a lone group capped at 0.5 held 90 ms of a 100 ms frame."""
+    p = Policy(config(("a", 0.0, 0.5)), 30, 5, 10_000, cap_frame_ms=100.0)
+    [g] = grants(p.request("a", now=70.0))              # 30 ms to the boundary: 20 left of the frame
+    [c] = grants(p.tick(98.0))
+    assert c.continuation and c.start_ms == pytest.approx(100.0) and c.quota_ms == pytest.approx(30.0)
+    assert p.status(100.0)["a"].bucket_ms == pytest.approx(min(50.0 + 8.0, 20.0 + 50.0) - 30.0)
+    m = Model([("a", 0.0, 0.5)], {"a": Busy()}, base_quota_ms=30.0, cap_frame_ms=100.0).run(10_000)
+    assert m.share("a", 2000, m.now) <= 0.5 + 0.005
+
+
+def test_a_voided_continuation_gives_back_the_rest_of_the_frame_its_slot_gave_up():
+    """The slot was to run 1 ms past the boundary (its frame's rest beyond what it could use before it given up);
+    its continuation decided, it released before the boundary after all: the rest comes back, as without
+    continuations."""
+    levels = []
+    for cont in (True, False):
+        p = Policy(config(("a", 0.0, 0.5)), 100, 5, 10_000, cap_frame_ms=100.0, continuation=cont)
+        [g] = grants(p.request("a", now=51.0))
+        p.tick(99.0)
+        p.release("a", g.token_seq, now=99.5)
+        levels.append(p.status(100.0)["a"].bucket_ms)
+    assert levels[0] == pytest.approx(levels[1])

@@ -225,12 +225,25 @@ class _FrameBucket(_Bucket):
         self.carry = carry
         self.level = self.depth
 
+    def _start(self, i: int) -> float:
+        return i * self.frame - self.origin
+
     def _index(self, t: float) -> int:
-        return math.floor((t + self.origin) / self.frame + 1e-9)
+        """The frame `t` is in: the one whose start (`_start`) is the last at or before `t`. Computed from the
+        starts themselves, so that the two agree to the last bit: with the host's clock as the origin (about 1e9 ms)
+        a division's rounding put `t` in the next frame up to a microsecond before the boundary `next_boundary`
+        gave, a parked group could be granted there but was not unparked, and gem-schd's timer fired at once, for
+        nothing, until the clock passed it (forever on a fixed simulated time)."""
+        i = math.floor((t + self.origin) / self.frame)
+        if self._start(i + 1) <= t:
+            i += 1
+        elif self._start(i) > t:
+            i -= 1
+        return i
 
     def next_boundary(self, now: float) -> float:
-        """The first frame boundary after `now`."""
-        return (self._index(now) + 1) * self.frame - self.origin
+        """The first frame boundary after `now` (always later than `now`)."""
+        return self._start(self._index(now) + 1)
 
     def at(self, now: float) -> float:
         if now <= self.t:
@@ -308,6 +321,8 @@ class _Past:
     used: float = 0.0           # the GPU time its hooks measured (0: not reported)
     head_shared: float = 0.0    # how long the previous holder's overrun shared its start
     tail_shared: float = 0.0    # how long its own overrun shared the next holder's start
+    forfeit: float = 0.0        # a framed cap's rest of the frame it gave up (_Slot.forfeit), if still to be given
+    forfeit_until: float = 0.0  # back when the slot turns out to have ended before that boundary
 
 
 class _Usage:
@@ -1149,6 +1164,9 @@ class Policy:
                     if g is not None:
                         self._charge(g, -cut, end)
                         g.usage.add(p.end, p.end + cut, -cut)
+                        if p.forfeit > 0 and p.end < p.forfeit_until - EPS and isinstance(g.bucket, _FrameBucket):
+                            g.bucket.add(-p.forfeit, end)   # it ended before the boundary after all (a voided
+                            p.forfeit = 0.0                  # continuation): its frame's rest was not lost
                 break
         return []
 
@@ -1184,7 +1202,9 @@ class Policy:
             g.usage.add(h.start, end, charge)
             self._touch(g, now)
         if span > 0 or not h.prev_seq:
-            self._past.append(_Past(h.group, h.token_seq, h.start, end, charge, used=used, head_shared=head))
+            late = h.forfeit > 0 and end >= h.forfeit_until - EPS     # (ended before the boundary: given back above)
+            self._past.append(_Past(h.group, h.token_seq, h.start, end, charge, used=used, head_shared=head,
+                                    forfeit=h.forfeit if late else 0.0, forfeit_until=h.forfeit_until))
         # (a continuation voided before it began never ran: no report can name it, and kept, it sat in _past
         # out of time order, where a later overrun's search for the slot it ran into met it first)
         self._prune(now)
@@ -1525,6 +1545,10 @@ class Policy:
         g.last_quota = quota
         self._touch(g, now)
         weight = self._weight(name, now)
+        if isinstance(g.bucket, _FrameBucket) and start > now:
+            # a continuation decided before the boundary that its slot starts after: charged before the boundary's
+            # refill, the refill's ceiling would not hold (a frame gave 90 ms against 58)
+            g.bucket.advance(start)
         lost = g.bucket.forfeit(start, quota) if isinstance(g.bucket, _FrameBucket) else 0.0
         self._charge(g, quota, now)                       # reserved; settled when the slot ends
         self._holder = _Slot(name, self._seq, start, quota, wait, reserved=quota, reserved_weight=weight,

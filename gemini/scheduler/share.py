@@ -7,8 +7,8 @@ the last whole sliding window, divided by that window.
 * The divisor is always the whole window, in the first window after the scheduler starts too. Divided by the
   time since the first request instead, a group's first slot alone read as 100% in the first second after the
   scheduler had been idle, far above a cap the policy was holding; over the whole window a capped group reads
-  at most MaxUtil + bucket / window (the policy's bound over any interval: 0.25 points with the default 25 ms bucket
-  and a 10 s window).
+  at most MaxUtil + its burst / window (the policy's bound over any interval, `Policy.cap_burst_ms`: up to 0.58
+  points with the default 100 ms frames and a 10 s window, 0.25 for a cap under 0.2, which keeps a 25 ms bucket).
 * The daemon computes it in one place (`SchedulerDaemon.reported_shares`), and the trace records what that
   returned, every `sample_interval(window)`, so the plot draws the numbers `gem-ctl status` showed; `share_series`
   is only for traces without samples (an older gem-schd, or `gem-ctl plot --window` asking for another window),
