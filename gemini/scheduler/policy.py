@@ -201,6 +201,10 @@ class _Bucket:
             return now
         if self.rate <= 0 or level > self.depth + EPS:
             return math.inf
+        return self._when(level, cur, now)
+
+    def _when(self, level: float, cur: float, now: float) -> float:
+        """When the level, `cur` at `now`, reaches `level`, which it will."""
         return now + (level - cur) / self.rate
 
 
@@ -254,13 +258,8 @@ class _FrameBucket(_Bucket):
     def ceiling(self) -> float:
         return self.depth + self.carry
 
-    def time_to_reach(self, level: float, now: float) -> float:
-        """When the level reaches `level` (now if it has; inf if it never will): at a frame boundary."""
-        cur = self.at(now)
-        if cur >= level - EPS:
-            return now
-        if self.depth <= 0 or level > self.depth + EPS:
-            return math.inf
+    def _when(self, level: float, cur: float, now: float) -> float:
+        """At a frame boundary."""
         k = max(1, math.ceil((level - cur) / self.depth - 1e-9))
         return self.next_boundary(now) + (k - 1) * self.frame
 
