@@ -9,7 +9,6 @@ import pytest
 
 from gemini.config import parse_config
 from gemini.plot import share_curves
-from gemini.scheduler.policy import DEFAULT_BUCKET_MS
 from gemini.scheduler.share import reported_share, share_series
 from gemini.scheduler.policy import Policy
 from gemini.scheduler.trace import SchedulerTrace, ShareSample, SlotEvent, TraceWriter
@@ -29,7 +28,7 @@ def test_share_series_divides_by_the_whole_window():
 def test_a_capped_group_never_reads_above_its_cap_after_an_idle_start(cap):
     """A busy group that comes 30 s after the scheduler started, in the model of the real system
     (tests/policy_sim.py): sampled every 10 ms, its reported share never passes its cap by more than the policy's
-    own bound over an interval (the bucket), and after a whole window it is at the cap."""
+    own bound over an interval (`cap_burst_ms`), and after a whole window it is at the cap."""
     window = 10_000.0
     m = Model([("a", 0.0, cap)], {"a": Busy(start_ms=30_000.0)}, window_ms=window)
     samples = []
@@ -38,7 +37,7 @@ def test_a_capped_group_never_reads_above_its_cap_after_an_idle_start(cap):
         m.run(t)
         samples.append((t, reported_share(m.policy.usage("a", t), window)))
         t += 10.0
-    assert max(s for _, s in samples) <= cap + DEFAULT_BUCKET_MS / window + 1e-9
+    assert max(s for _, s in samples) <= cap + m.policy.cap_burst_ms("a") / window + 1e-9
     late = [s for t, s in samples if t >= 30_000.0 + window + 500]
     assert min(late) >= cap - 0.02
 
