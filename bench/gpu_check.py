@@ -143,8 +143,9 @@ SHARE_RUNS = [
     ("native-2", ["--mode", "native", "--tenants", "2"], "native time-slicing, 2 tenants"),
     ("native-3", ["--mode", "native", "--tenants", "3"], None),
     ("gemini-0.3-0.6", ["--mode", "gemini", "--caps", "0.3,0.6"], "gemini, MaxUtil 0.3 / 0.6"),
-    # caps as budgets per 100 ms frame (gem-schd --frame 100) instead of continuous token buckets
+    # the caps' mechanism named: budgets per 100 ms frame (the default) against continuous token buckets (--frame 0)
     ("gemini-0.3-0.6-frame100", ["--mode", "gemini", "--caps", "0.3,0.6", "--schd-arg=--frame=100"], None),
+    ("gemini-0.3-0.6-frame0", ["--mode", "gemini", "--caps", "0.3,0.6", "--schd-arg=--frame=0"], None),
     ("gemini-0.3-0.6-q20", ["--mode", "gemini", "--caps", "0.3,0.6", "--quota", "20"], None),
     ("gemini-0.3-0.6-ipc", ["--mode", "gemini", "--caps", "0.3,0.6", "--transport", "ipc"], None),  # Unix sockets
     # a capped group whose program queues 800 kernels of 1 ms between synchronisations, beside a busy one
@@ -154,7 +155,9 @@ SHARE_RUNS = [
     ("gemini-0.4-0.6", ["--mode", "gemini", "--caps", "0.4,0.6"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
     ("gemini-3-frame100", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=100"], None),
+    ("gemini-3-frame0", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=0"], None),
     ("gemini-0.4-0.6-frame100", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame=100"], None),
+    ("gemini-0.4-0.6-frame0", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame=0"], None),
     # the same with every grant logged (hooks, pod managers, gem-schd): where a slot's first kernel starts late
     ("gemini-3-debug", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--debug-logs"], None),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),

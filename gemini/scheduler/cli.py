@@ -23,16 +23,18 @@ from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, D
 EXIT_USAGE = 2
 
 
-def _positive(ctx, param, value):
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise click.BadParameter(f"must be a positive number of milliseconds, got {value}")
-    return value
+def _milliseconds(zero_ok: bool):
+    """A click callback: a finite number of milliseconds, positive (or 0 where `zero_ok`)."""
+    def check(ctx, param, value):
+        if value is not None and not (math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
+            raise click.BadParameter(f"must be {'0 or ' if zero_ok else ''}a positive number of milliseconds, "
+                                     f"got {value}")
+        return value
+    return check
 
 
-def _non_negative(ctx, param, value):
-    if value is not None and not (math.isfinite(value) and value >= 0):
-        raise click.BadParameter(f"must be 0 or a positive number of milliseconds, got {value}")
-    return value
+_positive = _milliseconds(zero_ok=False)
+_non_negative = _milliseconds(zero_ok=True)
 
 
 def _memory_probe(device_uuid: str | None) -> NvmlProbe:
