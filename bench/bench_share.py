@@ -91,6 +91,17 @@ def own_gaps_us(out: Path, group_of: dict[str, str]) -> dict[str, float | None]:
     return {g: pct(v, 0.5) for g, v in gaps.items()}
 
 
+def own_gaps_mean_us(out: Path, group_of: dict[str, str]) -> dict[str, float | None]:
+    """The same gaps' mean, below a millisecond (longer ones are the group's waits for its token): what they cost
+    the GPU per kernel, tails included, which a median hides."""
+    kernels = kernels_in_order(out, group_of)
+    gaps: dict[str, list[float]] = {g: [] for g in set(group_of.values())}
+    for (_s0, e0, n0), (s1, _e1, n1) in zip(kernels, kernels[1:]):
+        if n0 == n1 and 0 <= s1 - e0 < 1_000_000:
+            gaps[n0].append((s1 - e0) / 1e3)
+    return {g: (sum(v) / len(v) if v else None) for g, v in gaps.items()}
+
+
 def time_shares(out: Path, group_of: dict[str, str], start_ns: float, end_ns: float) -> dict[str, float]:
     """Each group's share of GPU *time*: the union of its processes' kernel spans (device clock) in
     [start, end] (host clock), over the span. With several processes in a group this counts the time
@@ -339,6 +350,7 @@ def run(args) -> dict:
         "useful": sum(shares.values()),
         "handoffs": len(gaps), "handoff_gap_us_p50": pct(gaps, 0.5), "handoff_gap_us_p99": pct(gaps, 0.99),
         "own_gap_us_p50": own_gaps_us(out, group_of),
+        "own_gap_us_mean": own_gaps_mean_us(out, group_of),
         "wall_s": time.time() - started,
         "results": {n: last_json(o) for n, (o, _) in results.items()},
         "errors": sum(last_json(o).get("errors", 0) for o, _ in results.values()),

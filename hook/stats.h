@@ -19,7 +19,8 @@ struct gem_stats {
         claim_pause_ns, markers, marker_waits, marker_wait_ns, turn_passes, marker_grows, marker_shrinks,
         marker_sync_shrinks, marker_intervals, marker_interval_ns, idle_ns, group_passes, quick_claim_releases,
         early_claims, early_claim_lag_ns, flares, withdrawals, board_moves, gpu_gate_waits, gpu_gate_raises, gpu_gate_failures,
-        kernels_measured, kernel_costs_learnt, kernel_cost_checks, kernel_cost_learnt_ns, marker_host_ns;
+        kernels_measured, kernel_costs_learnt, kernel_cost_checks, kernel_cost_learnt_ns, marker_host_ns,
+        syncs, sync_tail_ns, burst_begin_ns;
 };
 extern struct gem_stats gem_stats;
 
@@ -50,6 +51,14 @@ static inline uint64_t gem_count_launch(void) {
     return ++c->launches;
 }
 uint64_t gem_total_launches(void);
+
+/* A synchronisation of the program's that returned from the driver at `returned_ns`: the hook's own time
+ * after it (the gap it adds between the GPU's last kernel and the program's next launch). */
+static inline void gem_stats_sync_tail(int64_t returned_ns) {
+    atomic_fetch_add_explicit(&gem_stats.syncs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&gem_stats.sync_tail_ns, (unsigned long long)(gem_now_ns() - returned_ns),
+                              memory_order_relaxed);
+}
 
 /* cffi-begin */
 GEM_EXPORT int gemhook_stats(char *buf, size_t len); /* the counters as "name=value ..." */

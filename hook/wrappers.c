@@ -57,10 +57,14 @@
         if (whole || one_stream)                                                                \
             began = gem_now_ns();                                                               \
         CUresult rc = REAL(name) args;                                                          \
+        /* what the hook adds after the GPU is done and before the program runs on (sync_tail_ms) */ \
+        int64_t returned = (whole || one_stream) ? gem_now_ns() : 0;                            \
         gem_gate_on_sync(sync_ctx, whole, rc == CUDA_SUCCESS ? began : 0);                      \
         if (one_stream && rc == CUDA_SUCCESS)                                                   \
             gem_gate_on_stream_sync((CUstream)(void *)(scope), pt, began);                      \
         gem_memory_on_sync();                                                                   \
+        if (whole || one_stream)                                                                \
+            gem_stats_sync_tail(returned);                                                      \
         return rc;                                                                              \
     }
 #define GEM_WRAP_CAPTURE(name, pt, params, args, stream, begins)                                \
