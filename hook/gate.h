@@ -76,6 +76,9 @@ struct gem_gate {
     int gap_pending;            /* gap_end[gap_pend] .. gap_start recorded, to be measured after a sync */
     int gap_pend;
     int64_t gap_host_ns;        /* the host's measure of the pending gap */
+    unsigned gap_count;         /* gaps since the gate began: one in GEM_GAP_SAMPLE is timed on the GPU */
+    unsigned gap_offsets;       /* gaps timed on the GPU so far */
+    int64_t gap_offset_ns;      /* how much longer the GPU saw those gaps than the host did, on average (EWMA) */
     /* From the pod manager's handshake and grants. */
     const struct gem_board *board;  /* the GPU's board page, NULL if none */
     int board_slot;             /* the group's line on it */

@@ -556,6 +556,7 @@ CUresult cuEventDestroy_v2(CUevent hEvent)
 static CUresult event_record(CUevent hEvent, CUstream h, int ptsz)
 {
     SIM_CHECK_INIT();
+    sim_spend_host(sim_cfg.record_ns);
     if (!sim_handle_is(hEvent, H_EVENT) || event_dead((struct sim_event *)hEvent)) return CUDA_ERROR_INVALID_HANDLE;
     struct sim_stream *s;
     CUresult rc = sim_stream_resolve(h, ptsz, &s);
