@@ -912,7 +912,9 @@ CUresult gem_burst_begin(struct gem_gate *g, CUstream stream, int ptsz, int64_t 
                 if (REAL(cuEventRecord)(g->gap_start, st) == CUDA_SUCCESS) {
                     g->gap_pending = 1;
                     g->gap_pend = g->gap_cur;
-                    g->gap_host_ns = now - since;
+                    /* to the record's return: the GPU's excess over it (the offset the untimed gaps get) is then
+                     * not the record's own host time, which they do not pay */
+                    g->gap_host_ns = gem_now_ns() - since;
                     marked = 1;
                 }
                 gem_capture_drain_exit();
@@ -1145,9 +1147,13 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
             poll_board = 1;
         }
     }
-    if (idle_ns > 0 && atomic_load(&g->in_burst) && now + idle_ns < next)
-        next = now + idle_ns; /* look again: the burst may end and the process go idle */
-    if (idle_ns > 0 && !atomic_load(&g->in_burst)) {
+    /* Look again: the burst may end and the process go idle. While a turn or group pass is due, every pass looks
+     * again within the merge gap, bursting or not (a burst may begin right after this look): the synchronisation
+     * that ends a burst wakes the watcher only when the pass first became due (gem_gate_on_sync). */
+    int bursting = atomic_load(&g->in_burst);
+    if (idle_ns > 0 && (bursting || g->pass_turn) && now + idle_ns < next)
+        next = now + idle_ns;
+    if (idle_ns > 0 && !bursting) {
         int64_t idle_since = atomic_load(&g->last_sync_ns);
         if (idle_since < g->granted_ns)
             idle_since = g->granted_ns;
@@ -1164,11 +1170,14 @@ static int64_t watch_device(struct gem_gate *g, int64_t now) {
             pthread_mutex_lock(&g->mu);
             int64_t t = gem_now_ns();
             if ((atomic_load(&g->in_burst) || g->waiters > 0) && t < g->slot_deadline_ns) {
-                /* a launch slipped in: the process is not idle after all */
+                /* a launch slipped in: the process is not idle after all (and its burst's end is looked for
+                 * within the merge gap, as above) */
                 g->state = GEM_TOKEN_HELD;
                 atomic_store(&g->deadline_ns, g->slot_deadline_ns);
                 pthread_cond_broadcast(&g->cv);
                 pthread_mutex_unlock(&g->mu);
+                if (t + idle_ns < next)
+                    next = t + idle_ns;
                 return next;
             }
             uint64_t seq = g->token_seq;
@@ -1256,6 +1265,8 @@ void gem_gate_after_fork(void) {
             atomic_store(&g->in_burst, 0);
             atomic_store(&g->last_sync_ns, 0);
             atomic_store(&g->gaps_seen, 0);     /* the child's own bursts decide its claims */
+            g->gap_count = g->gap_offsets = 0;  /* and its own timed gaps the estimate of the others */
+            g->gap_offset_ns = 0;
             atomic_store(&g->synced_idle, 0);
             g->early_pending = 0;
             g->early_rc = GEM_CALL_OK;

@@ -392,6 +392,14 @@ void gem_inflight_context_gone(CUcontext ctx) {
 
 int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstream stream, int64_t waited_ns,
                         int64_t budget_ns) {
+    /* whether this context-wide wait ended launches of the calling thread's own (below): counted from its last
+     * context-wide synchronisation, whether anything was bounded then or not (a stream's synchronisation does not
+     * restart the count: the context's wait after it still ends launches it did not). The count is the thread's, on
+     * every device: a thread that drives two GPUs has its first device's wait judged for both. */
+    struct gem_thread_counter *t = gem_tls_counter;
+    int launched = t && whole && t->launches != t->launches_at_sync;
+    if (t && whole)
+        t->launches_at_sync = t->launches;
     if (__atomic_load_n(&nrings, __ATOMIC_ACQUIRE) == 0)
         return 0;           /* never bounded: nothing to restart, nor to judge */
     unsigned chain = 0;     /* the longest chain the synchronisation ended */
@@ -450,10 +458,6 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
      * test_a_queue_too_deep_for_its_markers_is_caught_at_the_synchronisation[0], beside two busy processes on two
      * cores, waited 16-17 ms at all 20 of its synchronisations in 2 of 5 runs (its empty kernels, run in bursts by a
      * starved simulator, had grown the rate twelve times; one or two chains ended); 0 of 12 runs with this. */
-    struct gem_thread_counter *t = gem_tls_counter;
-    int launched = t && whole && t->launches != t->launches_at_sync;
-    if (t)
-        t->launches_at_sync = t->launches;
     if (budget_ns <= 0 || (chain == 0 && !launched) || waited_ns <= 2 * budget_ns)
         return 0;
     /* placed by costs, and the wait far longer than the kernels queued were predicted to take (one long kernel

@@ -102,7 +102,7 @@ void gem_stats_report(void) {
 void gem_stats_after_fork(void) {
     memset(&gem_stats, 0, sizeof gem_stats);
     for (struct gem_thread_counter *c = atomic_load(&counter_list); c; c = c->next) {
-        c->launches = 0;
+        c->launches = c->launches_at_sync = 0;
         c->pending_ns = 0;      /* no marker of the parent's is the child's last */
         c->isolating = c->verifying = c->measuring = 0;
     }
