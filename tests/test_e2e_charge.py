@@ -61,7 +61,8 @@ def test_timing_the_gaps_costs_the_program_little_between_a_synchronisation_and_
     t0, t1 = kernels[0][0] + 500_000_000, kernels[-1][1]
     t1 = t0 + (t1 - t0) // 100_000_000 * 100_000_000
     busy = sum(max(0, min(e, t1) - max(s, t0)) for s, e in kernels)
-    assert CAP - 0.025 <= busy / (t1 - t0) <= CAP + 0.015, busy / (t1 - t0)
+    # (the driver's calls, slept here, stretch the group's host gaps: its share is looser than the test above's)
+    assert CAP - 0.03 <= busy / (t1 - t0) <= CAP + 0.015, busy / (t1 - t0)
 
 
 def test_a_holder_wakes_its_watcher_once_per_slot_not_at_every_synchronisation(tmp_path, hook_lib, backends):
@@ -72,13 +73,13 @@ def test_a_holder_wakes_its_watcher_once_per_slot_not_at_every_synchronisation(t
     is enough, and the slot still passes on when the group goes idle."""
     sim = Sim(tmp_path / "sim", hook_lib)
     be = backends([Group("a", 0.0, 0.5), Group("b", 0.0, 0.5)], quota_ms=None, min_quota_ms=None, window_ms=None)
-    argv = client_argv("workload-linked", "--kernel-us", 1000, "--json", "--seconds", 2, "--sync-every", 1)
+    argv = client_argv("workload-linked", "--kernel-us", 1000, "--json", "--seconds", 1.5, "--sync-every", 1)
     procs = [start(argv, sim.hooked(be, g)) for g in ("a", "b")]
     runs = [finish(p) for p in procs]
     for r in runs:
         assert r.rc == 0, r
         st = sim.stats_of(r.json["pid"])
-        assert st["syncs"] > 300, st
+        assert st["syncs"] > 250, st
         assert st["watcher_wakes"] < 0.2 * st["syncs"], st      # woken at every synchronisation: ~1 per sync
 
 
@@ -90,7 +91,7 @@ def test_a_synchronisation_waits_for_the_hooks_gap_event_only_when_that_gap_is_t
     every synchronisation, the GPU idled about 2 ms after each 1 ms kernel (busy 0.3 of the time)."""
     sim = Sim(tmp_path / "sim", hook_lib, trace=tmp_path / "kernels.trace")
     be = backends([Group("alone", 0.0, 1.0)], quota_ms=None, min_quota_ms=None, window_ms=None)
-    r = finish(start(client_argv("workload-linked", "--kernel-us", 1000, "--json", "--seconds", 2.5,
+    r = finish(start(client_argv("workload-linked", "--kernel-us", 1000, "--json", "--seconds", 1.5,
                                  "--sync-every", 1),
                      sim.hooked(be, "alone", SIMCUDA_RECORD_US="3000")))
     assert r.rc == 0, r
