@@ -205,26 +205,16 @@ static void add_gap_locked(struct gem_gate *g, float ms) {
     }
 }
 
-static void collect_gap_locked(struct gem_gate *g) {
-    if (!g->gap_pending)
-        return;
-    g->gap_pending = 0;
-    float ms = 0;
-    if (REAL(cuEventElapsedTime)(&ms, g->gap_end[g->gap_pend], g->gap_start) != CUDA_SUCCESS || ms <= 0)
-        ms = 0;
-    add_gap_locked(g, ms);
-}
-
-/* The same before the program's next context-wide synchronisation, if both events already ran (they went before
- * the burst now ending, so they nearly always have): the driver's ~3 us for the elapsed time are then spent while
- * the host waits for the GPU anyway, not after the synchronisation, between the GPU's last kernel and the
- * program's next launch. Not ready yet: left pending for the synchronisation's end. */
-static void collect_gap_early_locked(struct gem_gate *g) {
+/* Reads the pending gap's two events (g->mu held). `early`: before the program's next context-wide
+ * synchronisation, while the host waits for the GPU anyway (the driver's ~3 us for the elapsed time are then not
+ * spent between the GPU's last kernel and the program's next launch); both events went before the burst now ending,
+ * so they nearly always ran, and if not the gap stays pending for the synchronisation's end. */
+static void collect_gap_locked(struct gem_gate *g, int early) {
     if (!g->gap_pending)
         return;
     float ms = 0;
     CUresult rc = REAL(cuEventElapsedTime)(&ms, g->gap_end[g->gap_pend], g->gap_start);
-    if (rc == CUDA_ERROR_NOT_READY)
+    if (early && rc == CUDA_ERROR_NOT_READY)
         return;
     g->gap_pending = 0;
     add_gap_locked(g, rc == CUDA_SUCCESS && ms > 0 ? ms : 0);
@@ -270,7 +260,7 @@ static int64_t drain(struct gem_gate *g, CUcontext ctx, int64_t *used_ns, int64_
     int64_t done = gem_now_ns();
     pthread_mutex_lock(&g->mu);
     if (ctx == g->ev_ctx)
-        collect_gap_locked(g);
+        collect_gap_locked(g, 0);
     g->gap_pending = g->gap_end_ok = 0;
     pthread_mutex_unlock(&g->mu);
     if (end_seen > 0) {
@@ -972,11 +962,9 @@ void gem_gate_before_sync(CUcontext ctx) {
     if (g->slot_measured && g->gap_events && atomic_load(&gem_active_captures) == 0 &&
         HAVE_REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur == g->ev_ctx &&
         gem_capture_drain_enter()) {
-        collect_gap_early_locked(g);
+        collect_gap_locked(g, 1);
         /* Only one gap in GEM_GAP_SAMPLE (every one until one was timed) is timed on the GPU: this event comes
-         * after the queue's last kernel, and the synchronisation then waits for it too (on an H100 a tenant of
-         * 1 ms kernels idled 4-7 us more per synchronisation with an event before each, 1.2 us with one in eight
-         * -- the host's own share of it, the rest being the GPU's). */
+         * after the queue's last kernel, and the synchronisation then waits for it too. */
         int due = g->gap_offsets == 0 || ++g->gap_count % GEM_GAP_SAMPLE == 0;
         int i = g->gap_pending ? 1 - g->gap_pend : g->gap_cur; /* never the one a pending gap still needs */
         if (due && REAL(cuEventRecord)(g->gap_end[i], NULL) == CUDA_SUCCESS) {
@@ -1028,7 +1016,7 @@ void gem_gate_on_sync(CUcontext ctx, int whole_context, int64_t began_ns) {
         if (g->gap_pending) {   /* both of its events are done: the whole context was synchronised */
             CUcontext cur = NULL;
             if (HAVE_REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur == g->ev_ctx)
-                collect_gap_locked(g);
+                collect_gap_locked(g, 0);
             else
                 g->gap_pending = 0;
         }
@@ -1052,8 +1040,8 @@ void gem_gate_on_sync(CUcontext ctx, int whole_context, int64_t began_ns) {
             release_soon = 1;   /* a claim ends soon after its burst: the watcher must look */
         } else if (g->board && g->board_slot >= 0 && gemhook_board_waiters(g->board, (uint32_t)g->board_slot) > 0) {
             /* turns: others of the group wait, and this burst is over. The watcher is woken only when it did not
-             * know yet: once it passes the turn it looks every merge gap while a burst runs (watch_device), so it
-             * sees this burst's end in time unwoken. Woken at every synchronisation, it cost the program a futex
+             * know yet: once it passes the turn it looks again within the merge gap at every pass (watch_device), so
+             * it sees this burst's end in time unwoken. Woken at every synchronisation, it cost the program a futex
              * call and the watcher's contention for the gate before its next launch (the hook's time after a
              * synchronisation was 3-4 us with three busy groups on an H100, 0.8 us alone). */
             release_soon = g->pass_turn != GEM_PASS_TURN;
