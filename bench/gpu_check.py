@@ -167,6 +167,16 @@ SHARE_RUNS = [
 ]
 
 
+def sync_cost_us(hook_stats: dict) -> float | None:
+    """The hook's own time per synchronisation over a run's processes (`sync_tail_ms` + `burst_begin_ms` over
+    `syncs`): what it adds between the GPU's last kernel and the program's next launch. None without counters."""
+    syncs = sum(st.get("syncs", 0) for st in hook_stats.values())
+    if not syncs:
+        return None
+    ms = sum(st.get("sync_tail_ms", 0) + st.get("burst_begin_ms", 0) for st in hook_stats.values())
+    return ms * 1000 / syncs
+
+
 def schd_flags(ctx, extra: list) -> list:
     """gem-schd flags for a share run: none (its defaults) unless --quota/--window were given."""
     flags = []
@@ -397,6 +407,12 @@ def write_report(ctx, results: dict) -> None:
                 if one.get("handoff_gap_us_p50") is not None and run.startswith("gemini"):
                     line += (f", handoff gap p50/p99 {fmt(one['handoff_gap_us_p50'])}/"
                              f"{fmt(one['handoff_gap_us_p99'])} us")
+                gaps = [v for v in (one.get("own_gap_us_mean") or {}).values() if v is not None]
+                if gaps:
+                    line += f", own gap mean {fmt(min(gaps))}-{fmt(max(gaps))} us"
+                per_sync = sync_cost_us(one.get("hook_stats") or {})
+                if per_sync is not None:
+                    line += f", the hook's time per synchronisation {fmt(per_sync, 2)} us"
                 lines.append(line)
         elif name == "reaction":
             lines.append(f"save -> new shares on the GPU: {res['reactions_ms']} ms (median {res['median_ms']})")

@@ -68,3 +68,21 @@ def test_charged_shares_beside_the_kernels_of_the_same_window(tmp_path):
     assert r["onchip"]["a"] == pytest.approx(0.5, abs=0.002)
     # 600 ms charged against ~500 kernels of 1 ms: ~200 us each beyond them
     assert r["excess_us_per_kernel"]["a"] == pytest.approx(200, rel=0.02)
+
+
+def test_gpu_checks_share_line_gives_the_own_gaps_and_the_hooks_time_per_synchronisation(tmp_path):
+    """The report says what the hook added between a tenant's kernels: its own gaps' mean and the hook's time per
+    synchronisation summed over the run's processes ((tail + burst start) / synchronisations)."""
+    import types
+
+    import bench.gpu_check as gc
+    run = {"shares": {"t0": 0.3}, "useful": 0.9, "own_gap_us_mean": {"t0": 30.0, "t1": 40.0},
+           "hook_stats": {"1": {"syncs": 1000, "sync_tail_ms": 1.0, "burst_begin_ms": 0.5},
+                          "2": {"syncs": 1000, "sync_tail_ms": 1.5, "burst_begin_ms": 0.0}}}
+    ctx = types.SimpleNamespace(out=tmp_path, durations={})
+    gc.write_report(ctx, {"share": {"gemini-x": run, "native-1": {"shares": {"t0": 0.97}, "useful": 0.97}}})
+    lines = (tmp_path / "report.md").read_text().splitlines()
+    line = next(x for x in lines if x.startswith("- gemini-x"))
+    assert "own gap mean 30.0-40.0 us" in line and "per synchronisation 1.50 us" in line, line
+    native = next(x for x in lines if x.startswith("- native-1"))
+    assert "synchronisation" not in native, native
