@@ -43,9 +43,20 @@ UNTIMED_TESTS = frozenset({
 })
 
 
+# Tests of other modules that hold the simulated GPU to a bound of a millisecond or so: beside another worker their
+# simulator's GPU thread ran late and the bound failed (a flare's queue measured at 0.7 ms where the launch count
+# gives 2; a kernel measured alone learnt with the next marker's 300 us in it: 3 of 8 phase-1 runs in the nineteenth
+# session failed one of these; the second passed 8 runs of its own beside two CPU hogs).
+TIMED_TESTS = frozenset({
+    "test_a_flare_stops_a_trainers_mix_of_kernels_within_a_fraction_of_a_millisecond",
+    "test_a_kernel_measured_alone_is_not_charged_the_markers_own_host_time",
+})
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.stem in TIMED_MODULES and item.originalname not in UNTIMED_TESTS:
+        if (item.path.stem in TIMED_MODULES and item.originalname not in UNTIMED_TESTS) or \
+                item.originalname in TIMED_TESTS:
             item.add_marker(pytest.mark.timed)
     if _have_gpu():
         return
