@@ -38,8 +38,8 @@ struct gem_thread_counter {
     /* launches still to be measured alone, each, since a queue ran far longer than its kernels' predicted costs
      * (a kernel whose length changed under the same key): the one that did is measured again */
     int verifying;
-    /* `launches` at the thread's last synchronisation (inflight.c: a wait that ended launches of its own judges the
-     * marker rate even with no marker among them) */
+    /* `launches` at the thread's last context-wide synchronisation (inflight.c: a wait that ended launches of its own
+     * judges the marker rate even with no marker among them) */
     uint64_t launches_at_sync;
     struct gem_thread_counter *next;
 };
