@@ -60,8 +60,12 @@ bench-native: $(BENCH_BIN)
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
+	@# uv installs the test extras in about 5 s where pip takes 40 (CI's whole run is bounded, and this was a tenth
+	@# of it); pip does it where uv cannot be had or fails. The tests' own pip (tests/test_packaging.py) is upgraded
+	@# either way.
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[test]'
+	{ $(VPY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --python $(VPY) -e '.[test]'; } \
+	  || $(VPY) -m pip install -q -e '.[test]'
 	@touch $@
 
 venv: $(VENV)/.installed
