@@ -889,9 +889,9 @@ def test_a_frames_boundary_on_the_hosts_clock_never_makes_the_timer_fire_for_not
     next_wakeup returned that time again and again (found by an independent review's fuzzing)."""
     p = Policy(config(("a", 0.0, 0.3)), 100, 5, 10_000, clock_origin_ms=987654321.987, cap_frame_ms=100.0)
     [g] = grants(p.request("a", now=0.0))
-    p.release("a", g.token_seq, now=20.0)          # 10 ms left of its 30: less than a useful slot
-    assert not grants(p.request("a", now=20.0))
-    b = p._groups["a"].bucket.next_boundary(20.0)
+    p.release("a", g.token_seq, now=27.0)          # 3 ms left of its 30: not worth a slot, even as a rest
+    assert not grants(p.request("a", now=27.0))
+    b = p._groups["a"].bucket.next_boundary(27.0)
     for now in (b - 3e-8, b - 1e-9, b):
         w = p.next_wakeup(now)
         ds = p.tick(now)
@@ -922,3 +922,37 @@ def test_a_voided_continuation_gives_back_the_rest_of_the_frame_its_slot_gave_up
         p.release("a", g.token_seq, now=99.5)
         levels.append(p.status(100.0)["a"].bucket_ms)
     assert levels[0] == pytest.approx(levels[1])
+
+
+def test_a_framed_group_cut_short_gets_the_rest_of_its_frame_rather_than_the_gpu_idling():
+    """b (MaxUtil 0.6: 60 ms a 100 ms frame) gives the GPU back 40 ms into its slot (its process stalled) and asks
+    again at once while a (0.3) runs its 30 ms. b's 20 ms left are less than a good part of its quota (_theta:
+    30 ms), so while a runs b waits; when a's slot ends nobody else can run, and b gets its 20 ms then, not the
+    GPU idle to the boundary (on an H100: 22 ms idle, 1.3 points off b's worst 1 s window). The next frame
+    begins as before."""
+    p = Policy(config(("a", 0.0, 0.3), ("b", 0.0, 0.6)), 100, 5, 10_000, cap_frame_ms=100.0)
+    [gb] = grants(p.request("b", now=0.0))
+    assert gb.quota_ms == pytest.approx(60.0)
+    assert grants(p.request("a", now=1.0)) == []
+    [ga] = grants(p.release("b", gb.token_seq, now=40.0))
+    assert ga.group == "a" and ga.quota_ms == pytest.approx(30.0)
+    assert grants(p.request("b", now=41.0)) == []       # a runs: b waits for it
+    assert p.others_grantable(50.0)                    # a's hooks give the GPU back when their burst ends
+    [rest] = grants(p.tick(70.0))
+    assert rest.group == "b" and rest.quota_ms == pytest.approx(20.0, abs=0.5)
+    assert grants(p.release("b", rest.token_seq, now=90.0)) == []
+    assert p.status(90.0)["b"].bucket_ms == pytest.approx(0.0, abs=0.5)
+
+
+def test_a_framed_groups_rest_does_not_go_ahead_of_a_group_that_can_run():
+    """The same, with an uncapped c waiting too: c runs (the GPU has work), and b waits for its frame's boundary
+    with a good part of its quota, as before: fewer, longer slots."""
+    p = Policy(config(("a", 0.0, 0.3), ("b", 0.0, 0.6), ("c", 0.0, 1.0)), 100, 5, 10_000, cap_frame_ms=100.0)
+    [gb] = grants(p.request("b", now=0.0))
+    p.request("a", now=1.0)
+    [g1] = grants(p.release("b", gb.token_seq, now=40.0))
+    p.request("b", now=41.0)
+    p.request("c", now=42.0)
+    assert g1.group == "a"
+    [g2] = grants(p.tick(70.0))
+    assert g2.group == "c", g2
