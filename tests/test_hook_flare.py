@@ -184,7 +184,10 @@ def test_a_flare_stops_a_trainers_mix_of_kernels_within_a_fraction_of_a_millisec
             assert median <= 0.8 and p90 <= 1.5, (median, p90, ran_on)     # on a laptop: 0.25 / 0.5
         else:
             assert st["kernels_measured"] == 0, st
-            assert median > 1.0, (median, p90, ran_on)                      # on a laptop: 1.9-2.4 / 2.8-3.1
+            # On a laptop 1.9-2.4 / 2.8-3.1; the count's rate is judged at synchronisations too now (inflight.c), and
+            # on the 2-core development machine it once had 0.68 / 1.40 (five runs beside it 1.15-2.58 / 2.65-3.24). The
+            # markers by cost had 0.22-0.27 / 0.42-0.49 on the same machine: the bound still tells them apart.
+            assert median > 0.5 and p90 > 1.0, (median, p90, ran_on)
     finally:
         pmgr.close()
 
