@@ -12,8 +12,8 @@ within its budget (see below). Three mechanisms decide who gets the next slot an
   measured use gives back after a slot). A slot is granted only when the budget allows a useful one (half the
   frame's quota) and is the frame's rest at most; what it runs past the boundary is paid from the next frame's
   quota. With nobody else grantable (the GPU would idle), a rest of at least min_quota_ms is granted too
-  (`_choose_rest`). So a busy capped group's slots repeat every frame, which divides 1 s and 10 s: a window of either holds
-  whole frames, and the group's share over it is its cap (with a continuous bucket the cycle of slots is as long as
+  (`_choose_rest`). So a busy capped group's slots repeat every frame, which divides 1 s and 10 s: a window of
+  either holds whole frames, and the group's share over it is its cap (with a continuous bucket the cycle of slots is as long as
   the refill and the handoffs make it, and a 1 s window swung by up to the bucket's depth). Over ANY interval of
   length T a group gets at most MaxUtil x T + `cap_burst_ms` (2 x MaxUtil x (1 - MaxUtil) x the frame + the carry).
   A cap whose frame's quota would be under MIN_FRAME_QUOTA_MS, an aligned group, and every cap with
