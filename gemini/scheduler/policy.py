@@ -6,24 +6,23 @@ so it can be driven on simulated time in tests and by the daemon on real time.
 One group holds the GPU at a time (a *slot*), except that a latency-class group may *claim* it at any moment
 within its budget (see below). Three mechanisms decide who gets the next slot and for how long:
 
-* **Caps (MaxUtil) are budgets per frame** (`cap_frame_ms`, 100 ms; `_FrameBucket`). At every frame boundary of
-  the host's monotonic clock a capped group's budget is topped up to MaxUtil x the frame (an idle frame is not
-  banked; overuse carries over as debt, and a little of a frame's rest passes the boundary: what the hooks'
-  measured use gives back after a slot). A slot is granted only when the budget allows a useful one (half the
-  frame's quota) and is the frame's rest at most; what it runs past the boundary is paid from the next frame's
-  quota. With nobody else grantable (the GPU would idle), a rest of at least min_quota_ms is granted too
-  (`_choose_rest`). So a busy capped group's slots repeat every frame, which divides 1 s and 10 s: a window of
-  either holds whole frames, and the group's share over it is its cap (with a continuous bucket the cycle of slots is as long as
-  the refill and the handoffs make it, and a 1 s window swung by up to the bucket's depth). Over ANY interval of
-  length T a group gets at most MaxUtil x T + `cap_burst_ms` (2 x MaxUtil x (1 - MaxUtil) x the frame + the carry).
-  A cap whose frame's quota would be under MIN_FRAME_QUOTA_MS, an aligned group, and every cap with
-  `cap_frame_ms=0` have a continuous token bucket instead: it fills at MaxUtil ms per ms of wall time up to a depth
-  of `bucket_ms`, a slot is trimmed so that it is empty, not negative, when the slot ends, and over any interval a
-  group gets at most MaxUtil x T + bucket_ms. Either is
-  charged what the group really used: the slot up to its release, minus the part the hooks measured as not
-  theirs (the handoff at its start, at most `max_used_credit_ms`), minus time a latency group claimed the GPU,
-  plus overuse the hooks report. An overrun into the next slot is split evenly between the two holders, and half
-  of it comes off each one's measurement too (`_measured_charge`).
+* **Caps (MaxUtil) are budgets per frame** (`cap_frame_ms`, 100 ms; `_FrameBucket`). At every frame boundary of the
+  host's monotonic clock a capped group's budget is topped up to MaxUtil x the frame (an idle frame is not banked;
+  overuse carries over as debt, and a little of a frame's rest passes the boundary: what the hooks' measured use gives
+  back after a slot). A slot is granted only when the budget allows a useful one (half the frame's quota) and is the
+  frame's rest at most; what it runs past the boundary is paid from the next frame's quota. With nobody else grantable
+  (the GPU would idle), a rest of at least min_quota_ms is granted too (`_choose_rest`). So a busy capped group's
+  slots repeat every frame, which divides 1 s and 10 s: a window of either holds whole frames, and the group's share
+  over it is its cap (with a continuous bucket the cycle of slots is as long as the refill and the handoffs make it,
+  and a 1 s window swung by up to the bucket's depth). Over ANY interval of length T a group gets at most MaxUtil x T
+  + `cap_burst_ms` (2 x MaxUtil x (1 - MaxUtil) x the frame + the carry). A cap whose frame's quota would be under
+  MIN_FRAME_QUOTA_MS, an aligned group, and every cap with `cap_frame_ms=0` have a continuous token bucket instead: it
+  fills at MaxUtil ms per ms of wall time up to a depth of `bucket_ms`, a slot is trimmed so that it is empty, not
+  negative, when the slot ends, and over any interval a group gets at most MaxUtil x T + bucket_ms. Either is charged
+  what the group really used: the slot up to its release, minus the part the hooks measured as not theirs (the handoff
+  at its start, at most `max_used_credit_ms`), minus time a latency group claimed the GPU, plus overuse the hooks
+  report. An overrun into the next slot is split evenly between the two holders, and half of it comes off each one's
+  measurement too (`_measured_charge`).
 * **Floors (MinUtil) and fair shares are weighted virtual time.** Each active group (one that is waiting,
   holding, or used the GPU in the last `active_ms`) gets a target share by water-filling: every group gets at
   least its MinUtil and at most its MaxUtil, and what is left is split evenly (this is where Gemini's
