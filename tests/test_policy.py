@@ -937,7 +937,8 @@ def test_a_framed_group_cut_short_gets_the_rest_of_its_frame_rather_than_the_gpu
     [ga] = grants(p.release("b", gb.token_seq, now=40.0))
     assert ga.group == "a" and ga.quota_ms == pytest.approx(30.0)
     assert grants(p.request("b", now=41.0)) == []       # a runs: b waits for it
-    assert p.others_grantable(50.0)                    # a's hooks give the GPU back when their burst ends
+    # a is behind b in the order (10 of its 30 ms run, b 40 of 60): its hooks are not told to give the GPU back
+    assert not p.others_grantable(50.0)
     [rest] = grants(p.tick(70.0))
     assert rest.group == "b" and rest.quota_ms == pytest.approx(20.0, abs=0.5)
     assert grants(p.release("b", rest.token_seq, now=90.0)) == []
@@ -956,3 +957,62 @@ def test_a_framed_groups_rest_does_not_go_ahead_of_a_group_that_can_run():
     assert g1.group == "a"
     [g2] = grants(p.tick(70.0))
     assert g2.group == "c", g2
+
+
+def test_a_holder_is_told_to_give_the_gpu_back_for_a_rest_only_when_the_rest_comes_first_in_the_order():
+    """a (MinUtil 0.7, uncapped) holds; b (MaxUtil 0.6) waits with 20 ms of its frame left, above its share. a's
+    hooks give the GPU back at their burst's end when gem-schd says another group could go; told so for b's rest,
+    a handed its slot to b and waited out the rest (an independent review: 0.4 / 0.6 instead of 0.5 / 0.5 against
+    a's floor of 0.7). b's rest goes first only when b is behind a in virtual time."""
+    p = Policy(config(("a", 0.7, 1.0), ("b", 0.0, 0.6)), 100, 5, 10_000, cap_frame_ms=100.0)
+    [gb] = grants(p.request("b", now=0.0))
+    p.request("a", now=1.0)
+    [ga] = grants(p.release("b", gb.token_seq, now=40.0))
+    assert ga.group == "a"
+    p.request("b", now=41.0)
+    assert not p.others_grantable(50.0)
+    # the other way round: b holds, a (uncapped, below its floor) waits: told, as before
+    p2 = Policy(config(("a", 0.0, 0.3), ("b", 0.7, 1.0)), 100, 5, 10_000, cap_frame_ms=100.0)
+    [g1] = grants(p2.request("a", now=0.0))
+    p2.request("b", now=1.0)
+    [g2] = grants(p2.release("a", g1.token_seq, now=10.0))      # a stalled: 20 ms of its frame left
+    assert g2.group == "b"
+    p2.request("a", now=11.0)
+    assert p2.others_grantable(12.0)       # a ran 10 ms at 0.3, b 2 ms: a's rest would go first
+
+
+def test_a_rest_held_back_by_swap_pacing_is_granted_when_the_pacing_ends():
+    """b waits with a rest of 20 ms; gem-schd paces b's grant (a unified group's swap) until 75, after a's slot
+    ends at 70. Nothing else happens: the timer wakes at 75 and b gets its rest, whether or not gem-schd asked
+    others_grantable in between (which dropped the rest, and the GPU idled to the boundary)."""
+    for query in (False, True):
+        p = Policy(config(("a", 0.0, 0.3), ("b", 0.0, 0.6)), 100, 5, 10_000, cap_frame_ms=100.0)
+        [gb] = grants(p.request("b", now=0.0))
+        p.request("a", now=1.0)
+        p.release("b", gb.token_seq, now=40.0)
+        p.request("b", now=41.0)
+        p.tick(68.0)
+        p.not_before = {"b": 75.0}
+        if query:
+            p.others_grantable(68.5)
+        assert grants(p.tick(70.0)) == []
+        assert p.next_wakeup(70.0) == pytest.approx(75.0)
+        [g] = grants(p.tick(75.0))
+        assert g.group == "b" and g.quota_ms == pytest.approx(20.0, abs=0.5), (query, g)
+
+
+def test_a_rest_that_a_frames_refill_leaves_a_group_in_debt_is_woken_for():
+    """b (0.6) used its 60 ms and asks again just before the boundary reporting 39 ms of overuse: the refill at 100
+    leaves it 21 ms, less than half its quota. On the idle GPU it gets them at the boundary, not at the next one
+    (the GPU idle 100 ms), whichever side of the boundary its request landed."""
+    for ask_at in (99.0, 100.5):
+        p = Policy(config(("b", 0.0, 0.6)), 100, 5, 10_000, cap_frame_ms=100.0)
+        grants(p.request("b", now=0.0))
+        p.tick(60.0)
+        got = grants(p.request("b", overuse_ms=39.0, now=ask_at))
+        if not got:
+            w = p.next_wakeup(ask_at)
+            assert w is not None and w <= 100.0 + 1e-6, w
+            got = grants(p.tick(100.0))
+        [g] = got
+        assert g.group == "b" and g.quota_ms == pytest.approx(21.0, abs=0.5), (ask_at, g)
