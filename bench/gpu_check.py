@@ -158,6 +158,10 @@ SHARE_RUNS = [
     ("gemini-3-frame0", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=0"], None),
     ("gemini-0.4-0.6-frame100", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame=100"], None),
     ("gemini-0.4-0.6-frame0", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame=0"], None),
+    # gem-schd --frame-turns: framed groups at their caps take turns in the order they asked
+    ("gemini-3-turns", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame-turns"], None),
+    ("gemini-0.4-0.6-turns", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame-turns"], None),
+    ("gemini-0.3-0.6-turns", ["--mode", "gemini", "--caps", "0.3,0.6", "--schd-arg=--frame-turns"], None),
     # the same with every grant logged (hooks, pod managers, gem-schd): where a slot's first kernel starts late
     ("gemini-3-debug", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--debug-logs"], None),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),

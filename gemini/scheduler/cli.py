@@ -64,6 +64,9 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               help="Caps are budgets per frame (ms) of the host's clock: MaxUtil x this at every frame boundary "
                    "(100 divides 1 s: a 1 s window holds whole frames). A cap whose quota per frame is under 20 ms "
                    "keeps a token bucket. 0: token buckets for every cap.")
+@click.option("--frame-turns", "frame_turns", is_flag=True, default=False,
+              help="Framed groups held to their caps take turns in the order they asked, not by virtual time, so "
+                   "their slots keep their places in the frames (caps adding up to 1). Not yet measured on a GPU.")
 @click.option("--board", "board", default="", metavar="PATH",
               help="The GPU's board page (claims, continuations); default a new file in /dev/shm; 'none': no "
                    "board.")
@@ -94,8 +97,8 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               show_default=True, metavar="MS",
               help="While the unified groups do not all fit in --device-memory: the shortest slot of each (longer if "
                    "its swap takes more than a tenth of it), so that a swap is paid by a long slot.")
-def main(port, ip, quota, min_quota, window, bucket, frame, board, limit_file, limit_file_dir, verbose, log_level,
-         metrics_port, trace_path, ipc_dir, device_uuid, device_memory, unified_min_slot):
+def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, board, limit_file, limit_file_dir, verbose,
+         log_level, metrics_port, trace_path, ipc_dir, device_uuid, device_memory, unified_min_slot):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     ctx = click.get_current_context()
     if ipc_dir is not None:
@@ -137,7 +140,7 @@ def main(port, ip, quota, min_quota, window, bucket, frame, board, limit_file, l
                              board_path=None if board.lower() == "none" else board, ipc_dir=ipc_dir,
                              device_uuid=device_uuid, device_memory=capacity,
                              memory_probe=None if capacity is not None else _memory_probe(device_uuid),
-                             unified_min_slot_ms=unified_min_slot)
+                             unified_min_slot_ms=unified_min_slot, frame_turns=frame_turns)
 
     async def run() -> int:
         # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.

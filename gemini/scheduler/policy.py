@@ -422,7 +422,7 @@ class Policy:
                  claim_burst_ms: float = DEFAULT_CLAIM_BURST_MS, max_claim_ms: float = DEFAULT_MAX_CLAIM_MS,
                  continue_lead_ms: float = DEFAULT_CONTINUE_LEAD_MS, active_ms: Optional[float] = None,
                  cap_slot_fraction: float = 0.5, continuation: bool = True, clock_origin_ms: float = 0.0,
-                 cap_frame_ms: float = DEFAULT_CAP_FRAME_MS):
+                 cap_frame_ms: float = DEFAULT_CAP_FRAME_MS, frame_turns: bool = False):
         for name, value in (("base_quota_ms", base_quota_ms), ("min_quota_ms", min_quota_ms),
                             ("window_ms", window_ms), ("bucket_ms", bucket_ms), ("claim_burst_ms", claim_burst_ms),
                             ("max_claim_ms", max_claim_ms)):
@@ -444,6 +444,9 @@ class Policy:
         self.bucket_ms = float(bucket_ms)
         # Caps are budgets per frame of the host's clock (_FrameBucket); 0: continuous buckets of `bucket_ms`.
         self.cap_frame_ms = float(cap_frame_ms)
+        # Framed groups held to their caps take turns in the order they asked (_frame_turn), not by virtual time.
+        # Off by default until it has run on a GPU (gem-schd --frame-turns).
+        self.frame_turns = bool(frame_turns)
         self.claim_burst_ms = float(claim_burst_ms)
         self.max_claim_ms = float(max_claim_ms)
         self.continue_lead_ms = float(continue_lead_ms)
@@ -1508,6 +1511,8 @@ class Policy:
                 heapq.heappush(heap, entry)
         if best is None:
             return None
+        if self.frame_turns:
+            best = self._frame_turn(best, at, holder)
         if not self._aligned:
             return best[1], best[2]
         least = best[0][0]
@@ -1555,6 +1560,28 @@ class Policy:
         self._clear_waiting(name, g)
         out.append(self._grant(name, g, quota, now, wait))
         return out
+
+    def _frame_turn(self, best: tuple, at: float, holder: Optional[str]) -> tuple:
+        """`--frame-turns`: when _choose's pick is a framed group held to its cap (its fair share is its cap), the
+        framed group held to its cap that has waited longest goes instead (a holder deciding its continuation has not
+        asked: it goes last). Each of them gets its frame's budget whatever their order, so the order changes no
+        share; by virtual time, which their charges' noise moves a little, their order reshuffled from frame to frame
+        when their slots filled the frames (caps adding up to 1), and a 1 s window not aligned with the frames held a
+        slot more or fewer of a group: 2-5 points in tests/policy_sim.py, 4-6 on H100s (docs/benchmarks.md,
+        "Twentieth session"). Taking turns, the slots keep their places in the frames."""
+        g = self._groups.get(best[1])
+        if g is None or not isinstance(g.bucket, _FrameBucket) or g.cfg.aligned or best[1] not in self._cap_bound:
+            return best
+        pick = best
+        pick_arrival = g.waiting.arrival if (g.waiting is not None and best[1] != holder) else math.inf
+        for name, cg in self._cap_bound.items():
+            if name == holder or cg.waiting is None or not isinstance(cg.bucket, _FrameBucket) or cg.cfg.aligned \
+                    or cg.waiting.arrival >= pick_arrival - EPS:
+                continue
+            quota = self._quota(cg, at)
+            if quota is not None:
+                pick, pick_arrival = ((cg.vtime, False, cg.waiting.arrival, name), name, quota), cg.waiting.arrival
+        return pick
 
     def _decide_continuation(self, h: _Slot, now: float) -> list[Decision]:
         """At the lead point: does the holder keep the GPU past its deadline? It competes with the waiting
