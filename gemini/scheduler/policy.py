@@ -374,6 +374,7 @@ class _Group:
     # bookkeeping of the policy's incremental indexes (see Policy._index_groups)
     order: int = 0                      # its place in the config: the order of Policy._groups
     wstamp: int = 0                     # its live entry in Policy._wheap or Policy._held (older entries are stale)
+    ran_out: bool = False               # its last slot ran to its deadline (busy): --frame-turns is among such
 
 
 def fair_targets(caps: dict[str, float], floors: Optional[dict[str, float]] = None) -> dict[str, float]:
@@ -511,6 +512,8 @@ class Policy:
         self._latency: dict[str, _Group] = {}
         self._capped: dict[str, _Group] = {}
         self._cap_bound: dict[str, _Group] = {}     # of those, the active ones whose target is their cap
+        self._frame_bound: dict[str, _Group] = {}   # of those, the framed ones (not aligned): --frame-turns
+        self._frames_full = False                   # the caps of _cap_bound add up to 1: their slots fill frames
         self._aligned: dict[str, _Group] = {}
         for gc in config.groups:
             self._groups[gc.name] = self._new_group(gc, self.start_ms)
@@ -1221,6 +1224,9 @@ class Policy:
             # wait (one held back by the others' shares gets less than its cap whatever the slots around it)
             self._cap_bound = {n: self._capped[n] for n in active if n in self._capped and
                                self._targets.get(n, 0.0) >= self._capped[n].cfg.max_util - EPS}
+            self._frame_bound = {n: cg for n, cg in self._cap_bound.items()
+                                 if isinstance(cg.bucket, _FrameBucket) and not cg.cfg.aligned}
+            self._frames_full = sum(cg.cfg.max_util for cg in self._cap_bound.values()) >= 1.0 - 1e-6
         self._key_diff = 0
         return self._targets
 
@@ -1277,6 +1283,7 @@ class Policy:
         charge = max(0.0, charge - min(h.claim_credit, charge))
         g = self._groups.get(h.group)
         if g is not None:
+            g.ran_out = reason in ("deadline", "continued") or end >= h.deadline - self.continue_lead_ms - EPS
             # Settle the reservation made at the grant at the weight it was made with. At the weight of now, the
             # refund of a long unused reservation (a unified group's slot floor is seconds) moved virtual time by
             # as much when the targets had changed meanwhile -- and after a slot longer than active_ms the holder
@@ -1562,21 +1569,28 @@ class Policy:
         return out
 
     def _frame_turn(self, best: tuple, at: float, holder: Optional[str]) -> tuple:
-        """`--frame-turns`: when _choose's pick is a framed group held to its cap (its fair share is its cap), the
-        framed group held to its cap that has waited longest goes instead (a holder deciding its continuation has not
-        asked: it goes last). Each of them gets its frame's budget whatever their order, so the order changes no
-        share; by virtual time, which their charges' noise moves a little, their order reshuffled from frame to frame
-        when their slots filled the frames (caps adding up to 1), and a 1 s window not aligned with the frames held a
-        slot more or fewer of a group: 2-5 points in tests/policy_sim.py, 4-6 on H100s (docs/benchmarks.md,
-        "Twentieth session"). Taking turns, the slots keep their places in the frames."""
-        g = self._groups.get(best[1])
-        if g is None or not isinstance(g.bucket, _FrameBucket) or g.cfg.aligned or best[1] not in self._cap_bound:
+        """`--frame-turns`: when the caps of the groups held to them add up to 1 (their slots fill the frames) and
+        _choose's pick is a busy framed one of them, the busy framed one that asked earliest goes instead (a holder
+        deciding its continuation has not asked: it goes last). Each of them gets its frame's budget whatever their
+        order, so the order changes no share; by virtual time, which their charges' noise moves a little, their
+        order reshuffled from frame to frame, and a 1 s window not aligned with the frames held a slot more or
+        fewer of a group: 2-5 points in tests/policy_sim.py, 4-6 on H100s (docs/benchmarks.md, "Twentieth
+        session"). Taking turns, the slots keep their places in the frames. Busy (the last slot ran to its
+        deadline): a light group that asks now and then keeps its place by virtual time (taking turns behind the
+        busy ones that always asked first, a request's p99 doubled: an independent review); and only where the
+        caps add up to 1 (with a floor's group between them placed by virtual time, turns swung 1 s windows by
+        9.5 points, 3 without)."""
+        self._current_targets(at)       # _frame_bound as of now (a reload's removed group must not be picked)
+        name0 = best[1]
+        g = self._groups.get(name0)
+        if not self._frames_full or g is None or name0 not in self._frame_bound or \
+                not (g.ran_out or name0 == holder):
             return best
         pick = best
-        pick_arrival = g.waiting.arrival if (g.waiting is not None and best[1] != holder) else math.inf
-        for name, cg in self._cap_bound.items():
-            if name == holder or cg.waiting is None or not isinstance(cg.bucket, _FrameBucket) or cg.cfg.aligned \
-                    or cg.waiting.arrival >= pick_arrival - EPS:
+        pick_arrival = g.waiting.arrival if (g.waiting is not None and name0 != holder) else math.inf
+        for name, cg in self._frame_bound.items():
+            if name == holder or cg.waiting is None or not cg.ran_out or name not in self._ready or \
+                    cg.waiting.arrival >= pick_arrival - EPS:
                 continue
             quota = self._quota(cg, at)
             if quota is not None:
