@@ -301,18 +301,23 @@ def step_soak(ctx) -> dict:
     """8 always-busy processes in 4 groups, once per ProcessSharing mode."""
     secs = "30" if ctx.args.quick else str(ctx.args.soak_seconds)
     out = {}
+    variants = ctx.args.soak_variants.split(",")
     for sharing in ctx.args.soak_sharing.split(","):
-        argv = ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.1,0.2,0.3,0.4", "--per-group", "2",
-                "--seconds", secs, *schd_flags(ctx, []),
-                "--out", ctx.out / f"share-soak-{sharing}", "--plot", ctx.out / f"share-soak-{sharing}.png",
-                "--title", f"gemini, 8 processes in 4 groups (ProcessSharing = {sharing}), "
-                           "MaxUtil 0.1 / 0.2 / 0.3 / 0.4"]
-        try:
-            r = bench(ctx, argv + (["--turns"] if sharing == "turns" else []), float(secs) + 280)
-            r.pop("results", None)
-            out[sharing] = r
-        except Exception as exc:  # noqa: BLE001 -- one mode failing keeps the other
-            out[sharing] = {"error": str(exc)[-1000:]}
+        for v in variants:
+            # a variant is one more gem-schd flag (e.g. --frame-turns), "" its defaults; results keyed by both
+            key = f"{sharing} {v}" if v else sharing
+            name = f"share-soak-{sharing}" + (f"-{v.strip('-').replace('=', '')}" if v else "")
+            argv = ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.1,0.2,0.3,0.4", "--per-group", "2",
+                    "--seconds", secs, *schd_flags(ctx, []), *([f"--schd-arg={v}"] if v else []),
+                    "--out", ctx.out / name, "--plot", ctx.out / f"{name}.png",
+                    "--title", f"gemini, 8 processes in 4 groups (ProcessSharing = {sharing}{', ' + v if v else ''}), "
+                               "MaxUtil 0.1 / 0.2 / 0.3 / 0.4"]
+            try:
+                r = bench(ctx, argv + (["--turns"] if sharing == "turns" else []), float(secs) + 280)
+                r.pop("results", None)
+                out[key] = r
+            except Exception as exc:  # noqa: BLE001 -- one mode failing keeps the other
+                out[key] = {"error": str(exc)[-1000:]}
     return out
 
 
@@ -459,7 +464,9 @@ def write_report(ctx, results: dict) -> None:
                     continue
                 lines.append(f"- ProcessSharing = {sharing}, {one['span_s']:.0f} s, 8 processes in 4 groups: on-chip "
                              f"shares { {k: round(v, 3) for k, v in one['shares'].items()} } (error pp "
-                             f"{fmt(max(one['share_error_pp'].values()), 2)}, worst 10 s window pp "
+                             f"{fmt(max(one['share_error_pp'].values()), 2)}, worst 1 s window pp "
+                             f"{fmt(max(one.get('window_error_1s_pp', {'-': None}).values()), 2)}, worst 10 s "
+                             f"window pp "
                              f"{fmt(max(one.get('window_error_10s_pp', {'-': None}).values()), 2)}); shares of GPU "
                              f"time { {k: round(v, 3) for k, v in one.get('time_shares', {}).items()} }; errors "
                              f"{one['errors']}")
@@ -542,6 +549,8 @@ def main(argv=None) -> int:
                    help="the inference groups' Class in the sharing step, one backend each")
     p.add_argument("--soak-sharing", default="turns,together", help="ProcessSharing modes the soak step runs")
     p.add_argument("--soak-seconds", type=float, default=120)
+    p.add_argument("--soak-variants", default="",
+                   help="comma-separated gem-schd flags, one soak run each ('' its defaults), e.g. ',--frame-turns'")
     p.add_argument("--um-steps", type=int, default=None, help="steps of each bench_um job (default: bench_um's)")
     p.add_argument("--um-skip", default=None, help="bench_um runs to skip (no_cache,alone)")
     p.add_argument("--um-extra", default="", help="more bench_um arguments, one shell-quoted string "

@@ -86,3 +86,32 @@ def test_gpu_checks_share_line_gives_the_own_gaps_and_the_hooks_time_per_synchro
     assert "own gap mean 30.0-40.0 us" in line and "per synchronisation 1.50 us" in line, line
     native = next(x for x in lines if x.startswith("- native-1"))
     assert "synchronisation" not in native, native
+
+
+def test_gpu_checks_soak_lines_give_each_variant_its_worst_1_s_window(tmp_path):
+    """The soak step runs once per gem-schd variant (--soak-variants ',--frame-turns'); the report names each and
+    gives its worst sliding 1 s window beside the 10 s one."""
+    import types
+
+    import bench.gpu_check as gc
+    one = {"span_s": 58.0, "shares": {"t0": 0.1}, "share_error_pp": {"t0": 0.5}, "window_error_1s_pp": {"t0": 2.5},
+           "window_error_10s_pp": {"t0": 1.0}, "time_shares": {"t0": 0.1}, "errors": 0}
+    ctx = types.SimpleNamespace(out=tmp_path, durations={})
+    gc.write_report(ctx, {"soak": {"turns": one, "turns --frame-turns": dict(one, window_error_1s_pp={"t0": 0.4})}})
+    lines = [x for x in (tmp_path / "report.md").read_text().splitlines() if x.startswith("- ProcessSharing")]
+    assert len(lines) == 2 and "worst 1 s window pp 2.50" in lines[0], lines
+    assert lines[1].startswith("- ProcessSharing = turns --frame-turns") and "worst 1 s window pp 0.40" in lines[1]
+
+
+def test_gpu_checks_soak_runs_each_variant_with_its_gem_schd_flag(tmp_path, monkeypatch):
+    import types
+
+    import bench.gpu_check as gc
+    calls = []
+    monkeypatch.setattr(gc, "bench", lambda ctx, argv, timeout: calls.append([str(a) for a in argv]) or {})
+    args = types.SimpleNamespace(quick=False, soak_seconds=60, soak_sharing="turns", soak_variants=",--frame-turns",
+                                 quota=None, window=None)
+    out = gc.step_soak(types.SimpleNamespace(args=args, out=tmp_path))
+    assert sorted(out) == ["turns", "turns --frame-turns"], out
+    assert not any(a.startswith("--schd-arg") for a in calls[0]) and "--schd-arg=--frame-turns" in calls[1], calls
+    assert len({a for c in calls for a in c if a.endswith("share-soak-turns") or "share-soak-turns-" in a}) >= 2
