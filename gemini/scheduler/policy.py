@@ -548,19 +548,20 @@ class Policy:
         now = self._now(now)
         self._unpark_due(now)
         holder = self._holder.group if self._holder is not None else None
-        for name, g in self._ready.items():
-            if name != holder and self._quota(g, now) is not None:
-                return True
-        # A rest only where it would come before the holder in _choose's order: the holder gives the GPU back at its
-        # burst's end, and a rest granted then, with no check of the order, put a group above its share ahead of
-        # one below it (an independent review: 0.4 / 0.6 instead of 0.5 / 0.5 against a floor of 0.7).
+        # A rest counts only where it would come before the holder in _choose's order: the holder gives the GPU back
+        # at its burst's end, and a rest granted then, with no check of the order, put a group above its share ahead
+        # of one below it (an independent review: 0.4 / 0.6 instead of 0.5 / 0.5 against a floor of 0.7).
         hg = self._groups.get(holder) if holder is not None else None
         bar = self._vtime_now(holder, hg, now) if holder is not None and hg is not None else math.inf
-        for name, g in list(self._ready.items()) + [(n, self._groups[n]) for n, _ in self._live_rests(now)]:
-            if name != holder and g.vtime < bar and self._rest_room(g, now) is not None and \
-                    now >= self.not_before.get(name, -math.inf) - EPS:
+
+        def rest_first(name: str, g: _Group) -> bool:
+            return g.vtime < bar and self._rest_room(g, now) is not None and \
+                now >= self.not_before.get(name, -math.inf) - EPS
+
+        for name, g in self._ready.items():
+            if name != holder and (self._quota(g, now) is not None or rest_first(name, g)):
                 return True
-        return False
+        return any(name != holder and rest_first(name, self._groups[name]) for name, _ in self._live_rests(now))
 
     def initial_decisions(self) -> list[Decision]:
         """Claim rights of the latency groups at the start (the daemon sends them at each Welcome too)."""
