@@ -1129,25 +1129,33 @@ class Policy:
             if self._held_live(entry):
                 self._rekey(self._groups[entry[2]])
 
+    @staticmethod
+    def _frame_of(g: _Group) -> Optional[_FrameBucket]:
+        """The frame budget of a group whose frame's rest may be granted (framed, not aligned, not paused)."""
+        b = g.bucket
+        return b if isinstance(b, _FrameBucket) and not g.cfg.aligned and g.cfg.max_util > 0.0 else None
+
     def _rest_room(self, g: _Group, now: float) -> Optional[float]:
         """A framed group's rest of its frame at `now` if it is worth a slot (min_quota_ms), else None (its swap
         pacing, `not_before`, is the caller's)."""
-        if not isinstance(g.bucket, _FrameBucket) or g.cfg.aligned or g.cfg.max_util <= 0.0:
+        b = self._frame_of(g)
+        if b is None:
             return None
-        room = g.bucket.room(now)
+        room = b.room(now)
         return room if room >= self.min_quota_ms - EPS else None
 
     def _rest_at(self, g: _Group, now: float) -> float:
         """When a framed group next has a rest worth a slot that a grant may use: `now`, or the first frame boundary
         whose refill lifts it past min_quota_ms (a group in debt can come out of it with less than a useful slot),
         and never before its swap pacing; inf if not within 64 frames."""
-        if not isinstance(g.bucket, _FrameBucket) or g.cfg.aligned or g.cfg.max_util <= 0.0:
+        b = self._frame_of(g)
+        if b is None:
             return math.inf
         t = max(now, self.not_before.get(g.cfg.name, -math.inf))
         for _ in range(64):
-            if g.bucket.room(t) >= self.min_quota_ms - EPS:
+            if b.room(t) >= self.min_quota_ms - EPS:
                 return t
-            t = g.bucket.next_boundary(t)
+            t = b.next_boundary(t)
         return math.inf
 
     def _live_rests(self, now: float) -> list[tuple[str, float]]:
