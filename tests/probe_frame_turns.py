@@ -1,0 +1,39 @@
+"""A probe, not a CI test (its name is not test_*: CI does not collect it; 30 s): three always-busy spin tenants at
+MaxUtil 0.2 / 0.3 / 0.5 for 12 s on the simulated driver, with the real gem-schd, pod managers and hook, with and
+without `gem-schd --frame-turns`. Prints each group's share and its worst sliding 1 s window (stepped by 25 ms, so
+at every phase against the frames). The numbers in docs/benchmarks.md ("Twentieth session") came from it:
+
+    make hook testhook sim clients && .venv/bin/python -m pytest -s -p no:cacheprovider tests/probe_frame_turns.py
+"""
+from __future__ import annotations
+
+import pytest
+
+from bench.harness import Group, Trace, common_span, shares_over
+from tests.e2e_fixtures import finish, start
+from tests.test_e2e_hook import workload
+
+CAPS = {"a": 0.2, "b": 0.3, "c": 0.5}
+
+
+@pytest.mark.parametrize("turns", [False, True], ids=["vtime", "frame-turns"])
+def test_probe(sim, backends, turns):
+    be = backends([Group(g, 0.0, c) for g, c in CAPS.items()], quota_ms=100, min_quota_ms=5, window_ms=10_000,
+                  extra_args=["--schd-arg=--frame-turns"] if turns else [])
+    traces = {g: sim.dir / f"{g}.trace" for g in CAPS}
+    procs = {g: start(workload("workload-procaddr", "--seconds", 12, "--sync-every", 4, "--trace", traces[g]),
+                      sim.hooked(be, g)) for g in CAPS}
+    for p in procs.values():
+        assert finish(p).rc == 0
+    loaded = {g: Trace.read(path) for g, path in traces.items()}
+    s, e = common_span(loaded, trim_s=2.0)
+    shares = shares_over(loaded, s, e)
+    worst = dict.fromkeys(CAPS, 0.0)
+    t = s
+    while t + 1e9 <= e:
+        w = shares_over(loaded, t, t + 1e9)
+        for g, cap in CAPS.items():
+            worst[g] = max(worst[g], abs(w[g] - cap))
+        t += 0.025e9
+    print(f"\nframe turns {turns}: shares", {g: round(v, 3) for g, v in shares.items()},
+          "worst 1 s window (points)", {g: round(v * 100, 2) for g, v in worst.items()})
