@@ -1604,7 +1604,38 @@ class Policy:
             quota = self._quota(cg, at)
             if quota is not None:
                 pick, pick_arrival = ((cg.vtime, False, cg.waiting.arrival, name), name, quota), cg.waiting.arrival
-        return pick
+        return pick[0], pick[1], self._fit_turn(pick[1], pick[2], at)
+
+    def _fit_turn(self, name: str, quota: float, at: float) -> float:
+        """`--frame-turns`: a turn-taker's slot from `at`, cut so that the turns still to come in this frame share
+        what is left of it in proportion to their caps. Each slot could run its frame's quota and the carry its hooks'
+        measure gave back, and with the handoffs the slots' wall time added up to more than the frame: uncut, the last
+        group in the frame paid all of it, 3-3.5 points under its cap on the simulated driver
+        (tests/probe_frame_turns.py), and cut in proportion to their rests (the carries are not in proportion to the
+        caps) it still paid every handoff. Never longer than the cap allows (so never past a cap), and never below a
+        useful slot (a turn that finds the frame nearly spent crosses the boundary, paid from the next frame)."""
+        g = self._groups[name]
+        b = g.bucket
+        if not isinstance(b, _FrameBucket):
+            return quota
+        boundary = b.next_boundary(at)
+        left = boundary - at
+        weights = b.depth
+        for other, cg in self._cap_bound.items():
+            if other == name or not cg.ran_out or cg.bucket is None:
+                continue
+            if isinstance(cg.bucket, _FrameBucket):
+                if cg.bucket.room(at) >= self._theta(cg) - EPS:
+                    weights += cg.bucket.depth      # its turn in this frame is still to come
+                continue
+            # a busy capped group with a continuous bucket (a frame's quota too small for a slot) placed by
+            # virtual time: the slot it will take in this frame, if its bucket allows one before the boundary
+            t = self._eligible_at(cg, at)
+            if t < boundary - EPS:
+                slot = self._quota(cg, t)
+                if slot is not None:
+                    left -= min(slot, boundary - t)
+        return min(quota, max(b.depth * max(0.0, left) / weights, self._theta(g)))
 
     def _decide_continuation(self, h: _Slot, now: float) -> list[Decision]:
         """At the lead point: does the holder keep the GPU past its deadline? It competes with the waiting
