@@ -158,10 +158,9 @@ SHARE_RUNS = [
     ("gemini-3-frame0", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=0"], None),
     ("gemini-0.4-0.6-frame100", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame=100"], None),
     ("gemini-0.4-0.6-frame0", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame=0"], None),
-    # gem-schd --frame-turns: framed groups at their caps take turns in the order they asked
-    ("gemini-3-turns", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame-turns"], None),
-    ("gemini-0.4-0.6-turns", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame-turns"], None),
-    ("gemini-0.3-0.6-turns", ["--mode", "gemini", "--caps", "0.3,0.6", "--schd-arg=--frame-turns"], None),
+    # gem-schd --no-frame-turns: framed groups at their caps ordered by virtual time (before the twenty-first session)
+    ("gemini-3-vtime", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--no-frame-turns"], None),
+    ("gemini-0.4-0.6-vtime", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--no-frame-turns"], None),
     # the same with every grant logged (hooks, pod managers, gem-schd): where a slot's first kernel starts late
     ("gemini-3-debug", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--debug-logs"], None),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),
@@ -550,7 +549,7 @@ def main(argv=None) -> int:
     p.add_argument("--soak-sharing", default="turns,together", help="ProcessSharing modes the soak step runs")
     p.add_argument("--soak-seconds", type=float, default=120)
     p.add_argument("--soak-variants", default="",
-                   help="comma-separated gem-schd flags, one soak run each ('' its defaults), e.g. ',--frame-turns'")
+                   help="comma-separated gem-schd flags, one soak run each ('' its defaults), e.g. ',--no-frame-turns'")
     p.add_argument("--um-steps", type=int, default=None, help="steps of each bench_um job (default: bench_um's)")
     p.add_argument("--um-skip", default=None, help="bench_um runs to skip (no_cache,alone)")
     p.add_argument("--um-extra", default="", help="more bench_um arguments, one shell-quoted string "

@@ -64,9 +64,11 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               help="Caps are budgets per frame (ms) of the host's clock: MaxUtil x this at every frame boundary "
                    "(100 divides 1 s: a 1 s window holds whole frames). A cap whose quota per frame is under 20 ms "
                    "keeps a token bucket. 0: token buckets for every cap.")
-@click.option("--frame-turns", "frame_turns", is_flag=True, default=False,
-              help="Framed groups held to their caps take turns in the order they asked, not by virtual time, so "
-                   "their slots keep their places in the frames (caps adding up to 1). Not yet measured on a GPU.")
+@click.option("--frame-turns/--no-frame-turns", "frame_turns", default=True, show_default=True,
+              help="Where the caps of the framed groups held to them add up to 1, they take turns in the order they "
+                   "asked, not by virtual time, each turn held to its part of what is left of the frame, so that "
+                   "their slots keep their places in the frames (1 s windows 2.1 / 2.6 points on an H200 against "
+                   "6.0 / 6.3 by virtual time; docs/benchmarks.md).")
 @click.option("--board", "board", default="", metavar="PATH",
               help="The GPU's board page (claims, continuations); default a new file in /dev/shm; 'none': no "
                    "board.")

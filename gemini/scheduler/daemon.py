@@ -194,7 +194,7 @@ class SchedulerDaemon:
                  hello_timeout_s: float = HELLO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
                  device_memory: Optional[int] = None, evict_timeout_s: float = EVICT_TIMEOUT_S,
                  memory_probe: Optional[DeviceMemoryProbe] = None, unified_min_slot_ms: float = SLOT_FLOOR_MIN_MS,
-                 frame_turns: bool = False):
+                 frame_turns: bool = True):
         self.config = config
         self.ip = ip
         self.port = port
