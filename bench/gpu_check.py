@@ -161,6 +161,9 @@ SHARE_RUNS = [
     # gem-schd --no-frame-turns: framed groups at their caps ordered by virtual time (before the twenty-first session)
     ("gemini-3-vtime", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--no-frame-turns"], None),
     ("gemini-0.4-0.6-vtime", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--no-frame-turns"], None),
+    # frames of 200 ms: half the handoffs, and caps from 0.1 framed (their quota 20 ms)
+    ("gemini-3-frame200", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=200"], None),
+    ("gemini-0.4-0.6-frame200", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame=200"], None),
     # the same with every grant logged (hooks, pod managers, gem-schd): where a slot's first kernel starts late
     ("gemini-3-debug", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--debug-logs"], None),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),
