@@ -295,7 +295,7 @@ def step_trainers(ctx) -> dict:
         also("more", groups, ["bench/bench_trainers.py", "--groups", groups, "--seconds", secs],
              ("shares", "window_10s", "alone_steps_per_s", "charged"))
     for v in [v.strip() for v in (ctx.args.trainers_variants or "").split(";") if v.strip()]:
-        also("variants", v, argv + ["--schd-args", v], ("shares", "window_10s", "hook_stats", "charged"))
+        also("variants", v, argv + [f"--schd-args={v}"], ("shares", "window_10s", "hook_stats", "charged"))
     return res
 
 

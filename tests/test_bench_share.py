@@ -115,3 +115,28 @@ def test_gpu_checks_soak_runs_each_variant_with_its_gem_schd_flag(tmp_path, monk
     assert sorted(out) == ["turns", "turns --frame-turns"], out
     assert not any(a.startswith("--schd-arg") for a in calls[0]) and "--schd-arg=--frame-turns" in calls[1], calls
     assert len({a for c in calls for a in c if a.endswith("share-soak-turns") or "share-soak-turns-" in a}) >= 2
+
+
+def test_gpu_checks_trainers_variant_reaches_bench_trainers_as_one_argument(tmp_path, monkeypatch):
+    """A variant is gem-schd flags ('--no-frame-turns'); passed as `--schd-args --no-frame-turns`, bench_trainers'
+    argparse took the value for an option of its own and the run failed (twenty-first session, call 3)."""
+    import types
+
+    import bench.bench_trainers as bt
+    import bench.gpu_check as gc
+    calls = []
+    monkeypatch.setattr(gc, "bench", lambda ctx, argv, timeout: calls.append([str(a) for a in argv]) or {})
+    args = types.SimpleNamespace(quick=False, trainers_groups="a:0:0.4,b:0:0.6", trainers_variants="--no-frame-turns")
+    gc.step_trainers(types.SimpleNamespace(args=args, out=tmp_path))
+    assert len(calls) == 2, calls
+    import argparse
+    parsed = []
+    real = argparse.ArgumentParser.parse_args
+
+    def keep(self, argv=None, namespace=None):
+        parsed.append(real(self, argv, namespace))   # (an argparse error exits here, before the append)
+        raise SystemExit(0)                           # parsed: the benchmark itself is not run
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", keep)
+    with pytest.raises(SystemExit):
+        bt.main(calls[1][1:])
+    assert parsed and parsed[0].schd_args == "--no-frame-turns", parsed
