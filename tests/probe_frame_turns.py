@@ -15,14 +15,15 @@ from bench.harness import Group, Trace, common_span, shares_over
 from tests.e2e_fixtures import finish, start
 from tests.test_e2e_hook import workload
 
-# PROBE_CAPS=0.1,0.2,0.3,0.4 probes another mix (the soak's)
+# PROBE_CAPS=0.1,0.2,0.3,0.4 probes another mix (the soak's); PROBE_SCHD_ARGS more gem-schd flags
 CAPS = dict(zip("abcdefgh", (float(c) for c in os.environ.get("PROBE_CAPS", "0.2,0.3,0.5").split(","))))
 
 
 @pytest.mark.parametrize("turns", [False, True], ids=["vtime", "frame-turns"])
 def test_probe(sim, backends, turns):
     be = backends([Group(g, 0.0, c) for g, c in CAPS.items()], quota_ms=100, min_quota_ms=5, window_ms=10_000,
-                  extra_args=[] if turns else ["--schd-arg=--no-frame-turns"])
+                  extra_args=([] if turns else ["--schd-arg=--no-frame-turns"]) +
+                  [f"--schd-arg={a}" for a in os.environ.get("PROBE_SCHD_ARGS", "").split()])
     traces = {g: sim.dir / f"{g}.trace" for g in CAPS}
     procs = {g: start(workload("workload-procaddr", "--seconds", 12, "--sync-every", 4, "--trace", traces[g]),
                       sim.hooked(be, g)) for g in CAPS}

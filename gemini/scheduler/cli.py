@@ -18,7 +18,7 @@ from gemini.logs import LEVEL_NAMES, level_from_flags, setup_logging
 from gemini.scheduler.capacity import NvmlProbe
 from gemini.scheduler.daemon import DEFAULT_PORT, BindError, SchedulerDaemon
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_CAP_FRAME_MS,
-                                     DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS)
+                                     DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS, MIN_FRAME_QUOTA_MS)
 
 EXIT_USAGE = 2
 
@@ -69,6 +69,10 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
                    "asked, not by virtual time, each turn held to its part of what is left of the frame, so that "
                    "their slots keep their places in the frames (1 s windows 2.1 / 2.6 points on an H200 against "
                    "6.0 / 6.3 by virtual time; docs/benchmarks.md).")
+@click.option("--min-frame-quota", "min_frame_quota", type=click.FloatRange(0.0, 60_000.0),
+              default=MIN_FRAME_QUOTA_MS, show_default=True, metavar="MS",
+              help="A cap whose quota per frame (MaxUtil x --frame) is under this keeps a token bucket (--bucket) "
+                   "instead of a frame's budget: every slot pays a handoff and its queue's drain.")
 @click.option("--board", "board", default="", metavar="PATH",
               help="The GPU's board page (claims, continuations); default a new file in /dev/shm; 'none': no "
                    "board.")
@@ -99,8 +103,9 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               show_default=True, metavar="MS",
               help="While the unified groups do not all fit in --device-memory: the shortest slot of each (longer if "
                    "its swap takes more than a tenth of it), so that a swap is paid by a long slot.")
-def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, board, limit_file, limit_file_dir, verbose,
-         log_level, metrics_port, trace_path, ipc_dir, device_uuid, device_memory, unified_min_slot):
+def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_frame_quota, board, limit_file,
+         limit_file_dir, verbose, log_level, metrics_port, trace_path, ipc_dir, device_uuid, device_memory,
+         unified_min_slot):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     ctx = click.get_current_context()
     if ipc_dir is not None:
@@ -142,7 +147,8 @@ def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, board, 
                              board_path=None if board.lower() == "none" else board, ipc_dir=ipc_dir,
                              device_uuid=device_uuid, device_memory=capacity,
                              memory_probe=None if capacity is not None else _memory_probe(device_uuid),
-                             unified_min_slot_ms=unified_min_slot, frame_turns=frame_turns)
+                             unified_min_slot_ms=unified_min_slot, frame_turns=frame_turns,
+                             min_frame_quota_ms=min_frame_quota)
 
     async def run() -> int:
         # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.

@@ -49,8 +49,8 @@ from gemini.scheduler.observers import SchedulerObserver
 from gemini.scheduler.residency import SLOT_FLOOR_MIN_MS, Eviction, ResidencyPolicy
 from gemini.scheduler.share import reported_share
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_CAP_FRAME_MS,
-                                     DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS, ClaimRightDecision, Decision,
-                                     GrantDecision, Policy, RefuseDecision, SlotEndDecision, diff_configs)
+                                     DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS, MIN_FRAME_QUOTA_MS, ClaimRightDecision,
+                                     Decision, GrantDecision, Policy, RefuseDecision, SlotEndDecision, diff_configs)
 from gemini.wire.sched import (ERR_BAD_MESSAGE, ERR_NOT_REGISTERED, ERR_UNKNOWN_GROUP, MAX_MESSAGE_BYTES,
                                TO_SCHEDULER, ClaimReport, ClaimRight, ConfigUpdate, Error, Evict, Grant, GroupRemoved,
                                GroupStatus, Heartbeat, HeartbeatAck, Hello, Message, MessageError, StatusReply,
@@ -194,7 +194,7 @@ class SchedulerDaemon:
                  hello_timeout_s: float = HELLO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
                  device_memory: Optional[int] = None, evict_timeout_s: float = EVICT_TIMEOUT_S,
                  memory_probe: Optional[DeviceMemoryProbe] = None, unified_min_slot_ms: float = SLOT_FLOOR_MIN_MS,
-                 frame_turns: bool = True):
+                 frame_turns: bool = True, min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS):
         self.config = config
         self.ip = ip
         self.port = port
@@ -215,7 +215,8 @@ class SchedulerDaemon:
         self._t0_ns = time.monotonic_ns()
         self._t0 = self._t0_ns / 1e9
         self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0, bucket_ms=bucket_ms,
-                             clock_origin_ms=self._t0_ns / 1e6, cap_frame_ms=cap_frame_ms, frame_turns=frame_turns)
+                             clock_origin_ms=self._t0_ns / 1e6, cap_frame_ms=cap_frame_ms, frame_turns=frame_turns,
+                             min_frame_quota_ms=min_frame_quota_ms)
         # Unified groups' memory on the GPU (residency.py decides; this daemon carries it out): a grant that needs
         # evictions first is held until the evicted groups' pod managers answer (or evict_timeout_s passes).
         self.residency = ResidencyPolicy(device_memory, slot_floor_min_ms=unified_min_slot_ms)

@@ -423,7 +423,8 @@ class Policy:
                  claim_burst_ms: float = DEFAULT_CLAIM_BURST_MS, max_claim_ms: float = DEFAULT_MAX_CLAIM_MS,
                  continue_lead_ms: float = DEFAULT_CONTINUE_LEAD_MS, active_ms: Optional[float] = None,
                  cap_slot_fraction: float = 0.5, continuation: bool = True, clock_origin_ms: float = 0.0,
-                 cap_frame_ms: float = DEFAULT_CAP_FRAME_MS, frame_turns: bool = True):
+                 cap_frame_ms: float = DEFAULT_CAP_FRAME_MS, frame_turns: bool = True,
+                 min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS):
         for name, value in (("base_quota_ms", base_quota_ms), ("min_quota_ms", min_quota_ms),
                             ("window_ms", window_ms), ("bucket_ms", bucket_ms), ("claim_burst_ms", claim_burst_ms),
                             ("max_claim_ms", max_claim_ms)):
@@ -448,6 +449,8 @@ class Policy:
         # Framed groups held to their caps take turns in the order they asked (_frame_turn), not by virtual time
         # (gem-schd --no-frame-turns: by virtual time).
         self.frame_turns = bool(frame_turns)
+        # A cap whose frame's quota is under this keeps a continuous bucket (_retune_bucket).
+        self.min_frame_quota_ms = max(0.0, float(min_frame_quota_ms))
         self.claim_burst_ms = float(claim_burst_ms)
         self.max_claim_ms = float(max_claim_ms)
         self.continue_lead_ms = float(continue_lead_ms)
@@ -906,11 +909,11 @@ class Policy:
         cap = gc.max_util
         if cap >= 1.0:
             return None
-        # Only a cap whose frame's quota makes a slot worth its handoff and drain (MIN_FRAME_QUOTA_MS): on an H100 a
+        # Only a cap whose frame's quota makes a slot worth its handoff and drain (min_frame_quota_ms): on an H100 a
         # deep-queued group capped at 0.05 ran 0.031 of the GPU's time given 10 ms every 200 ms, 0.042 given 25 ms
         # every 500 ms (and up to 0.083 over a 1 s window), and 0.050 with the bucket (0.072), in the same call.
         # An aligned group keeps the bucket too: its own grid (_grid) places its slots.
-        framed = self.cap_frame_ms > 0 and not gc.aligned and cap * self.cap_frame_ms >= MIN_FRAME_QUOTA_MS - EPS
+        framed = self.cap_frame_ms > 0 and not gc.aligned and cap * self.cap_frame_ms >= self.min_frame_quota_ms - EPS
         fresh: Union[_Bucket, _FrameBucket]
         if framed:
             frame = self.cap_frame_ms
