@@ -516,7 +516,7 @@ class Policy:
         self._capped: dict[str, _Group] = {}
         self._cap_bound: dict[str, _Group] = {}     # of those, the active ones whose target is their cap
         self._frame_bound: dict[str, _Group] = {}   # of those, the framed ones (not aligned): --frame-turns
-        self._frames_full = False                   # the caps of _cap_bound add up to 1: their slots fill frames
+        self._frames_full = False                   # the caps of _frame_bound add up to 1: turns (_frame_turn)
         self._aligned: dict[str, _Group] = {}
         for gc in config.groups:
             self._groups[gc.name] = self._new_group(gc, self.start_ms)
@@ -1243,7 +1243,13 @@ class Policy:
             # runs in are short of room for the others and the rest have room to spare, and the turns' fit cannot
             # carry the difference across: at 0.1 / 0.2 / 0.3 / 0.4 (the soak's caps) one framed group paid 0.8-1.9
             # points (an H200 and the simulated driver, twenty-first session).
-            self._frames_full = sum(cg.cfg.max_util for cg in self._frame_bound.values()) >= 1.0 - 1e-6
+            # And only where each frame's quota is one slot (at most -q): a group that needs two slots a frame took
+            # them a turn apart (a b a b: twice the handoffs and 2.8 points over 1 s windows at 0.4 / 0.6 with -q 30),
+            # and what the fit withheld came back as rests of the frame that broke the order (3.4 points at
+            # 0.2 / 0.2 / 0.6 with --frame 200: an independent review).
+            self._frames_full = sum(cg.cfg.max_util for cg in self._frame_bound.values()) >= 1.0 - 1e-6 and \
+                all(cg.bucket.depth <= self.base_quota_ms + EPS for cg in self._frame_bound.values()
+                    if cg.bucket is not None)
         self._key_diff = 0
         return self._targets
 
@@ -1589,8 +1595,8 @@ class Policy:
         """`--frame-turns`: when the caps of the groups held to them add up to 1 (their slots fill the frames) and
         _choose's pick is a busy framed one of them, the busy framed one that asked earliest goes instead (a holder
         deciding its continuation has not asked: it goes last). Each of them gets its frame's budget whatever their
-        order, so the order changes no share; by virtual time, which their charges' noise moves a little, their
-        order reshuffled from frame to frame, and a 1 s window not aligned with the frames held a slot more or
+        order (less its part of what the frame lacks: _fit_turn); by virtual time, which their charges' noise moves
+        a little, their order reshuffled from frame to frame, and a 1 s window not aligned with the frames held a slot more or
         fewer of a group: 2-5 points in tests/policy_sim.py, 4-6 on H100s (docs/benchmarks.md, "Twentieth
         session"). Taking turns, the slots keep their places in the frames. Busy (the last slot ran to its
         deadline): a light group that asks now and then keeps its place by virtual time (taking turns behind the
@@ -1602,6 +1608,11 @@ class Policy:
         g = self._groups.get(name0)
         if not self._frames_full or g is None or name0 not in self._frame_bound or \
                 not (g.ran_out or name0 == holder):
+            return best
+        if any(name in self._frame_bound for name in self.not_before):
+            # a unified group paced by its swaps (gem-schd's residency) cannot keep a place in every frame: counted
+            # as a turn to come and cut to the frame's rest when it could run, a 0.5 group got 0.25 (by virtual
+            # time 0.40, continued across a boundary while allowed: an independent review's model of the pacing)
             return best
         pick = best
         pick_arrival = g.waiting.arrival if (g.waiting is not None and name0 != holder) else math.inf
@@ -1628,7 +1639,10 @@ class Policy:
             return quota
         left = b.next_boundary(at) - at
         weights = b.depth
-        for other, cg in self._frame_bound.items():     # (turns: their caps add up to 1, nobody else's slots)
+        # (a walk over the framed groups held to their caps, twice a slot: with turns their caps add up to 1 and
+        # each frame's quota is at least --min-frame-quota, so there are at most frame / min-frame-quota of them,
+        # 5 at the defaults; a light group, a claim or a rest may still take time in the frame: a turn then pays)
+        for other, cg in self._frame_bound.items():
             if other == name or not cg.ran_out:
                 continue
             assert isinstance(cg.bucket, _FrameBucket)
