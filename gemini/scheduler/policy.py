@@ -1596,8 +1596,8 @@ class Policy:
         _choose's pick is a busy framed one of them, the busy framed one that asked earliest goes instead (a holder
         deciding its continuation has not asked: it goes last). Each of them gets its frame's budget whatever their
         order (less its part of what the frame lacks: _fit_turn); by virtual time, which their charges' noise moves
-        a little, their order reshuffled from frame to frame, and a 1 s window not aligned with the frames held a slot more or
-        fewer of a group: 2-5 points in tests/policy_sim.py, 4-6 on H100s (docs/benchmarks.md, "Twentieth
+        a little, their order reshuffled from frame to frame, and a 1 s window not aligned with the frames held a
+        slot more or fewer of a group: 2-5 points in tests/policy_sim.py, 4-6 on H100s (docs/benchmarks.md, "Twentieth
         session"). Taking turns, the slots keep their places in the frames. Busy (the last slot ran to its
         deadline): a light group that asks now and then keeps its place by virtual time (taking turns behind the
         busy ones that always asked first, a request's p99 doubled: an independent review); and only where the
