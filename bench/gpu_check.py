@@ -152,6 +152,10 @@ SHARE_RUNS = [
     ("gemini-deep-0.05", ["--mode", "gemini", "--caps", "0.05,1.0", "--sync-every", "800"], None),
     ("gemini-deep-0.05-frame0", ["--mode", "gemini", "--caps", "0.05,1.0", "--sync-every", "800",
                                  "--schd-arg=--frame=0"], None),
+    # deep queues whose caps add up to 1: they take turns (a fixed order), by virtual time with --no-frame-turns
+    ("gemini-deep-0.3-0.7", ["--mode", "gemini", "--caps", "0.3,0.7", "--sync-every", "800"], None),
+    ("gemini-deep-0.3-0.7-vtime", ["--mode", "gemini", "--caps", "0.3,0.7", "--sync-every", "800",
+                                   "--schd-arg=--no-frame-turns"], None),
     ("gemini-deep-0.1", ["--mode", "gemini", "--caps", "0.1,1.0", "--sync-every", "800"], None),
     ("gemini-deep-0.1-mfq10", ["--mode", "gemini", "--caps", "0.1,1.0", "--sync-every", "800",
                                "--schd-arg=--min-frame-quota=10"], None),
