@@ -960,15 +960,19 @@ def test_without_the_right_a_latency_group_asks_gem_schd_like_any_other():
     assert board.claims == {}
 
 
-@pytest.mark.parametrize("max_util, latency_groups, flags", [
-    (1.0, 0, 0),                                        # nothing to keep short
-    (0.5, 0, hp.GRANT_BOUND),                           # a cap: the queue ends with the slot
-    (1.0, 1, hp.GRANT_BOUND | hp.GRANT_TIGHT),          # a claim may come at any moment
-    (0.5, 2, hp.GRANT_BOUND | hp.GRANT_TIGHT),
+@pytest.mark.parametrize("max_util, latency_groups, used_slots, flags", [
+    (1.0, 0, 1, 0),                                     # alone on the GPU: nothing to keep short
+    (0.5, 0, 1, hp.GRANT_BOUND),                        # a cap: the queue ends with the slot
+    (1.0, 0, 2, hp.GRANT_BOUND),                        # another group: its slot must not share ours
+    (1.0, 1, 2, hp.GRANT_BOUND | hp.GRANT_TIGHT),       # a claim may come at any moment
+    (0.5, 2, 3, hp.GRANT_BOUND | hp.GRANT_TIGHT),
 ])
-def test_grant_flags_say_how_short_the_hooks_queue_must_be(max_util, latency_groups, flags):
+def test_grant_flags_say_how_short_the_hooks_queue_must_be(max_util, latency_groups, used_slots, flags):
+    """An uncapped group beside another: its queue ran on into the other's slots (on an H200 a deep-queued group
+    capped at 0.1 beside an uncapped one got 0.066 of the GPU); bounded, its slot's end takes effect."""
     board = FakeBoard()
     board.latency_groups = latency_groups
+    board.used_slots = used_slots
     r = Rig(welcomed=False, board_open=lambda path: board)
     r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=max_util, mem_limit=1000, scheduler_id="s1",
                                 board_path="/dev/shm/b", board_slot=1))

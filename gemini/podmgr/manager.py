@@ -308,18 +308,26 @@ class PodManager:
         return self.link.unknown_reason or f"group {self.group!r} is not known to gem-schd"
 
     def _grant_flags(self) -> int:
-        """GRANT_BOUND when a cap or a claim needs the hooks' queue kept within the slot; GRANT_TIGHT as well when a
-        latency group may claim the GPU at any moment (then the queue stays about a millisecond long: a claim
-        must not wait for a whole slot's queued work, while a cap only needs the queue to end with the slot)."""
-        latency_present = False
-        if self.board is not None:
-            try:
-                latency_present = int(self.board.latency_groups) > 0
-            except (AttributeError, TypeError, ValueError):
-                latency_present = False
+        """GRANT_BOUND when a cap, a claim or another group needs the hooks' queue kept within the slot; GRANT_TIGHT
+        as well when a latency group may claim the GPU at any moment (then the queue stays about a millisecond long:
+        a claim must not wait for a whole slot's queued work, while a cap or a neighbour's slot only needs the queue
+        to end with the slot). Another group on the GPU (more than one board line in use): an uncapped group's
+        queue ran on into the next holder's slot, which the GPU then shared with it; a deep-queued group capped at
+        0.1 beside an uncapped one got 0.066 of the GPU, charged 0.099 (an H200, twenty-first session)."""
+        latency_present = self._board_count("latency_groups") > 0
+        shared = self._board_count("used_slots") > 1
         if latency_present:
             return hp.GRANT_BOUND | hp.GRANT_TIGHT
-        return hp.GRANT_BOUND if self.max_util < 1.0 else 0
+        return hp.GRANT_BOUND if (self.max_util < 1.0 or shared) else 0
+
+    def _board_count(self, field: str) -> int:
+        """A count gem-schd keeps on the board (0 without a board, or if it cannot be read)."""
+        if self.board is None:
+            return 0
+        try:
+            return int(getattr(self.board, field))
+        except (AttributeError, TypeError, ValueError):
+            return 0
 
     # --- the SharingContext the strategies use ------------------------------------------------
 
