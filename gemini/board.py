@@ -160,11 +160,6 @@ class Board(_MappedFile):
         return int(self._b.claims.latency_groups)
 
     @property
-    def used_slots(self) -> int:
-        """gem-schd: the group lines in use are below this (more than one: other groups share the GPU)."""
-        return int(self._b.claims.used_slots)
-
-    @property
     def generation(self) -> int:
         return int(self._b.head.generation)
 

@@ -6,7 +6,8 @@
  * hook decides afterwards. So a slot's end (or a latency group's claim) would
  * only take effect after that queue, and a capped group could run far past
  * its cap inside one slot. When the grant says so (GEM_GRANT_BOUND: a latency
- * group is present, or the group is capped below 1), the gate asks for a
+ * group is present, the group is capped below 1, or another group is configured
+ * on the GPU), the gate asks for a
  * marker every N launches (gate.h): the hook records an event on the
  * launching stream, first waiting for the marker `depth` back, so at most
  * `depth` markers' worth of work stays queued on each stream. The GPU time

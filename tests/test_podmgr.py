@@ -960,26 +960,48 @@ def test_without_the_right_a_latency_group_asks_gem_schd_like_any_other():
     assert board.claims == {}
 
 
-@pytest.mark.parametrize("max_util, latency_groups, used_slots, flags", [
-    (1.0, 0, 1, 0),                                     # alone on the GPU: nothing to keep short
-    (0.5, 0, 1, hp.GRANT_BOUND),                        # a cap: the queue ends with the slot
-    (1.0, 0, 2, hp.GRANT_BOUND),                        # another group: its slot must not share ours
-    (1.0, 1, 2, hp.GRANT_BOUND | hp.GRANT_TIGHT),       # a claim may come at any moment
-    (0.5, 2, 3, hp.GRANT_BOUND | hp.GRANT_TIGHT),
+@pytest.mark.parametrize("max_util, latency_groups, neighbours, flags", [
+    (1.0, 0, 0, 0),                                     # alone on the GPU: nothing to keep short
+    (0.5, 0, 0, hp.GRANT_BOUND),                        # a cap: the queue ends with the slot
+    (1.0, 0, 1, hp.GRANT_BOUND),                        # another group: its slot must not share ours
+    (1.0, 1, 1, hp.GRANT_BOUND | hp.GRANT_TIGHT),       # a claim may come at any moment
+    (0.5, 2, 2, hp.GRANT_BOUND | hp.GRANT_TIGHT),
 ])
-def test_grant_flags_say_how_short_the_hooks_queue_must_be(max_util, latency_groups, used_slots, flags):
+@pytest.mark.parametrize("with_board", [True, False])
+def test_grant_flags_say_how_short_the_hooks_queue_must_be(max_util, latency_groups, neighbours, flags, with_board):
     """An uncapped group beside another: its queue ran on into the other's slots (on an H200 a deep-queued group
-    capped at 0.1 beside an uncapped one got 0.066 of the GPU); bounded, its slot's end takes effect."""
+    capped at 0.1 beside an uncapped one got 0.066 of the GPU); bounded, its slot's end takes effect. gem-schd
+    says how many other groups the GPU has (Welcome), with or without a board (claims need one)."""
+    if not with_board and latency_groups:
+        return
     board = FakeBoard()
     board.latency_groups = latency_groups
-    board.used_slots = used_slots
     r = Rig(welcomed=False, board_open=lambda path: board)
     r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=max_util, mem_limit=1000, scheduler_id="s1",
-                                board_path="/dev/shm/b", board_slot=1))
+                                board_path="/dev/shm/b" if with_board else "", board_slot=1 if with_board else -1,
+                                neighbours=neighbours))
     a = r.hook(pid=1)
     r.m.on_hook(a, 5, hp.TokenRequest())
     [g] = to_hook(r.grant(50.0, 7))
     assert g.msg.flags == flags
+
+
+def test_a_reload_that_adds_a_neighbour_bounds_an_uncapped_groups_next_grant():
+    """ConfigUpdate carries the new count: alone, nothing is bounded; once a second group is configured, the next
+    grant is (and again not once it is gone)."""
+    r = Rig(welcomed=False)
+    r.m.on_scheduler(sm.Welcome(group=GROUP, min_util=0.0, max_util=1.0, mem_limit=1000, scheduler_id="s1"))
+    a = r.hook(pid=1)
+    flags = []
+    for seq, neighbours in ((7, None), (8, 1), (9, 0)):
+        if neighbours is not None:
+            r.m.on_scheduler(sm.ConfigUpdate(group=GROUP, min_util=0.0, max_util=1.0, mem_limit=1000,
+                                             neighbours=neighbours))
+        r.m.on_hook(a, seq, hp.TokenRequest())
+        [g] = to_hook(r.grant(50.0, seq))
+        flags.append(g.msg.flags)
+        r.m.on_hook(a, seq, hp.TokenRelease(token_seq=seq))
+    assert flags == [0, hp.GRANT_BOUND, 0], flags
 
 
 # --- after review: continued slots, claims that run out, residency reports, class changes ---------------------

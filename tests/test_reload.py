@@ -93,13 +93,13 @@ def test_each_save_style_is_picked_up(daemon_on_file, save):
         save(path, cfg_text(0.7))
         upd = p.recv_type(ConfigUpdate, timeout=3.0)
         elapsed = time.monotonic() - t0
-        assert upd == ConfigUpdate("a", 0.0, 0.7, 1 << 30)
+        assert upd == ConfigUpdate("a", 0.0, 0.7, 1 << 30, neighbours=1)
         assert status_of(p)["a"]["max_util"] == 0.7
         assert d.call(lambda: d.daemon.policy.config.group("a").max_util) == 0.7
         assert elapsed < 1.0
         # and a second save of the same style works too
         save(path, cfg_text(0.4))
-        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.4, 1 << 30)
+        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.4, 1 << 30, neighbours=1)
 
 
 def test_bad_file_keeps_the_last_good_config(daemon_on_file, caplog):
@@ -120,7 +120,7 @@ def test_bad_file_keeps_the_last_good_config(daemon_on_file, caplog):
         assert len(caplog.records) == n
         # fixing it applies
         save_in_place(path, cfg_text(0.6))
-        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.6, 1 << 30)
+        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.6, 1 << 30, neighbours=1)
 
 
 def test_a_process_sharing_edit_alone_is_pushed(daemon_on_file):
@@ -128,7 +128,7 @@ def test_a_process_sharing_edit_alone_is_pushed(daemon_on_file):
     with FakePodManager(d.endpoint) as p:
         assert p.request(Hello("a", pid=1)).turns is False
         save_rename_over(path, cfg_text(0.3).replace("[a]\n", "[a]\nProcessSharing = turns\n"))
-        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.3, 1 << 30, turns=True)
+        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.3, 1 << 30, turns=True, neighbours=1)
 
 
 def test_gem_ctl_status_says_the_last_edit_was_rejected_and_why(daemon_on_file):
@@ -168,7 +168,7 @@ def test_deleted_file_keeps_config_until_recreated(daemon_on_file, caplog):
         assert status_of(p)["a"]["max_util"] == 0.3          # still in force
         time.sleep(0.1)
         path.write_text(cfg_text(0.8))
-        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.8, 1 << 30)
+        assert p.recv_type(ConfigUpdate, timeout=3.0) == ConfigUpdate("a", 0.0, 0.8, 1 << 30, neighbours=1)
 
 
 def test_group_added_and_removed_by_a_save(daemon_on_file):

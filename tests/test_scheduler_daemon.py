@@ -63,7 +63,7 @@ def test_hello_welcome(schd, pmgrs):
     p = pmgrs()
     w = p.request(Hello("b", pid=42, mem_used=5, clients=2))
     assert isinstance(w, Welcome)
-    assert (w.group, w.min_util, w.max_util, w.mem_limit) == ("b", 0.2, 0.9, 2 << 30)
+    assert (w.group, w.min_util, w.max_util, w.mem_limit, w.neighbours) == ("b", 0.2, 0.9, 2 << 30, 2)
     assert w.scheduler_id == schd.daemon.scheduler_id
     st = p.request(StatusRequest())
     row = next(g for g in st.groups if g["name"] == "b")
@@ -323,6 +323,17 @@ def test_scheduler_restart_leads_to_re_hello(pmgrs):
         p.close()
 
 
+def test_a_reload_that_changes_how_many_groups_share_the_gpu_tells_every_group(schd, pmgrs):
+    """Each pod manager knows its neighbours (with any, an uncapped group's hooks keep their queue within its slots):
+    a reload down to one group tells the one left, whose own settings did not change, that it is alone now."""
+    pa, pb = pmgrs("a"), pmgrs("b")
+    alone = parse_config("[a]\nMaxUtil = 1.0\nMemoryLimit = 1GiB\n", "rc.txt")
+    schd.call(lambda: schd.daemon.apply_config(alone))
+    assert pa.recv(1.0) == ConfigUpdate("a", 0.0, 1.0, 1 << 30, neighbours=0)
+    assert GroupRemoved("b") in [pb.recv(1.0), pb.recv(1.0)]
+    assert pmgrs("a").request(Hello("a", pid=5)).neighbours == 0
+
+
 def test_reload_pushes_updates_and_removals(schd, pmgrs):
     pa, pb, pc = pmgrs("a"), pmgrs("b"), pmgrs("c")
     pa.request(TokenRequest("a"))                 # a holds the token
@@ -334,7 +345,7 @@ def test_reload_pushes_updates_and_removals(schd, pmgrs):
                        "MemoryLimit = 3GiB\n[d]\n", "rc.txt")
     schd.call(lambda: schd.daemon.apply_config(new))
     upd = pb.recv(1.0)
-    assert upd == ConfigUpdate("b", 0.1, 0.8, 3 << 30)
+    assert upd == ConfigUpdate("b", 0.1, 0.8, 3 << 30, neighbours=2)
     got = [pc.recv(1.0), pc.recv(1.0)]
     assert Error(ERR_UNKNOWN_GROUP, "group 'c' was removed from rc.txt", "c") in got
     assert GroupRemoved("c") in got

@@ -197,6 +197,7 @@ class PodManager:
         self._next_client_id = 1
         self.min_util = 0.0
         self.max_util = 0.0
+        self.neighbours = 0             # other groups on the GPU (gem-schd's Welcome and ConfigUpdate)
         self.sched_class = "batch"
         self.memory_mode = "device"
         self.link = _Link(scheduler_addr, clock())
@@ -311,14 +312,13 @@ class PodManager:
         """GRANT_BOUND when a cap, a claim or another group needs the hooks' queue kept within the slot; GRANT_TIGHT
         as well when a latency group may claim the GPU at any moment (then the queue stays about a millisecond long:
         a claim must not wait for a whole slot's queued work, while a cap or a neighbour's slot only needs the queue
-        to end with the slot). Another group on the GPU (more than one board line in use): an uncapped group's
-        queue ran on into the next holder's slot, which the GPU then shared with it; a deep-queued group capped at
-        0.1 beside an uncapped one got 0.066 of the GPU, charged 0.099 (an H200, twenty-first session)."""
-        latency_present = self._board_count("latency_groups") > 0
-        shared = self._board_count("used_slots") > 1
-        if latency_present:
+        to end with the slot). Another group on the GPU (gem-schd counts them for us: `neighbours`, with or without
+        a board): an uncapped group's queue ran on into the next holder's slot, which the GPU then shared with it;
+        a deep-queued group capped at 0.1 beside an uncapped one got 0.066 of the GPU, charged 0.099 (an H200,
+        twenty-first session). Configured, not active: an idle neighbour costs the group its markers."""
+        if self._board_count("latency_groups") > 0:
             return hp.GRANT_BOUND | hp.GRANT_TIGHT
-        return hp.GRANT_BOUND if (self.max_util < 1.0 or shared) else 0
+        return hp.GRANT_BOUND if (self.max_util < 1.0 or self.neighbours > 0) else 0
 
     def _board_count(self, field: str) -> int:
         """A count gem-schd keeps on the board (0 without a board, or if it cannot be read)."""
@@ -856,6 +856,7 @@ class PodManager:
             return self._on_evict(msg, now)
         if isinstance(msg, sm.ConfigUpdate):
             self.min_util, self.max_util = msg.min_util, msg.max_util
+            self.neighbours = msg.neighbours
             self.sched_class, self.memory_mode = msg.sched_class, msg.memory_mode
             self._count_held_as_managed()
             self._keep_flare()
@@ -898,6 +899,7 @@ class PodManager:
         link.registered = True
         link.scheduler_id = msg.scheduler_id
         self.min_util, self.max_util = msg.min_util, msg.max_util
+        self.neighbours = msg.neighbours
         self.sched_class, self.memory_mode = msg.sched_class, msg.memory_mode
         self._count_held_as_managed()
         link.last_heartbeat = now

@@ -622,7 +622,12 @@ class SchedulerDaemon:
         slot = self._board_slots.get(gc.name, -1)
         path = str(self.board.path) if self.board is not None and slot >= 0 else ""
         return Welcome(gc.name, gc.min_util, gc.max_util, gc.mem_limit, self.scheduler_id, gc.turns,
-                       gc.sched_class, gc.memory_mode, path, slot)
+                       gc.sched_class, gc.memory_mode, path, slot, self._neighbours())
+
+    def _neighbours(self) -> int:
+        """How many other groups the config puts on this GPU (told to each pod manager: with any, an uncapped
+        group's hooks keep their queue within its slots, gem-pmgr's _grant_flags)."""
+        return max(0, len(self.config.groups) - 1)
 
     def _on_heartbeat(self, identity: bytes, msg: Heartbeat, envelope: list[bytes]) -> None:
         if not self._check_registered(identity, msg.group, envelope):
@@ -1039,12 +1044,14 @@ class SchedulerDaemon:
         self._dispatch(decisions, now)
         for name in diff.added:
             self._info.setdefault(name, _GroupInfo())
-        for name in diff.changed:
+        # The changed groups, and every group when the number of groups changed (each is told its neighbours).
+        recount = len(old.groups) != len(config.groups)
+        for name in ([g.name for g in config.groups] if recount else diff.changed):
             owner = self._owners.get(name)
             gc = config.group(name)
             if owner is not None and gc is not None:
                 self._send(owner, ConfigUpdate(name, gc.min_util, gc.max_util, gc.mem_limit, gc.turns,
-                                               gc.sched_class, gc.memory_mode))
+                                               gc.sched_class, gc.memory_mode, self._neighbours()))
         for name in diff.removed:
             owner = self._owners.get(name)
             if owner is not None:

@@ -124,6 +124,7 @@ class Welcome:
     memory_mode: str = "device"  # MemoryMode: device or unified
     board_path: str = ""        # the GPU's board page ("" if none)
     board_slot: int = -1        # the group's line on it
+    neighbours: int = 0         # the other groups configured on the GPU (some: the group's queue ends with its slot)
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class ConfigUpdate:
     turns: bool = False
     sched_class: str = "batch"
     memory_mode: str = "device"
+    neighbours: int = 0         # as in Welcome (also pushed to every group when a reload changes it)
 
 
 @dataclass(frozen=True)
