@@ -6,8 +6,10 @@
 One trainer (tests/gpu/workloads/train_loop.py, eager ResNet-18 unless --trainer graph) runs alone, natively,
 for its rate; then one per group NAME:MinUtil:MaxUtil runs hooked, all at once, under gem-schd's DEFAULT
 flags. Each group's share is its rate over the common measured span divided by the rate alone (the trainers
-are identical). Also reports the share of each over sliding 10 s windows (stepped by 1 s) from the trainers'
-progress lines. Prints one JSON object.
+are identical). Also reports the share of each over sliding 1 s and 10 s windows (stepped by 100 ms) from the
+trainers' progress lines: the least and largest, the 5th and 95th percentiles, and how far the worst and the 95th
+percentile lie from the group's mean share, in points (`sliding_1s`, `sliding_10s`; `window_10s` keeps the least
+and largest 10 s windows). Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -23,6 +25,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_inference import WORKLOADS, Trainer  # noqa: E402
 from bench.harness import Backend, Group, ctl_status, read_stats  # noqa: E402
+
+
+def sliding_shares(rate, base: float, t0: float, t1: float, window_s: float, step_s: float = 0.1) -> list[float]:
+    """A trainer's share (its rate over `base`) over every window of `window_s` in [t0, t1], stepped by `step_s`;
+    `rate(a, b)` is its steps per second between two times (nan where it made no progress to measure)."""
+    out, k = [], 0
+    while t0 + k * step_s + window_s <= t1 + 1e-9:
+        a = t0 + k * step_s
+        v = rate(a, a + window_s) / base
+        if v == v:      # not nan
+            out.append(v)
+        k += 1
+    return out
+
+
+def window_stats(shares: list[float], mean: float) -> dict[str, float]:
+    """The least and largest window, the 5th and 95th percentiles, and the worst and the 95th percentile of how far
+    a window lies from the mean share (points)."""
+    if not shares:
+        return {}
+    v = sorted(shares)
+    dev = sorted(abs(x - mean) * 100 for x in shares)
+    pick = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    return {"min": v[0], "max": v[-1], "p5": pick(v, 0.05), "p95": pick(v, 0.95), "windows": len(v),
+            "worst_from_mean_pp": dev[-1], "p95_from_mean_pp": pick(dev, 0.95)}
 
 
 def main(argv=None) -> int:
@@ -69,14 +96,10 @@ def main(argv=None) -> int:
                 t.stop()
     base = out["alone_steps_per_s"]
     out["shares"] = {n: t.rate(t0, t1) / base for n, t in trainers.items()}
-    windows: dict[str, list[float]] = {}
-    for n, t in trainers.items():
-        w, s = [], t0
-        while s + 10.0 <= t1:
-            w.append(t.rate(s, s + 10.0) / base)
-            s += 1.0
-        windows[n] = w
-    out["window_10s"] = {n: {"min": min(w), "max": max(w)} for n, w in windows.items() if w}
+    for key, length in (("sliding_1s", 1.0), ("sliding_10s", 10.0)):
+        out[key] = {n: window_stats(sliding_shares(t.rate, base, t0, t1, length), out["shares"][n])
+                    for n, t in trainers.items()}
+    out["window_10s"] = {n: {"min": w["min"], "max": w["max"]} for n, w in out["sliding_10s"].items() if w}
     # the hooks' counters (slots, drains, marker waits: where a trainer's time went)
     out["hook_stats"] = {str(k): v for k, v in read_stats(stats_file).items()}
     out["configured"] = {g.name: {"min_util": g.min_util, "max_util": g.max_util} for g in specs}

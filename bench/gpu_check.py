@@ -300,9 +300,10 @@ def step_trainers(ctx) -> dict:
 
     for groups in sets[1:]:
         also("more", groups, ["bench/bench_trainers.py", "--groups", groups, "--seconds", secs],
-             ("shares", "window_10s", "alone_steps_per_s", "charged"))
+             ("shares", "window_10s", "sliding_1s", "sliding_10s", "alone_steps_per_s", "charged"))
     for v in [v.strip() for v in (ctx.args.trainers_variants or "").split(";") if v.strip()]:
-        also("variants", v, argv + [f"--schd-args={v}"], ("shares", "window_10s", "hook_stats", "charged"))
+        also("variants", v, argv + [f"--schd-args={v}"],
+             ("shares", "window_10s", "sliding_1s", "sliding_10s", "hook_stats", "charged"))
     return res
 
 
@@ -454,6 +455,8 @@ def write_report(ctx, results: dict) -> None:
             lines.append(f"groups {res['groups']}: shares of alone throughput "
                          f"{ {k: round(v, 3) for k, v in res['shares'].items()} }, 10 s windows "
                          f"{ {k: (round(v['min'], 3), round(v['max'], 3)) for k, v in res['window_10s'].items()} }, "
+                         f"sliding 1 s windows (least, largest, worst and p95 from the mean in points) "
+                         f"{ {k: tuple(round(v.get(f, float('nan')), 3) for f in ('min', 'max', 'worst_from_mean_pp', 'p95_from_mean_pp')) for k, v in res.get('sliding_1s', {}).items()} }, "  # noqa: E501
                          f"charged by gem-schd {res.get('charged')}")
             for groups, one in res.get("more", {}).items():
                 if "error" in one:

@@ -140,3 +140,42 @@ def test_gpu_checks_trainers_variant_reaches_bench_trainers_as_one_argument(tmp_
     with pytest.raises(SystemExit):
         bt.main(calls[1][1:])
     assert parsed and parsed[0].schd_args == "--no-frame-turns", parsed
+
+
+def test_trainer_windows_slide_by_100_ms_and_say_how_far_the_worst_lies_from_the_mean():
+    """bench_trainers' windows (issue 14: sliding, worst and p95): a trainer at 10 steps/s that stalls for 0.5 s in
+    the middle of 20 s. Windows stepped by 1 s and aligned with the stall saw it split over two windows; stepped by
+    100 ms, the worst 1 s window holds the whole stall (half its steps)."""
+    from bench.bench_trainers import sliding_shares, window_stats
+    points = []
+    steps, t = 0, 0.0
+    while t <= 20.0 + 1e-9:
+        points.append((t, steps))
+        t = round(t + 0.05, 2)
+        if not (10.75 < t <= 11.25):
+            steps += 0.5
+    def rate(a, b):
+        pts = [p for p in points if a <= p[0] <= b]
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]) if len(pts) >= 2 else float("nan")
+    one = sliding_shares(rate, 10.0, 0.0, 20.0, 1.0)
+    assert len(one) == 191
+    stats = window_stats(one, 1.0)
+    assert stats["min"] == pytest.approx(0.5, abs=0.06) and stats["max"] == pytest.approx(1.0, abs=0.01)
+    assert stats["worst_from_mean_pp"] == pytest.approx(50, abs=6) and stats["p95_from_mean_pp"] > 5
+    coarse = min(rate(s, s + 1.0) for s in range(0, 20)) / 10.0     # stepped by 1 s: the stall split in two
+    assert coarse > 0.7
+
+
+def test_gpu_checks_trainer_lines_give_the_sliding_1_s_windows(tmp_path):
+    """The floor and trainers lines give the sliding 1 s windows beside the 10 s ones (and a result from before
+    bench_trainers had them still reads)."""
+    import types
+
+    import bench.gpu_check as gc
+    res = {"groups": "a:0.7:1,b:0:1", "shares": {"a": 0.69, "b": 0.3}, "charged": {"a": 0.7},
+           "window_10s": {"a": {"min": 0.68, "max": 0.7}, "b": {"min": 0.29, "max": 0.31}},
+           "sliding_1s": {"a": {"min": 0.6, "max": 0.75, "worst_from_mean_pp": 9.0, "p95_from_mean_pp": 3.1}}}
+    ctx = types.SimpleNamespace(out=tmp_path, durations={})
+    gc.write_report(ctx, {"floor": res, "trainers": {k: v for k, v in res.items() if k != "sliding_1s"}})
+    text = (tmp_path / "report.md").read_text()
+    assert "sliding 1 s windows" in text and "(0.6, 0.75, 9.0, 3.1)" in text, text
