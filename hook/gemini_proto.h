@@ -125,8 +125,8 @@ struct gem_token_grant {
 };
 
 /* GEM_GRANT_BOUND: keep the work queued on the GPU within the slot (the group is capped below 1, another group
- * is configured on the GPU, or a latency group is present): at most half the time left until the slot's deadline, and never less than
- * GEMINI_INFLIGHT_MS, stays queued, so a slot's end takes effect about when it is due.
+ * is configured on the GPU, or a latency group is present): at most half the time left until the slot's
+ * deadline, and never less than GEMINI_INFLIGHT_MS, stays queued, so a slot's end takes effect about when it is due.
  * GEM_GRANT_TIGHT (with BOUND): at most GEMINI_INFLIGHT_MS stays queued whatever the time left, so that a
  * latency group's claim takes effect within about that (a latency group is present).
  * GEM_GRANT_CLAIM: the token is a latency group's claim (batch holders pause meanwhile).
