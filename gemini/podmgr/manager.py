@@ -316,18 +316,15 @@ class PodManager:
         a board): an uncapped group's queue ran on into the next holder's slot, which the GPU then shared with it;
         a deep-queued group capped at 0.1 beside an uncapped one got 0.066 of the GPU, charged 0.099 (an H200,
         twenty-first session). Configured, not active: an idle neighbour costs the group its markers."""
-        if self._board_count("latency_groups") > 0:
+        latency_present = False
+        if self.board is not None:
+            try:
+                latency_present = int(self.board.latency_groups) > 0
+            except (AttributeError, TypeError, ValueError):
+                latency_present = False
+        if latency_present:
             return hp.GRANT_BOUND | hp.GRANT_TIGHT
         return hp.GRANT_BOUND if (self.max_util < 1.0 or self.neighbours > 0) else 0
-
-    def _board_count(self, field: str) -> int:
-        """A count gem-schd keeps on the board (0 without a board, or if it cannot be read)."""
-        if self.board is None:
-            return 0
-        try:
-            return int(getattr(self.board, field))
-        except (AttributeError, TypeError, ValueError):
-            return 0
 
     # --- the SharingContext the strategies use ------------------------------------------------
 
