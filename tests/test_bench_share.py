@@ -179,3 +179,25 @@ def test_gpu_checks_trainer_lines_give_the_sliding_1_s_windows(tmp_path):
     gc.write_report(ctx, {"floor": res, "trainers": {k: v for k, v in res.items() if k != "sliding_1s"}})
     text = (tmp_path / "report.md").read_text()
     assert "sliding 1 s windows" in text and "(0.6, 0.75, 9.0, 3.1)" in text, text
+
+
+def test_share_windows_slide_by_100_ms_and_catch_a_burst_that_fixed_windows_split():
+    """bench_share's sliding windows (issue 14: a window fixed to whole seconds understated the worst): a tenant that
+    runs 1 ms kernels at 0.3 of the GPU, except for 0.5 s at the full GPU straddling a whole second. Fixed 1 s
+    windows each hold half the burst (0.25 s at 1.0 and 0.75 s at 0.3: 0.475, 17.5 points off); a window sliding by
+    100 ms holds all of it (0.5 s at 1.0 and 0.5 s at 0.3: 0.65, 35 points off). A steady run's p95 is about 0."""
+    from bench.bench_share import sliding_windows
+    ms = 1_000_000
+    kernels, t = [], 0
+    while t < 20_000 * ms:
+        busy = 10_750 * ms <= t < 11_250 * ms
+        kernels.append((t, t + ms, ms))
+        t += ms if busy else int(ms / 0.3)
+    steady = [k for k in kernels if not (10_000 * ms <= k[0] < 12_000 * ms)]
+    res = sliding_windows({"g": kernels}, {"g": 0.3}, 1.0)["g"]
+    fixed = max(abs(sum(min(e, (s0 + 1000) * ms) - max(s, s0 * ms) for s, e, _ in kernels
+                        if e > s0 * ms and s < (s0 + 1000) * ms) / (1000 * ms) - 0.3) * 100
+                for s0 in range(1000, 19_000, 1000))
+    assert res["worst_pp"] == pytest.approx(35, abs=1.5) and fixed == pytest.approx(17.5, abs=1.5), (res, fixed)
+    assert res["max_share"] == pytest.approx(0.65, abs=0.015)
+    assert sliding_windows({"g": steady[:len(steady) // 2]}, {"g": 0.3}, 1.0)["g"]["p95_pp"] < 0.5
