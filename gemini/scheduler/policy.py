@@ -16,7 +16,8 @@ within its budget (see below). Three mechanisms decide who gets the next slot an
   over it is its cap (with a continuous bucket the cycle of slots is as long as the refill and the handoffs make it,
   and a 1 s window swung by up to the bucket's depth). Over ANY interval of length T a group gets at most MaxUtil x T
   + `cap_burst_ms` (2 x MaxUtil x (1 - MaxUtil) x the frame + the carry). A cap whose frame's quota would be under
-  MIN_FRAME_QUOTA_MS, an aligned group, and every cap with `cap_frame_ms=0` have a continuous token bucket instead: it
+  `min_frame_quota_ms` (MIN_FRAME_QUOTA_MS by default), an aligned group,
+  and every cap with `cap_frame_ms=0` have a continuous token bucket instead: it
   fills at MaxUtil ms per ms of wall time up to a depth of `bucket_ms`, a slot is trimmed so that it is empty, not
   negative, when the slot ends, and over any interval a group gets at most MaxUtil x T + bucket_ms. Either is charged
   what the group really used: the slot up to its release, minus the part the hooks measured as not theirs (the handoff
@@ -516,7 +517,7 @@ class Policy:
         self._capped: dict[str, _Group] = {}
         self._cap_bound: dict[str, _Group] = {}     # of those, the active ones whose target is their cap
         self._frame_bound: dict[str, _Group] = {}   # of those, the framed ones (not aligned): --frame-turns
-        self._frames_full = False                   # the caps of _frame_bound add up to 1: turns (_frame_turn)
+        self._turns_apply = False                   # _frame_bound's caps add up to 1, one slot a frame each
         self._aligned: dict[str, _Group] = {}
         for gc in config.groups:
             self._groups[gc.name] = self._new_group(gc, self.start_ms)
@@ -1247,7 +1248,7 @@ class Policy:
             # them a turn apart (a b a b: twice the handoffs and 2.8 points over 1 s windows at 0.4 / 0.6 with -q 30),
             # and what the fit withheld came back as rests of the frame that broke the order (3.4 points at
             # 0.2 / 0.2 / 0.6 with --frame 200: an independent review).
-            self._frames_full = sum(cg.cfg.max_util for cg in self._frame_bound.values()) >= 1.0 - 1e-6 and \
+            self._turns_apply = sum(cg.cfg.max_util for cg in self._frame_bound.values()) >= 1.0 - 1e-6 and \
                 all(cg.bucket.depth <= self.base_quota_ms + EPS for cg in self._frame_bound.values()
                     if cg.bucket is not None)
         self._key_diff = 0
@@ -1606,7 +1607,7 @@ class Policy:
         self._current_targets(at)       # _frame_bound as of now (a reload's removed group must not be picked)
         name0 = best[1]
         g = self._groups.get(name0)
-        if not self._frames_full or g is None or name0 not in self._frame_bound or \
+        if not self._turns_apply or g is None or name0 not in self._frame_bound or \
                 not (g.ran_out or name0 == holder):
             return best
         if any(name in self._frame_bound for name in self.not_before):
