@@ -168,7 +168,11 @@ static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph, con
                     return CUDA_SUCCESS;
                 }
             }
-            return gem_gate_cost_marker(g, stream, ptsz, key, cost, !graph && (cost == 0 || relearn));
+            /* a kernel predicted past the target alone has a marker before it and one after (the sum is past the
+             * target again at the next launch): measured alone at no extra marker, a cost too long is corrected at
+             * once rather than at one launch in GEM_KCOST_RELEARN (a kernel's shapes changed, a noisy measure) */
+            return gem_gate_cost_marker(g, stream, ptsz, key, cost,
+                                        !graph && (cost == 0 || relearn || cost > gem_kcost_target_ns()));
         }
         return gem_burst_begin(g, stream, ptsz, gem_now_ns());
     }

@@ -146,7 +146,10 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
      * the launching thread about 4.7 us (bench/event_cost.c), more than the rest of a marker, and a host-bound
      * launcher's intervals (never behind) would pay them at every marker for nothing. */
     int costed = !r->per[done];
-    if (costed && (r->unit[prev] || held || !r->behind[done]))
+    /* (a unit predicted past the target on its own is a full sum as well: a kernel that long is measured at each
+     * launch, and a loop of 1 ms kernels with only units would otherwise never learn its queue's depth) */
+    int unit = r->unit[prev] && r->predicted[done] <= gem_kcost_target_ns();
+    if (costed && (unit || held || !r->behind[done]))
         return 1;
     float ms = 0;
     if (REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||

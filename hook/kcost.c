@@ -49,15 +49,25 @@ void gem_kcost_learn(uint64_t key, int64_t ns, int exact) {
             next = us >= have ? us : have - (have - us) / 4;
         else
             next = us < have ? us : have;
-        if (next == have || atomic_compare_exchange_strong(slot, &old, entry(tag, next)))
+        if (next == have || atomic_compare_exchange_strong(slot, &old, entry(tag, next))) {
+            /* an exact measure under half the cost: the kernel got shorter (its shapes changed), or the cost came
+             * from a noisy one. A quarter of the way per measure, at one launch in GEM_KCOST_RELEARN, took
+             * thousands of launches at a marker each; the thread measures its next launch alone too, and so on
+             * while the measures stay under half (a dozen steps from 2 ms to 40 us). Not GEM_KCOST_VERIFY
+             * launches: on a starved host each noisy measure then cost 64 markers. */
+            if (exact && 2 * us < have)
+                gem_kcost_measure_thread(1);
             return;
+        }
     }
 }
 
-void gem_kcost_verify_thread(void) {
+void gem_kcost_verify_thread(void) { gem_kcost_measure_thread(GEM_KCOST_VERIFY); }
+
+void gem_kcost_measure_thread(int launches) {
     struct gem_thread_counter *t = gem_tls_counter;
-    if (t && t->verifying < (int)GEM_KCOST_VERIFY) {
-        t->verifying = GEM_KCOST_VERIFY;
+    if (t && t->verifying < launches) {
+        t->verifying = launches;
         atomic_fetch_add_explicit(&gem_stats.kernel_cost_checks, 1, memory_order_relaxed);
     }
 }

@@ -70,6 +70,8 @@ static inline int64_t gem_kcost_target_ns(void) { return gem_cfg.inflight_ns / 2
 /* The calling thread's queue ran far longer than its kernels' predicted costs: its next GEM_KCOST_VERIFY launches
  * are measured alone (stats.h's thread counter). */
 void gem_kcost_verify_thread(void);
+/* The calling thread's next `launches` launches are measured alone (at least). */
+void gem_kcost_measure_thread(int launches);
 
 /* A fork child's functions are its own: the parent's keys are forgotten. */
 void gem_kcost_after_fork(void);
@@ -77,7 +79,8 @@ void gem_kcost_after_fork(void);
 /* A measurement of the key's kernel alone: `exact` when the GPU ran it back to back with the work around it, else
  * an upper bound (the interval may hold idle time). A longer exact one replaces the cost at once, a shorter one
  * moves it a quarter of the way (one short run must not bring back the long waits); an upper bound only lowers
- * a cost known. */
+ * a cost known. An exact one under half the cost known has the calling thread measure its next launch alone
+ * (gem_kcost_measure_thread), so a cost too long comes down within a few launches. */
 void gem_kcost_learn(uint64_t key, int64_t ns, int exact);
 
 #endif /* GEMINI_KCOST_H */

@@ -386,6 +386,28 @@ def test_a_loop_that_synchronises_after_every_second_launch_learns_its_kernel(si
     assert st["markers"] <= st["launches"] / 8, st
 
 
+@pytest.mark.parametrize("first", ["40:2000", "620:600"])
+def test_a_kernel_whose_cost_was_learnt_too_long_is_measured_again_at_once(sim, backends, first):
+    """The same kernel (function and grid) runs 2 ms (0.6 ms) for its first 40 (620) launches, then 20 us: a
+    program's shapes changed. Its cost was learnt long, past the marker target, so every launch got a marker
+    before it and the next one after it -- yet only one launch in GEM_KCOST_RELEARN measured it again (the next
+    after the 620th is the 1597th), and a shorter measure moves the cost a quarter of the way: thousands of
+    launches at a marker each. One noisy measure did the same on a starved CI machine (a 20 us kernel learnt as
+    0.7 ms: a marker per synchronisation in test_a_loop_that_synchronises_after_every_second_launch_learns_its_
+    kernel). Now a launch predicted past the target, which has markers on both sides anyway, is measured alone
+    (gate.h; "620:600" fails without it), and an exact measure under half the cost has the thread measure its next
+    launch alone, a chain while they stay under half (kcost.c; "40:2000" fails without it: the cost stalls just
+    under the target, two launches past it)."""
+    n = int(first.split(":")[0])
+    r = finish(start(client_argv("workload-linked", "--json", "--seconds", 1.0, "--kernel-us", 20, "--first", first,
+                                 "--sync-every", 2), sim.hooked(_bounded(backends), "train")))
+    assert r.rc == 0, r
+    st = sim.stats_of(r.json["pid"])
+    assert st["launches"] >= n + 2000 and st["kernel_costs_learnt"] >= 2, st
+    # the long launches have a marker each; after them, one in 20 on a laptop (before: one in 2)
+    assert st["markers"] - n <= (st["launches"] - n) / 8, st
+
+
 @pytest.mark.parametrize("sync,stream", [("ctx", "legacy"), ("stream", "created"), ("stream", "per-thread")])
 def test_a_loop_that_synchronises_often_keeps_its_marker_rate(sim, backends, sync, stream):
     """Bursts of 128 short kernels, each ended by a synchronisation (of the context, or of the stream they run on)

@@ -275,8 +275,10 @@ static struct {
     uint64_t think_us;             /* host work after each synchronisation (the GPU idles meanwhile) */
     uint64_t long_us;              /* a trainer's mix: after every short_n kernels, long_n of long_us on twice the grid */
     long short_n, long_n;
+    long first_n;                  /* the first first_n launches run first_us, same function and grid (a kernel whose */
+    uint64_t first_us;             /* length changes under the hook's cost-table key, as with a program's shapes) */
 } opt = {1000, -1, 0, 0, ST_LEGACY, LA_KERNEL, SY_CTX, AL_DEVICE, 0, 0, 0, 0, 0, 0, 0, 1, 32, 0, 12000, NULL, NULL, 0, 0,
-         0, 1, 0, 0, 0, 0};
+         0, 1, 0, 0, 0, 0, 0, 0};
 
 /* --period-us: each request's latency, from when it was due to when its sync returned */
 static uint64_t *latencies;
@@ -403,6 +405,7 @@ static void usage(FILE *f)
             "  --think-us T         host work after every synchronisation: sleep T us (the GPU has nothing)\n"
             "  --long-us L --mix S:N  a trainer's mix of kernel lengths: after every S kernels of --kernel-us,\n"
             "                       N of L us on twice the grid (another kernel to the hook's cost table)\n"
+            "  --first N:F          the first N launches run F us (same function and grid as --kernel-us)\n"
             "  --ptsz               per-thread default stream entry points\n"
             "  --ctx {primary,create}  context to use (default primary, as cudart does)\n"
             "  --device N, --cuda-version V (cuGetProcAddress version, default 12000)\n"
@@ -453,7 +456,7 @@ static void parse(int argc, char **argv)
     enum {
         O_KUS = 256, O_KERNELS, O_SECONDS, O_SYNCEVERY, O_SYNC, O_STREAM, O_LAUNCH, O_GSIZE, O_BLOCKS, O_THREADS,
         O_ALLOC, O_AKIND, O_MEMINFO, O_TRACE, O_KERNEL_LOG, O_WORK_ITERS, O_JSON, O_PTSZ, O_CTX, O_DEVICE, O_CUDAVER, O_KEEP, O_HELP,
-        O_PERIOD, O_PAUSE, O_PAUSE_EVERY, O_THINK, O_LONG_US, O_MIX
+        O_PERIOD, O_PAUSE, O_PAUSE_EVERY, O_THINK, O_LONG_US, O_MIX, O_FIRST
     };
     static const struct option longopts[] = {
         {"kernel-us", required_argument, 0, O_KUS},   {"kernels", required_argument, 0, O_KERNELS},
@@ -471,6 +474,7 @@ static void parse(int argc, char **argv)
         {"period-us", required_argument, 0, O_PERIOD},
         {"pause-us", required_argument, 0, O_PAUSE},  {"pause-every", required_argument, 0, O_PAUSE_EVERY},
         {"think-us", required_argument, 0, O_THINK}, {"long-us", required_argument, 0, O_LONG_US},
+        {"first", required_argument, 0, O_FIRST},
         {"mix", required_argument, 0, O_MIX},
         {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0},
     };
@@ -498,6 +502,12 @@ static void parse(int argc, char **argv)
         case O_MIX:
             if (sscanf(optarg, "%ld:%ld", &opt.short_n, &opt.long_n) != 2 || opt.short_n < 0 || opt.long_n < 0) {
                 fprintf(stderr, "workload: bad --mix '%s' (S:N)\n", optarg);
+                exit(2);
+            }
+            break;
+        case O_FIRST:
+            if (sscanf(optarg, "%ld:%" SCNu64, &opt.first_n, &opt.first_us) != 2 || opt.first_n < 0) {
+                fprintf(stderr, "workload: bad --first '%s' (N:F)\n", optarg);
                 exit(2);
             }
             break;
@@ -666,6 +676,8 @@ static void launch_one(long slot)
     if (opt.long_n > 0 && res.launches % (opt.short_n + opt.long_n) >= opt.short_n) {
         dur = opt.long_us * 1000ull;
         blocks *= 2;
+    } else if (res.launches < opt.first_n && !opt.work_iters) {
+        dur = opt.first_us * 1000ull;
     }
     void *params[] = {&out, &dur};
     switch (opt.launch) {
