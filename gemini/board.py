@@ -163,8 +163,15 @@ class Board(_MappedFile):
     def generation(self) -> int:
         return int(self._b.head.generation)
 
-    def set_counts(self, latency_groups: int, used_slots: int) -> None:
-        self._lib.gemhook_board_set_counts(self._b, latency_groups, used_slots)
+    def set_counts(self, latency_groups: int, used_slots: int, groups: int) -> None:
+        """gem-schd, at every reload: the config's latency groups, the group lines in use, and its groups (a
+        continued holder reads the first and the last to bound its queue as a fresh grant would)."""
+        self._lib.gemhook_board_set_counts(self._b, latency_groups, used_slots, groups)
+
+    @property
+    def groups(self) -> int:
+        """Groups in gem-schd's config (0: a gem-schd that does not say)."""
+        return int(self._b.claims.groups)
 
     def set_groups_waiting(self, waiting: bool) -> None:
         """gem-schd: whether another group than the holder could be granted now (the holder's hooks then give

@@ -28,9 +28,11 @@ GEM_EXPORT void gemhook_board_init(struct gem_board *b, int32_t scheduler_pid, u
     __atomic_store_n(&b->head.magic, (uint32_t)GEM_BOARD_MAGIC, __ATOMIC_RELEASE);
 }
 
-GEM_EXPORT void gemhook_board_set_counts(struct gem_board *b, uint32_t latency_groups, uint32_t used_slots) {
+GEM_EXPORT void gemhook_board_set_counts(struct gem_board *b, uint32_t latency_groups, uint32_t used_slots,
+                                         uint32_t groups) {
     if (used_slots > GEM_BOARD_GROUPS)
         used_slots = GEM_BOARD_GROUPS;
+    __atomic_store_n(&b->claims.groups, groups, __ATOMIC_RELEASE);
     __atomic_store_n(&b->claims.latency_groups, latency_groups, __ATOMIC_RELEASE);
     __atomic_store_n(&b->claims.used_slots, used_slots, __ATOMIC_RELEASE);
 }

@@ -16,7 +16,8 @@
 
 /* cffi-begin */
 GEM_EXPORT void gemhook_board_init(struct gem_board *b, int32_t scheduler_pid, uint64_t generation);
-GEM_EXPORT void gemhook_board_set_counts(struct gem_board *b, uint32_t latency_groups, uint32_t used_slots);
+GEM_EXPORT void gemhook_board_set_counts(struct gem_board *b, uint32_t latency_groups, uint32_t used_slots,
+                                         uint32_t groups);
 GEM_EXPORT void gemhook_board_publish(struct gem_board *b, uint32_t slot, uint64_t token_seq, uint64_t prev_seq,
                                       int64_t deadline_ns);
 GEM_EXPORT int gemhook_board_read(const struct gem_board *b, uint32_t slot, uint64_t *token_seq,
@@ -67,6 +68,11 @@ static inline uint32_t gem_board_claim_seq(const struct gem_board *b) {
  * grant flags, reads it to keep a batch holder's queue as short as claims need. */
 static inline uint32_t gem_board_latency_groups(const struct gem_board *b) {
     return __atomic_load_n(&b->claims.latency_groups, __ATOMIC_ACQUIRE);
+}
+
+/* How many groups the config holds (written with the count above; 0: a gem-schd that does not say). */
+static inline uint32_t gem_board_groups(const struct gem_board *b) {
+    return __atomic_load_n(&b->claims.groups, __ATOMIC_ACQUIRE);
 }
 
 /* The longest ahead a flare counts (a flare that says it lasts longer is a bug or a lie, and holds nobody): an early

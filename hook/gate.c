@@ -377,11 +377,15 @@ static int try_continue_locked(struct gem_gate *g, int64_t now) {
     atomic_store(&g->deadline_ns, deadline);
     atomic_fetch_add(&gem_stats.continuations, 1);
     /* A continuation brings no grant flags, and a lone holder may be continued for hours: a latency group
-     * configured since its grant (a live edit) must shorten its queue now, or every claim waits behind it.
-     * The other way, the queue loosens to half the slot; the bound itself stays (it may be the cap's). */
+     * configured since its grant (a live edit) must shorten its queue now, or every claim waits behind it, and
+     * another group configured since must find the queue bounded to the slot (gem-pmgr's GRANT_BOUND), or its
+     * first slot starts after the whole queue. The other way, the queue loosens to half the slot; the bound
+     * itself stays (it may be the cap's). */
     int tight = gem_board_latency_groups(g->board) > 0;
-    if (tight != atomic_load_explicit(&g->tight, memory_order_relaxed)) {
-        int bound = tight || atomic_load_explicit(&g->bound, memory_order_relaxed);
+    int others = gem_board_groups(g->board) > 1;
+    int was_bound = atomic_load_explicit(&g->bound, memory_order_relaxed);
+    if (tight != atomic_load_explicit(&g->tight, memory_order_relaxed) || (others && !was_bound)) {
+        int bound = tight || others || was_bound;
         atomic_store_explicit(&g->bound, bound, memory_order_relaxed);
         atomic_store_explicit(&g->tight, tight, memory_order_relaxed);
         atomic_store(&g->marker_mask, bound ? atomic_load(&g->inflight.launches_per_marker) - 1 : ~0ull);

@@ -254,7 +254,9 @@ struct gem_board_claims {                /* line 1: read on every batch launch *
     uint32_t features;                   /* gem-schd, once: GEM_BOARD_FEATURE_* its daemons keep up */
     uint32_t flare_gen;                  /* the pod managers: raised whenever a group line's `flare` changes (batch
                                           * hooks' claim mirrors then look again for flare pages) */
-    uint8_t pad[32];
+    uint32_t groups;                     /* gem-schd: groups in the config (0 from an older gem-schd: unknown); with
+                                          * more than one a continued holder bounds its queue, as its grant would */
+    uint8_t pad[28];
 };
 
 struct gem_board_group {                 /* one line per group */

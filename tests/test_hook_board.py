@@ -230,7 +230,7 @@ def test_a_claim_whose_end_is_wrong_holds_the_gpu_gate_at_most_two_seconds(sim, 
     ignores that claim until the board's claims change (gpugate.c), so the work already queued behind a wait runs
     and the program ends in time. Without the gate's limit the queued work, and every synchronisation behind it,
     waited for the claim's 30 s."""
-    board.set_counts(1, 2)                  # one latency group, lines 0 and 1 in use
+    board.set_counts(1, 2, 2)                  # one latency group, lines 0 and 1 in use
     pmgr = ClaimedPmgr(board)
     try:
         # It still launches when both 2 s limits are up (its launches' pause began a little before the gate's
@@ -263,7 +263,7 @@ def test_the_gpu_gates_waits_come_twice_as_often_as_a_capped_groups_markers(sim,
     beside a latency group, every 4 for a capped group alone (with the spacing not halved: the same for both). This
     is the count's rule, which a latency group's neighbours follow with `GEMINI_KERNEL_COSTS=0` (by default their
     markers follow the kernels' costs: test_hook_flare.py)."""
-    board.set_counts(1, 2)
+    board.set_counts(1, 2, 2)
     rates = {}
     for name, pmgr_class in (("capped", CappedPmgr), ("gated", ClaimedPmgr)):
         pmgr = pmgr_class(board)

@@ -39,7 +39,7 @@ def test_a_batch_process_holds_its_work_on_the_gpu_for_a_latency_groups_flare(si
     20 ms for 4 ms: the batch process's GPU-side gate rises for (nearly) each one. It must not rise when the
     group's board line says its flares do not count, when a flare says it lasts longer than GEM_FLARE_MAX_NS (5 ms),
     or when the page is writable by others than the board's owner."""
-    board.set_counts(1, 2)
+    board.set_counts(1, 2, 2)
     flare = Flare.create(board, 1)
     board.set_flare(1, case != "not-allowed")
     if case == "others-may-write":
@@ -115,7 +115,7 @@ def test_a_latency_request_raises_its_flare_before_its_pod_manager_answers(sim, 
     Every early request's flare is up when the request reaches the pod manager, and comes down with the answer
     (it is down again when the claim is given back). With the group's board line saying its flares do not count,
     the process raises none."""
-    board.set_counts(1, 1)
+    board.set_counts(1, 1, 1)
     flare = Flare.create(board, 0)
     board.set_flare(0, allowed)
     pmgr = LatePmgr(board, flare)
@@ -148,7 +148,7 @@ def test_a_flare_stops_a_trainers_mix_of_kernels_within_a_fraction_of_a_millisec
     markers placed by each kernel's learnt cost (kcost.h, the default) a wait comes before the launch that would
     take the queued work past 0.5 ms: after a flare rose the batch process's kernels ran on for about a long kernel
     at most. `GEMINI_KERNEL_COSTS=0` is the count of before, which the bound must tell apart."""
-    board.set_counts(1, 2)
+    board.set_counts(1, 2, 2)
     flare = Flare.create(board, 1)
     board.set_flare(1, True)
     sim.trace = sim.dir / "trace.txt"
@@ -200,7 +200,7 @@ def test_a_kernel_measured_alone_is_not_charged_the_markers_own_host_time(sim, b
     (an empty kernel on the H100 was taken for about 10 us: a marker every 50 launches, +131 ns a launch). The
     marker now records the unit's end before its own work (inflight.c, unit_end): 20 us kernels are learnt as about
     that (50 us with the launches' own host time), and a marker comes every 12 launches or so."""
-    board.set_counts(1, 2)
+    board.set_counts(1, 2, 2)
     pmgr = ClaimedPmgr(board)
     try:
         st = pmgr.run_workload(sim, "--kernel-us", 20, "--seconds", 1.5, "--sync-every", 200,
@@ -223,7 +223,7 @@ def test_a_host_bound_launchers_markers_skip_the_timing_calls_they_cannot_use(si
     launching thread on the H100, with the rest of the marker about as much again. Here each timing call costs
     200 us (SIMCUDA_ELAPSED_US) and the program sleeps after every launch: its markers now cost it far less than
     one such call each (only a kernel measured alone is timed)."""
-    board.set_counts(1, 2)
+    board.set_counts(1, 2, 2)
     pmgr = ClaimedPmgr(board)
     try:
         st = pmgr.run_workload(sim, "--kernel-us", 5, "--pause-us", 30, "--pause-every", 1, "--seconds", 1.5,

@@ -303,7 +303,7 @@ class SchedulerDaemon:
                     continue
                 self._board_slots[name] = slot
         self.board.set_counts(sum(1 for g in config.groups if g.latency),
-                              max(self._board_slots.values(), default=-1) + 1)
+                              max(self._board_slots.values(), default=-1) + 1, len(config.groups))
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
