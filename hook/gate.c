@@ -840,7 +840,7 @@ CUresult gem_gate_cost_marker(struct gem_gate *g, CUstream stream, int ptsz, uin
     int graph = key == 0;       /* a graph launch: one unit of queued work, its length unknown */
     struct gem_marker_kernel mk = {.costed = 1, .key = isolate ? key : 0, .unit = isolate || graph,
                                    .ends_unit = t && t->isolating, .thread = t,
-                                   .predicted_ns = t ? t->pending_ns : 0};
+                                   .predicted_ns = t ? t->pending_ns : 0, .unit_cost_ns = isolate ? cost_ns : 0};
     int recorded = gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()),
                                        gem_gpugate_of(g->dev->ordinal), &mk);
     if (t) {
@@ -853,6 +853,8 @@ CUresult gem_gate_cost_marker(struct gem_gate *g, CUstream stream, int ptsz, uin
         t->pending_ns = cost_ns;
         if (recorded && isolate) {
             atomic_fetch_add_explicit(&gem_stats.kernels_measured, 1, memory_order_relaxed);
+            if (key == t->remeasure_key)
+                t->remeasure_key = 0;   /* learning it sets it again while the cost is still too long */
             if (t->verifying > 0)
                 t->verifying--;
         }

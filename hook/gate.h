@@ -160,7 +160,8 @@ static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph, con
             struct gem_thread_counter *t = gem_tls_counter;
             uint64_t key = graph ? 0 : gem_kcost_key(fn, blocks);
             int64_t cost = graph ? 0 : gem_kcost_get(key);
-            int relearn = gem_kcost_relearn(n) || t->verifying > 0;
+            /* (a graph's key is 0, as a remeasure_key of none: it gets a marker of its own anyway) */
+            int relearn = gem_kcost_relearn(n) || t->verifying > 0 || key == t->remeasure_key;
             if (GEM_LIKELY(cost != 0 && !t->isolating && !relearn)) {
                 int64_t sum = t->pending_ns + cost;
                 if (GEM_LIKELY(sum <= gem_kcost_target_ns())) {

@@ -46,6 +46,7 @@ struct ring {
      * unit's two would cut it short, so a unit is measured only between its own thread's). */
     uint64_t key[GEM_INFLIGHT_MARKERS];
     unsigned char unit[GEM_INFLIGHT_MARKERS];
+    int64_t unit_cost[GEM_INFLIGHT_MARKERS];    /* the unit's kernel's predicted cost when ev[i] was recorded */
     unsigned char ends_unit[GEM_INFLIGHT_MARKERS];
     const void *thread_of[GEM_INFLIGHT_MARKERS];
     /* What the kernels of the interval ending at ev[i] were predicted to cost (ns; costed markers). */
@@ -146,10 +147,14 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
      * the launching thread about 4.7 us (bench/event_cost.c), more than the rest of a marker, and a host-bound
      * launcher's intervals (never behind) would pay them at every marker for nothing. */
     int costed = !r->per[done];
-    /* (a unit predicted past the target on its own is a full sum as well: a kernel that long is measured at each
-     * launch, and a loop of 1 ms kernels with only units would otherwise never learn its queue's depth) */
-    int unit = r->unit[prev] && r->predicted[done] <= gem_kcost_target_ns();
-    if (costed && (unit || held || !r->behind[done]))
+    /* A unit predicted past the target on its own, ended by its own thread's next marker, is a full sum as well:
+     * a kernel that long is measured at each launch (gate.h), and a loop of 1 ms kernels, all units, would
+     * otherwise never learn its queue's depth (a capped one beside a latency group lost its queue: 0.37 of the
+     * GPU where its slots allow 0.40-0.55; tests/test_e2e_latency.py) */
+    int64_t target = gem_kcost_target_ns();
+    int long_unit = r->unit[prev] && r->unit_cost[prev] > target && r->ends_unit[done] &&
+                    r->thread_of[done] == r->thread_of[prev];
+    if (costed && ((r->unit[prev] && !long_unit) || held || !r->behind[done]))
         return 1;
     float ms = 0;
     if (REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
@@ -158,13 +163,15 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     if (costed) {
         int64_t interval = (int64_t)((double)ms * 1e6);
         /* the queue's depth from intervals that a full sum ended (one cut short by a unit after it would make the
-         * depth the budget over a single short kernel) */
-        if (r->predicted[done] >= gem_kcost_target_ns() / 2)
+         * depth the budget over a single short kernel; so would a long unit that ran far shorter than predicted:
+         * its cost is wrong, and learn() corrects it) */
+        if (r->predicted[done] >= target / 2 && (!long_unit || interval >= target / 2))
             atomic_store(&f->interval_ns, interval);
         /* far longer than its kernels' costs said (a kernel whose length changed under the same key): a kernel
          * alone longer than the target is no surprise, and an interval of the thread's own launches may hold
-         * another thread's too, so only a miss by more than the target and twice the prediction */
-        if (interval > 2 * r->predicted[done] + gem_kcost_target_ns())
+         * another thread's too, so only a miss by more than the target and twice the prediction (a long unit's
+         * own measure replaces its cost at once: nothing more to check) */
+        if (!long_unit && interval > 2 * r->predicted[done] + target)
             gem_kcost_verify_thread();
         return 1;
     }
@@ -225,7 +232,8 @@ static void learn(struct ring *r, int head_ok) {
             float ms = 0;
             if (done == CUDA_SUCCESS && !held && HAVE_REAL(cuEventElapsedTime) &&
                 REAL(cuEventElapsedTime)(&ms, r->ev[i], end) == CUDA_SUCCESS && ms > 0) {
-                gem_kcost_learn(r->key[i], (int64_t)((double)ms * 1e6), exact);
+                if (gem_kcost_learn(r->key[i], (int64_t)((double)ms * 1e6), exact))
+                    gem_kcost_remeasure(r->thread_of[i], r->key[i]);
                 atomic_fetch_add_explicit(&gem_stats.kernel_costs_learnt, 1, memory_order_relaxed);
                 atomic_fetch_add_explicit(&gem_stats.kernel_cost_learnt_ns, (unsigned long long)((double)ms * 1e6),
                                           memory_order_relaxed);
@@ -333,6 +341,7 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
     r->per[slot] = mk && mk->costed ? 0 : (uint32_t)atomic_load(&f->launches_per_marker);
     r->key[slot] = mk ? mk->key : 0;
     r->unit[slot] = mk ? (unsigned char)mk->unit : 0;
+    r->unit_cost[slot] = mk && mk->unit ? mk->unit_cost_ns : 0;
     r->ends_unit[slot] = mk ? (unsigned char)mk->ends_unit : 0;
     r->thread_of[slot] = mk ? mk->thread : NULL;
     r->predicted[slot] = mk ? mk->predicted_ns : 0;

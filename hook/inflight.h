@@ -64,6 +64,7 @@ struct gem_marker_kernel {
     int ends_unit;          /* this marker ends its thread's one-unit interval (the launch after it) */
     const void *thread;     /* the launching thread (its counter): a unit is measured only between its own markers */
     int64_t predicted_ns;   /* the predicted cost of the launches since the thread's marker before this one */
+    int64_t unit_cost_ns;   /* with `unit`: its kernel's predicted cost (0: not known yet, or a graph) */
 };
 /* Record a marker on `stream` (NULL + ptsz: the per-thread stream), first waiting until at most about
  * `budget_ns` of GPU work (measured intervals) stays queued on that stream; with `gate` (not NULL), a wait on

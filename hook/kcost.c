@@ -16,9 +16,9 @@ static uint64_t entry(uint64_t tag, int64_t us) {
     return tag << GEM_KCOST_COST_BITS | (uint64_t)us;
 }
 
-void gem_kcost_learn(uint64_t key, int64_t ns, int exact) {
+int gem_kcost_learn(uint64_t key, int64_t ns, int exact) {
     if (!key || ns <= 0)
-        return;
+        return 0;
     uint64_t tag = key >> GEM_KCOST_COST_BITS;
     _Atomic uint64_t *set = &gem_kcost_table[(key & (GEM_KCOST_SETS - 1)) * GEM_KCOST_WAYS];
     int64_t us = (ns + 999) / 1000;
@@ -39,7 +39,7 @@ void gem_kcost_learn(uint64_t key, int64_t ns, int exact) {
             uint64_t old = atomic_load(victim);
             if ((empty && old) || !atomic_compare_exchange_strong(victim, &old, want))
                 continue;
-            return;
+            return 0;
         }
         uint64_t old = atomic_load(slot);
         if (old >> GEM_KCOST_COST_BITS != tag)
@@ -49,25 +49,26 @@ void gem_kcost_learn(uint64_t key, int64_t ns, int exact) {
             next = us >= have ? us : have - (have - us) / 4;
         else
             next = us < have ? us : have;
-        if (next == have || atomic_compare_exchange_strong(slot, &old, entry(tag, next))) {
-            /* an exact measure under half the cost: the kernel got shorter (its shapes changed), or the cost came
-             * from a noisy one. A quarter of the way per measure, at one launch in GEM_KCOST_RELEARN, took
-             * thousands of launches at a marker each; the thread measures its next launch alone too, and so on
-             * while the measures stay under half (a dozen steps from 2 ms to 40 us). Not GEM_KCOST_VERIFY
-             * launches: on a starved host each noisy measure then cost 64 markers. */
-            if (exact && 2 * us < have)
-                gem_kcost_measure_thread(1);
-            return;
-        }
+        if (next == have)
+            return 0;
+        if (atomic_compare_exchange_strong(slot, &old, entry(tag, next)))
+            return exact && 2 * us < have;  /* it came down, and is still more than twice the measure */
+    }
+    return 0;
+}
+
+void gem_kcost_verify_thread(void) {
+    struct gem_thread_counter *t = gem_tls_counter;
+    if (t && t->verifying < (int)GEM_KCOST_VERIFY) {
+        t->verifying = GEM_KCOST_VERIFY;
+        atomic_fetch_add_explicit(&gem_stats.kernel_cost_checks, 1, memory_order_relaxed);
     }
 }
 
-void gem_kcost_verify_thread(void) { gem_kcost_measure_thread(GEM_KCOST_VERIFY); }
-
-void gem_kcost_measure_thread(int launches) {
+void gem_kcost_remeasure(const void *thread, uint64_t key) {
     struct gem_thread_counter *t = gem_tls_counter;
-    if (t && t->verifying < launches) {
-        t->verifying = launches;
+    if (t && (const void *)t == thread && t->remeasure_key != key) {
+        t->remeasure_key = key;
         atomic_fetch_add_explicit(&gem_stats.kernel_cost_checks, 1, memory_order_relaxed);
     }
 }
@@ -76,3 +77,7 @@ void gem_kcost_after_fork(void) {
     for (unsigned i = 0; i < GEM_KCOST_SETS * GEM_KCOST_WAYS; i++)
         atomic_store_explicit(&gem_kcost_table[i], 0, memory_order_relaxed);
 }
+
+int gemhook_kcost_learn(uint64_t key, int64_t ns, int exact) { return gem_kcost_learn(key, ns, exact); }
+int64_t gemhook_kcost_get(uint64_t key) { return gem_kcost_get(key); }
+void gemhook_kcost_clear(void) { gem_kcost_after_fork(); }

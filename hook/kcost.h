@@ -70,17 +70,30 @@ static inline int64_t gem_kcost_target_ns(void) { return gem_cfg.inflight_ns / 2
 /* The calling thread's queue ran far longer than its kernels' predicted costs: its next GEM_KCOST_VERIFY launches
  * are measured alone (stats.h's thread counter). */
 void gem_kcost_verify_thread(void);
-/* The calling thread's next `launches` launches are measured alone (at least). */
-void gem_kcost_measure_thread(int launches);
+
+/* gem_kcost_learn asked for `key` to be measured again, from a unit of `thread` (its counter): if that is the
+ * calling thread, its next launch of the key is measured alone (stats.h's remeasure_key). Another thread's
+ * (a synchronisation learnt it) is left to the rules above: each thread's counter is its own. */
+void gem_kcost_remeasure(const void *thread, uint64_t key);
 
 /* A fork child's functions are its own: the parent's keys are forgotten. */
 void gem_kcost_after_fork(void);
 
+/* For tests (tests/test_hook_pure.py): the table's rules without a GPU. */
+/* cffi-begin */
+GEM_EXPORT int gemhook_kcost_learn(uint64_t key, int64_t ns, int exact);
+GEM_EXPORT int64_t gemhook_kcost_get(uint64_t key);
+GEM_EXPORT void gemhook_kcost_clear(void);
+/* cffi-end */
+
 /* A measurement of the key's kernel alone: `exact` when the GPU ran it back to back with the work around it, else
  * an upper bound (the interval may hold idle time). A longer exact one replaces the cost at once, a shorter one
  * moves it a quarter of the way (one short run must not bring back the long waits); an upper bound only lowers
- * a cost known. An exact one under half the cost known has the calling thread measure its next launch alone
- * (gem_kcost_measure_thread), so a cost too long comes down within a few launches. */
-void gem_kcost_learn(uint64_t key, int64_t ns, int exact);
+ * a cost known. Returns 1 when an exact one brought the cost down and it is still more than twice the measure:
+ * the key's next launch should be measured alone too (gem_kcost_remeasure), so a cost too long -- the kernel's
+ * shapes changed, or a noisy measure -- comes down within a dozen launches of it, not at one launch in
+ * GEM_KCOST_RELEARN (thousands at a marker each). Not GEM_KCOST_VERIFY launches: on a starved host each noisy
+ * measure then cost 64 markers. Never asked for a cost the rounding holds still (a step under 1 us). */
+int gem_kcost_learn(uint64_t key, int64_t ns, int exact);
 
 #endif /* GEMINI_KCOST_H */

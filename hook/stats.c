@@ -105,5 +105,6 @@ void gem_stats_after_fork(void) {
         c->launches = c->launches_at_sync = 0;
         c->pending_ns = 0;      /* no marker of the parent's is the child's last */
         c->isolating = c->verifying = c->measuring = 0;
+        c->remeasure_key = 0;
     }
 }

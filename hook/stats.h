@@ -38,6 +38,9 @@ struct gem_thread_counter {
     /* launches still to be measured alone, each, since a queue ran far longer than its kernels' predicted costs
      * (a kernel whose length changed under the same key): the one that did is measured again */
     int verifying;
+    /* a key whose cost came down but is still more than twice its last measure: its next launch on this thread is
+     * measured alone (kcost.h, gem_kcost_remeasure; 0: none) */
+    uint64_t remeasure_key;
     /* `launches` at the thread's last context-wide synchronisation (inflight.c: a wait that ended launches of its own
      * judges the marker rate even with no marker among them) */
     uint64_t launches_at_sync;

@@ -1,8 +1,9 @@
 """cffi bindings to the functions libgemhook exports for tests (gemhook_*).
 
 The declarations come from the hook's headers: the lines between `cffi-begin` and `cffi-end` in
-hook/util.h (the pure functions) and hook/stats.h (the counters). GEM_EXPORT is dropped, and a pointer to
-one of the hook's structs becomes `void *`, so tests pass plain buffers (they never see the layouts).
+hook/util.h (the pure functions), hook/board.h, hook/stats.h (the counters) and hook/kcost.h (the cost
+table). GEM_EXPORT is dropped, and a pointer to one of the hook's structs becomes `void *`, so tests pass
+plain buffers (they never see the layouts).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tests.conftest import REPO_ROOT
 HOOK_LIB = REPO_ROOT / "gemini" / "lib" / "libgemhook.so.1"
 HOOK_DIR = REPO_ROOT / "hook"
 # The headers whose cffi regions declare the exported test functions.
-CDEF_HEADERS = ("util.h", "board.h", "stats.h")
+CDEF_HEADERS = ("util.h", "board.h", "stats.h", "kcost.h")
 
 _REGION = re.compile(r"/\* cffi-begin \*/\n(.*?)/\* cffi-end \*/", re.S)
 _STRUCT_PTR = re.compile(r"\bstruct\s+\w+\s*\*")

@@ -420,9 +420,9 @@ def test_a_kernel_whose_cost_was_learnt_too_long_is_measured_again_at_once(sim, 
     launches at a marker each. One noisy measure did the same on a starved CI machine (a 20 us kernel learnt as
     0.7 ms: a marker per synchronisation in test_a_loop_that_synchronises_after_every_second_launch_learns_its_
     kernel). Now a launch predicted past the target, which has markers on both sides anyway, is measured alone
-    (gate.h; "620:600" fails without it), and an exact measure under half the cost has the thread measure its next
-    launch alone, a chain while they stay under half (kcost.c; "40:2000" fails without it: the cost stalls just
-    under the target, two launches past it)."""
+    (gate.h; "620:600" fails without it), and an exact measure that brings the cost down but leaves it above twice
+    the measure has the thread measure its next launch of the kernel alone (kcost.c, inflight.c's learn; "40:2000"
+    fails without it: the cost stalls just under the target, two launches past it)."""
     n = int(first.split(":")[0])
     r = finish(start(client_argv("workload-linked", "--json", "--seconds", 1.0, "--kernel-us", 20, "--first", first,
                                  "--sync-every", 2), sim.hooked(_bounded(backends), "train")))

@@ -109,3 +109,44 @@ def test_library_links_neither_cuda_nor_python():
     needed = [ln for ln in dynamic.splitlines() if "NEEDED" in ln]
     assert needed, dynamic
     assert not any("libcuda" in ln or "libpython" in ln for ln in needed), needed
+
+
+KEY = 0x9E3779B97F4A7C15    # a key with high bits set (gem_kcost_key never gives 0)
+
+
+@pytest.fixture
+def kcost(lib):
+    ffi, c = lib
+    c.gemhook_kcost_clear()
+    yield c
+    c.gemhook_kcost_clear()
+
+
+def test_a_cost_learnt_too_long_asks_for_measures_until_within_twice_of_them(kcost):
+    """A kernel learnt at 2 ms then measured exactly at 20 us: each measure moves the cost a quarter of the way
+    down and asks for another (its next launch measured alone), until the cost is within twice the measure."""
+    kcost.gemhook_kcost_learn(KEY, 2_000_000, 1)
+    assert kcost.gemhook_kcost_get(KEY) == 2_000_000
+    asks = 0
+    while kcost.gemhook_kcost_learn(KEY, 20_000, 1):
+        asks += 1
+        assert asks < 40
+    assert 10 <= asks <= 20, asks
+    assert kcost.gemhook_kcost_get(KEY) <= 40_000
+    # an upper bound (idle time in its interval) lowers the cost at once, and asks for nothing
+    kcost.gemhook_kcost_learn(KEY, 2_000_000, 1)
+    assert kcost.gemhook_kcost_learn(KEY, 20_000, 0) == 0 and kcost.gemhook_kcost_get(KEY) == 20_000
+    # longer, exact: replaces at once, asks for nothing
+    assert kcost.gemhook_kcost_learn(KEY, 500_000, 1) == 0 and kcost.gemhook_kcost_get(KEY) == 500_000
+
+
+@pytest.mark.parametrize("start_us,measure_us", [(10, 1), (5, 2), (7, 1)])
+def test_a_tiny_kernels_cost_that_rounding_holds_still_asks_for_no_more_measures(kcost, start_us, measure_us):
+    """A quarter of a few microseconds rounds to nothing: the cost stays above twice the measure (4 us for 1 us),
+    and asking again at each measure would measure every second launch of a tiny kernel alone for good."""
+    kcost.gemhook_kcost_learn(KEY, start_us * 1000, 1)
+    asks = 0
+    for _ in range(100):
+        asks += kcost.gemhook_kcost_learn(KEY, measure_us * 1000, 1)
+    assert asks <= 10, asks
+    assert kcost.gemhook_kcost_learn(KEY, measure_us * 1000, 1) == 0
