@@ -190,6 +190,21 @@ def sync_cost_us(hook_stats: dict) -> float | None:
     return ms * 1000 / syncs
 
 
+def marker_summary(hook_stats: dict) -> str | None:
+    """The busiest process's markers (the trainer's, beside a latency group): launches per marker, and how many were
+    placed to measure a kernel alone (`kernels_measured`) or after a cost check (`kernel_cost_checks`): what the
+    cost table (hook/kcost.h) spends. None without counters."""
+    busiest = max(hook_stats.values(), key=lambda st: st.get("launches", 0), default=None)
+    if not busiest or not busiest.get("launches"):
+        return None
+    launches, markers = busiest["launches"], busiest.get("markers", 0)
+    learnt = busiest.get("kernel_costs_learnt", 0)
+    mean_us = busiest.get("kernel_cost_learnt_ms", 0) * 1000 / learnt if learnt else None
+    return (f"{launches:.0f} launches, a marker per {fmt(launches / markers if markers else None, 1)}, "
+            f"{busiest.get('kernels_measured', 0):.0f} measured alone, {learnt:.0f} learnt (mean "
+            f"{fmt(mean_us, 1)} us), {busiest.get('kernel_cost_checks', 0):.0f} cost checks")
+
+
 def schd_flags(ctx, extra: list) -> list:
     """gem-schd flags for a share run: none (its defaults) unless --quota/--window were given."""
     flags = []
@@ -436,6 +451,9 @@ def write_report(ctx, results: dict) -> None:
         elif name == "reaction":
             lines.append(f"save -> new shares on the GPU: {res['reactions_ms']} ms (median {res['median_ms']})")
         elif name in ("infer", "infer_graph"):
+            markers = marker_summary(res.get("hook_stats") or {})
+            if markers:
+                lines.append(f"busiest hooked process (the trainer), whole run: {markers}")
             lines.append(f"trainer alone: native {fmt(res.get('train_alone_native'), 2)} steps/s, hooked "
                          f"{fmt(res.get('train_alone_gemini'), 2)} steps/s, hooked beside an idle latency group "
                          f"{fmt(res.get('train_latency_idle_gemini'), 2)} steps/s")

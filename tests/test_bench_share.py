@@ -201,3 +201,16 @@ def test_share_windows_slide_by_100_ms_and_catch_a_burst_that_fixed_windows_spli
     assert res["worst_pp"] == pytest.approx(35, abs=1.5) and fixed == pytest.approx(17.5, abs=1.5), (res, fixed)
     assert res["max_share"] == pytest.approx(0.65, abs=0.015)
     assert sliding_windows({"g": steady[:len(steady) // 2]}, {"g": 0.3}, 1.0)["g"]["p95_pp"] < 0.5
+
+
+def test_gpu_checks_infer_report_gives_the_trainers_markers():
+    """The serving step's report says what the hook's cost table spent in the busiest process (the trainer): its
+    launches per marker, the kernels measured alone, the costs learnt and the cost checks."""
+    import bench.gpu_check as gc
+    stats = {"1": {"launches": 100, "markers": 50},
+             "2": {"launches": 20000, "markers": 400, "kernels_measured": 30, "kernel_costs_learnt": 25,
+                   "kernel_cost_learnt_ms": 0.5, "kernel_cost_checks": 3}}
+    line = gc.marker_summary(stats)
+    assert line == ("20000 launches, a marker per 50.0, 30 measured alone, 25 learnt (mean 20.0 us), "
+                    "3 cost checks"), line
+    assert gc.marker_summary({}) is None
