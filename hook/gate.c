@@ -838,11 +838,8 @@ CUresult gem_gate_cost_marker(struct gem_gate *g, CUstream stream, int ptsz, uin
                               int isolate) {
     struct gem_thread_counter *t = gem_tls_counter;
     int graph = key == 0;       /* a graph launch: one unit of queued work, its length unknown */
-    CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
-    /* only a marker on the unit's own stream ends it: on another, its ring's last marker may be an older unit of
-     * this thread's there, never ended, and that interval, with every launch since, would be taken for it */
     struct gem_marker_kernel mk = {.costed = 1, .key = isolate ? key : 0, .unit = isolate || graph,
-                                   .ends_unit = t && t->isolating && s == (CUstream)t->unit_stream, .thread = t,
+                                   .ends_unit = t && t->isolating, .thread = t,
                                    .predicted_ns = t ? t->pending_ns : 0, .unit_cost_ns = isolate ? cost_ns : 0};
     int recorded = gem_inflight_marker(&g->inflight, stream, ptsz, queue_budget(g, gem_now_ns()),
                                        gem_gpugate_of(g->dev->ordinal), &mk);
@@ -851,7 +848,7 @@ CUresult gem_gate_cost_marker(struct gem_gate *g, CUstream stream, int ptsz, uin
          * too, so that no kernel's cost is judged with a graph's length in its interval) */
         t->isolating = recorded && (isolate || graph);
         t->measuring = recorded && isolate && !graph;
-        t->unit_stream = s;
+        t->unit_stream = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
         /* a kernel measured again keeps its prediction in the interval's (the synchronisation's check sums them) */
         t->pending_ns = cost_ns;
         if (recorded && isolate) {
