@@ -52,7 +52,7 @@ int gem_kcost_learn(uint64_t key, int64_t ns, int exact) {
         if (next == have)
             return 0;
         if (atomic_compare_exchange_strong(slot, &old, entry(tag, next)))
-            return exact && 2 * us < have;  /* it came down, and is still more than twice the measure */
+            return exact && 2 * us < next;  /* it came down, and is still more than twice the measure */
     }
     return 0;
 }
