@@ -8,6 +8,7 @@ trainer's queue delays a latency tenant's kernels exactly as long as the hook le
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -18,6 +19,8 @@ from bench.harness import Group, Trace, common_span, shares_over, write_config
 from gemini.scheduler.policy import DEFAULT_BUCKET_MS
 from tests import native
 from tests.e2e_fixtures import Sim, client_argv, finish, held_for_claims, start
+
+log = logging.getLogger(__name__)
 
 KERNEL_US = 1000      # the trainer's kernels: 1 ms each
 
@@ -428,6 +431,9 @@ def test_a_kernel_whose_cost_was_learnt_too_long_is_measured_again_at_once(sim, 
                                  "--sync-every", 2), sim.hooked(_bounded(backends), "train")))
     assert r.rc == 0, r
     st = sim.stats_of(r.json["pid"])
+    # (docs/benchmarks.md's numbers: pytest -m timed -o log_cli=true --log-cli-level=INFO -k learnt_too_long)
+    log.info("%s: %s", first, {k: st[k] for k in ("launches", "markers", "kernels_measured", "kernel_costs_learnt",
+                                                  "kernel_cost_learnt_ms", "kernel_cost_checks")})
     assert st["launches"] >= n + 2000 and st["kernel_costs_learnt"] >= 2, st
     # the long launches have a marker each; after them, one in 20 on a laptop (before: one in 2)
     assert st["markers"] - n <= (st["launches"] - n) / 8, st
