@@ -453,7 +453,7 @@ def write_report(ctx, results: dict) -> None:
         elif name in ("infer", "infer_graph"):
             markers = marker_summary(res.get("hook_stats") or {})
             if markers:
-                lines.append(f"busiest hooked process (the trainer), whole run: {markers}")
+                lines.append(f"busiest hooked process (a trainer: one per variant), whole run: {markers}")
             lines.append(f"trainer alone: native {fmt(res.get('train_alone_native'), 2)} steps/s, hooked "
                          f"{fmt(res.get('train_alone_gemini'), 2)} steps/s, hooked beside an idle latency group "
                          f"{fmt(res.get('train_latency_idle_gemini'), 2)} steps/s")

@@ -10,8 +10,11 @@
  * goes before the launch that would bring the predicted GPU time since the last one past gem_kcost_target_ns(), and
  * each (function, grid size) gets its prediction from an interval that held it alone: a marker before it, and its
  * end recorded first thing at the same thread's next marker, or before a synchronisation of its stream or context,
- * whichever comes first (inflight.c, unit_end). A kernel not in the table is measured that way at once, and one launch
- * in GEM_KCOST_RELEARN of a thread measures a known kernel again (lengths change with the shapes a program runs).
+ * whichever comes first (inflight.c, unit_end). A kernel not in the table is measured that way at once, one launch
+ * in GEM_KCOST_RELEARN of a thread measures a known kernel again (lengths change with the shapes a program runs), a
+ * kernel predicted past the target on its own is measured at each launch (it has a marker on both sides anyway:
+ * gate.h), and one whose cost a measure brought down, still above twice the measure, at its thread's next launch
+ * of it (gem_kcost_learn, gem_kcost_remeasure).
  *
  * The table is process-wide and fixed (GEM_KCOST_SETS sets of 4 entries); an entry is one 64-bit word (a tag of
  * the key's high bits and the cost in microseconds), so the launch path reads it without a lock and never sees
@@ -91,7 +94,7 @@ GEM_EXPORT void gemhook_kcost_clear(void);
  * moves it a quarter of the way (one short run must not bring back the long waits); an upper bound only lowers
  * a cost known. Returns 1 when an exact one brought the cost down and it is still more than twice the measure:
  * the key's next launch should be measured alone too (gem_kcost_remeasure), so a cost too long -- the kernel's
- * shapes changed, or a noisy measure -- comes down within a dozen launches of it, not at one launch in
+ * shapes changed, or a noisy measure -- comes down within about 16 launches of it, not at one launch in
  * GEM_KCOST_RELEARN (thousands at a marker each). Not GEM_KCOST_VERIFY launches: on a starved host each noisy
  * measure then cost 64 markers. Never asked for a cost the rounding holds still (a step under 1 us). */
 int gem_kcost_learn(uint64_t key, int64_t ns, int exact);

@@ -505,12 +505,16 @@ static void parse(int argc, char **argv)
                 exit(2);
             }
             break;
-        case O_FIRST:
-            if (sscanf(optarg, "%ld:%" SCNu64, &opt.first_n, &opt.first_us) != 2 || opt.first_n < 0) {
+        case O_FIRST: {
+            char tail;
+            long f = -1;
+            if (sscanf(optarg, "%ld:%ld%c", &opt.first_n, &f, &tail) != 2 || opt.first_n < 0 || f < 0) {
                 fprintf(stderr, "workload: bad --first '%s' (N:F)\n", optarg);
                 exit(2);
             }
+            opt.first_us = (uint64_t)f;
             break;
+        }
         case O_SYNC: opt.sync = pick(optarg, sync_names, "--sync"); break;
         case O_STREAM: opt.stream = pick(optarg, stream_names, "--stream"); break;
         case O_LAUNCH: opt.launch = pick(optarg, launch_names, "--launch"); break;
@@ -549,6 +553,11 @@ static void parse(int argc, char **argv)
     }
     if (opt.long_n > 0 && (opt.work_iters || !opt.long_us)) {
         fprintf(stderr, "workload: --mix needs --long-us, and takes gem_spin kernels (not --work-iters)\n");
+        exit(2);
+    }
+    if (opt.first_n > 0 && (opt.work_iters || opt.launch == LA_GRAPH)) {
+        fprintf(stderr, "workload: --first takes gem_spin kernels launched one by one (not --work-iters, "
+                        "not --launch graph: a graph is captured once)\n");
         exit(2);
     }
     if (!opt.graph_size) opt.graph_size = opt.sync_every ? opt.sync_every : 16;
@@ -676,7 +685,7 @@ static void launch_one(long slot)
     if (opt.long_n > 0 && res.launches % (opt.short_n + opt.long_n) >= opt.short_n) {
         dur = opt.long_us * 1000ull;
         blocks *= 2;
-    } else if (res.launches < opt.first_n && !opt.work_iters) {
+    } else if (res.launches < opt.first_n) {
         dur = opt.first_us * 1000ull;
     }
     void *params[] = {&out, &dur};
