@@ -192,8 +192,9 @@ def sync_cost_us(hook_stats: dict) -> float | None:
 
 def marker_summary(hook_stats: dict) -> str | None:
     """The busiest process's markers (the trainer's, beside a latency group): launches per marker, and how many were
-    placed to measure a kernel alone (`kernels_measured`) or after a cost check (`kernel_cost_checks`): what the
-    cost table (hook/kcost.h) spends. None without counters."""
+    placed to measure a kernel alone (`kernels_measured`), after a cost check (`kernel_cost_checks`) or to bring a
+    cost learnt too long down (`kernel_cost_remeasures`): what the cost table (hook/kcost.h) spends. None without
+    counters."""
     busiest = max(hook_stats.values(), key=lambda st: st.get("launches", 0), default=None)
     if not busiest or not busiest.get("launches"):
         return None
@@ -202,7 +203,8 @@ def marker_summary(hook_stats: dict) -> str | None:
     mean_us = busiest.get("kernel_cost_learnt_ms", 0) * 1000 / learnt if learnt else None
     return (f"{launches:.0f} launches, a marker per {fmt(launches / markers if markers else None, 1)}, "
             f"{busiest.get('kernels_measured', 0):.0f} measured alone, {learnt:.0f} learnt (mean "
-            f"{fmt(mean_us, 1)} us), {busiest.get('kernel_cost_checks', 0):.0f} cost checks")
+            f"{fmt(mean_us, 1)} us), {busiest.get('kernel_cost_checks', 0):.0f} cost checks, "
+            f"{busiest.get('kernel_cost_remeasures', 0):.0f} remeasures")
 
 
 def schd_flags(ctx, extra: list) -> list:

@@ -69,7 +69,7 @@ void gem_kcost_remeasure(const void *thread, uint64_t key) {
     struct gem_thread_counter *t = gem_tls_counter;
     if (t && (const void *)t == thread && t->remeasure_key != key) {
         t->remeasure_key = key;
-        atomic_fetch_add_explicit(&gem_stats.kernel_cost_checks, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&gem_stats.kernel_cost_remeasures, 1, memory_order_relaxed);
     }
 }
 

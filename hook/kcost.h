@@ -94,7 +94,7 @@ GEM_EXPORT void gemhook_kcost_clear(void);
  * moves it a quarter of the way (one short run must not bring back the long waits); an upper bound only lowers
  * a cost known. Returns 1 when an exact one brought the cost down and it is still more than twice the measure:
  * the key's next launch should be measured alone too (gem_kcost_remeasure), so a cost too long -- the kernel's
- * shapes changed, or a noisy measure -- comes down within about 16 launches of it, not at one launch in
+ * shapes changed, or a noisy measure -- comes down within a dozen or so launches of it, not at one launch in
  * GEM_KCOST_RELEARN (thousands at a marker each). Not GEM_KCOST_VERIFY launches: on a starved host each noisy
  * measure then cost 64 markers. Never asked for a cost the rounding holds still (a step under 1 us). */
 int gem_kcost_learn(uint64_t key, int64_t ns, int exact);

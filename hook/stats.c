@@ -54,7 +54,8 @@ static void format_stats(char *buf, size_t len) {
              "group_passes=%llu quick_claim_releases=%llu early_claims=%llu early_claim_lag_ms=%.3f flares=%llu withdrawals=%llu "
              "board_moves=%llu "
              "gpu_gate_waits=%llu gpu_gate_raises=%llu gpu_gate_failures=%llu kernels_measured=%llu "
-             "kernel_costs_learnt=%llu kernel_cost_checks=%llu kernel_cost_learnt_ms=%.3f marker_host_ms=%.3f "
+             "kernel_costs_learnt=%llu kernel_cost_checks=%llu kernel_cost_remeasures=%llu kernel_cost_learnt_ms=%.3f "
+             "marker_host_ms=%.3f "
              "syncs=%llu sync_tail_ms=%.3f burst_begin_ms=%.3f watcher_wakes=%llu gaps_timed=%llu gaps_estimated=%llu",
              (unsigned long long)gem_total_launches(), LOAD(grants), LOAD(token_requests), LOAD(waits),
              (double)LOAD(wait_ns) / 1e6, LOAD(expiries), LOAD(early_releases), (double)LOAD(overuse_ns) / 1e6,
@@ -70,7 +71,7 @@ static void format_stats(char *buf, size_t len) {
              LOAD(group_passes), LOAD(quick_claim_releases), LOAD(early_claims),
              (double)LOAD(early_claim_lag_ns) / 1e6, LOAD(flares), LOAD(withdrawals), LOAD(board_moves), LOAD(gpu_gate_waits),
              LOAD(gpu_gate_raises), LOAD(gpu_gate_failures), LOAD(kernels_measured), LOAD(kernel_costs_learnt),
-             LOAD(kernel_cost_checks), (double)LOAD(kernel_cost_learnt_ns) / 1e6, (double)LOAD(marker_host_ns) / 1e6,
+             LOAD(kernel_cost_checks), LOAD(kernel_cost_remeasures), (double)LOAD(kernel_cost_learnt_ns) / 1e6, (double)LOAD(marker_host_ns) / 1e6,
              LOAD(syncs), (double)LOAD(sync_tail_ns) / 1e6, (double)LOAD(burst_begin_ns) / 1e6, LOAD(watcher_wakes),
              LOAD(gaps_timed), LOAD(gaps_estimated));
 }

@@ -19,7 +19,8 @@ struct gem_stats {
         claim_pause_ns, markers, marker_waits, marker_wait_ns, turn_passes, marker_grows, marker_shrinks,
         marker_sync_shrinks, marker_intervals, marker_interval_ns, idle_ns, group_passes, quick_claim_releases,
         early_claims, early_claim_lag_ns, flares, withdrawals, board_moves, gpu_gate_waits, gpu_gate_raises, gpu_gate_failures,
-        kernels_measured, kernel_costs_learnt, kernel_cost_checks, kernel_cost_learnt_ns, marker_host_ns,
+        kernels_measured, kernel_costs_learnt, kernel_cost_checks, kernel_cost_remeasures, kernel_cost_learnt_ns,
+        marker_host_ns,
         syncs, sync_tail_ns, burst_begin_ns, watcher_wakes, gaps_timed, gaps_estimated;
 };
 extern struct gem_stats gem_stats;

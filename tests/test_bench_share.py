@@ -209,8 +209,8 @@ def test_gpu_checks_infer_report_gives_the_trainers_markers():
     import bench.gpu_check as gc
     stats = {"1": {"launches": 100, "markers": 50},
              "2": {"launches": 20000, "markers": 400, "kernels_measured": 30, "kernel_costs_learnt": 25,
-                   "kernel_cost_learnt_ms": 0.5, "kernel_cost_checks": 3}}
+                   "kernel_cost_learnt_ms": 0.5, "kernel_cost_checks": 3, "kernel_cost_remeasures": 7}}
     line = gc.marker_summary(stats)
     assert line == ("20000 launches, a marker per 50.0, 30 measured alone, 25 learnt (mean 20.0 us), "
-                    "3 cost checks"), line
+                    "3 cost checks, 7 remeasures"), line
     assert gc.marker_summary({}) is None

@@ -433,7 +433,7 @@ def test_a_kernel_whose_cost_was_learnt_too_long_is_measured_again_at_once(sim, 
     st = sim.stats_of(r.json["pid"])
     # (docs/benchmarks.md's numbers: pytest -m timed -o log_cli=true --log-cli-level=INFO -k learnt_too_long)
     log.info("%s: %s", first, {k: st[k] for k in ("launches", "markers", "kernels_measured", "kernel_costs_learnt",
-                                                  "kernel_cost_learnt_ms", "kernel_cost_checks")})
+                                                  "kernel_cost_learnt_ms", "kernel_cost_remeasures")})
     assert st["launches"] >= n + 2000 and st["kernel_costs_learnt"] >= 2, st
     # the long launches have a marker each; after them, one in 20 on a laptop (before: one in 2)
     assert st["markers"] - n <= (st["launches"] - n) / 8, st
