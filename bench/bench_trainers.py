@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_inference import WORKLOADS, Trainer  # noqa: E402
-from bench.harness import Backend, Group, ctl_status, read_stats  # noqa: E402
+from bench.harness import Backend, Group, ctl_status, percentile, read_stats  # noqa: E402
 
 
 def sliding_shares(rate, base: float, t0: float, t1: float, window_s: float, step_s: float = 0.1) -> list[float]:
@@ -45,11 +45,9 @@ def window_stats(shares: list[float], mean: float) -> dict[str, float]:
     a window lies from the mean share (points)."""
     if not shares:
         return {}
-    v = sorted(shares)
-    dev = sorted(abs(x - mean) * 100 for x in shares)
-    pick = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
-    return {"min": v[0], "max": v[-1], "p5": pick(v, 0.05), "p95": pick(v, 0.95), "windows": len(v),
-            "worst_from_mean_pp": dev[-1], "p95_from_mean_pp": pick(dev, 0.95)}
+    dev = [abs(x - mean) * 100 for x in shares]
+    return {"min": min(shares), "max": max(shares), "p5": percentile(shares, 0.05), "p95": percentile(shares, 0.95),
+            "windows": len(shares), "worst_from_mean_pp": max(dev), "p95_from_mean_pp": percentile(dev, 0.95)}
 
 
 def main(argv=None) -> int:

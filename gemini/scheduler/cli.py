@@ -62,8 +62,8 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
                    "interval T such a group gets at most MaxUtil x T + this. Aligned groups' windows are this long.")
 @click.option("--frame", "frame", type=float, default=DEFAULT_CAP_FRAME_MS, show_default=True, callback=_non_negative,
               help="Caps are budgets per frame (ms) of the host's clock: MaxUtil x this at every frame boundary "
-                   "(100 divides 1 s: a 1 s window holds whole frames). A cap whose quota per frame is under 20 ms "
-                   "keeps a token bucket. 0: token buckets for every cap.")
+                   "(100 divides 1 s: a 1 s window holds whole frames). A cap whose quota per frame is under "
+                   "--min-frame-quota keeps a token bucket. 0: token buckets for every cap.")
 @click.option("--frame-turns/--no-frame-turns", "frame_turns", default=True, show_default=True,
               help="Where the caps of the framed groups held to them add up to 1, they take turns in the order they "
                    "asked, not by virtual time, each turn held to its part of what is left of the frame, so that "

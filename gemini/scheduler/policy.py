@@ -16,14 +16,13 @@ within its budget (see below). Three mechanisms decide who gets the next slot an
   over it is its cap (with a continuous bucket the cycle of slots is as long as the refill and the handoffs make it,
   and a 1 s window swung by up to the bucket's depth). Over ANY interval of length T a group gets at most MaxUtil x T
   + `cap_burst_ms` (2 x MaxUtil x (1 - MaxUtil) x the frame + the carry). A cap whose frame's quota would be under
-  `min_frame_quota_ms` (MIN_FRAME_QUOTA_MS by default), an aligned group,
-  and every cap with `cap_frame_ms=0` have a continuous token bucket instead: it
-  fills at MaxUtil ms per ms of wall time up to a depth of `bucket_ms`, a slot is trimmed so that it is empty, not
-  negative, when the slot ends, and over any interval a group gets at most MaxUtil x T + bucket_ms. Either is charged
-  what the group really used: the slot up to its release, minus the part the hooks measured as not theirs (the handoff
-  at its start, at most `max_used_credit_ms`), minus time a latency group claimed the GPU, plus overuse the hooks
-  report. An overrun into the next slot is split evenly between the two holders, and half of it comes off each one's
-  measurement too (`_measured_charge`).
+  `min_frame_quota_ms` (MIN_FRAME_QUOTA_MS by default), an aligned group, and every cap with `cap_frame_ms=0` have a
+  continuous token bucket instead: it fills at MaxUtil ms per ms of wall time up to a depth of `bucket_ms`, a slot is
+  trimmed so that it is empty, not negative, when the slot ends, and over any interval a group gets at most MaxUtil x
+  T + bucket_ms. Either is charged what the group really used: the slot up to its release, minus the part the hooks
+  measured as not theirs (the handoff at its start, at most `max_used_credit_ms`), minus time a latency group claimed
+  the GPU, plus overuse the hooks report. An overrun into the next slot is split evenly between the two holders, and
+  half of it comes off each one's measurement too (`_measured_charge`).
 * **Floors (MinUtil) and fair shares are weighted virtual time.** Each active group (one that is waiting,
   holding, or used the GPU in the last `active_ms`) gets a target share by water-filling: every group gets at
   least its MinUtil and at most its MaxUtil, and what is left is split evenly (this is where Gemini's
