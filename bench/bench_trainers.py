@@ -84,6 +84,8 @@ def main(argv=None) -> int:
             t0 = time.monotonic()
             time.sleep(args.seconds)
             t1 = time.monotonic()
+            for t in trainers.values():     # each one's span must reach t1 before it is stopped
+                t.wait_past(t1)
             try:    # what gem-schd charged them over its last window (its SHARE): the cap it held, in GPU time
                 status = ctl_status(be)
                 out["charged"] = {g["name"]: g["share"] for g in status.get("groups", [])}

@@ -435,6 +435,8 @@ def write_report(ctx, results: dict) -> None:
                     continue
                 shares = ", ".join(f"{k}: {v:.3f}" for k, v in one["shares"].items())
                 line = f"- {run}: shares {{{shares}}}, useful {one['useful']:.3f}"
+                if one.get("entitled") and one["entitled"] != one.get("caps"):    # caps adding up to more than 1
+                    line += ", owed {" + ", ".join(f"{k}: {v:.3f}" for k, v in one["entitled"].items()) + "}"
                 if "share_error_pp" in one:
                     line += (f", error pp {fmt(max(one['share_error_pp'].values()), 2)}, worst 1 s window pp "
                              f"{fmt(max(one['window_error_1s_pp'].values()), 2)}")

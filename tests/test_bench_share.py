@@ -214,3 +214,82 @@ def test_gpu_checks_infer_report_gives_the_trainers_markers():
     assert line == ("20000 launches, a marker per 50.0, 30 measured alone, 25 learnt (mean 20.0 us), "
                     "3 cost checks, 7 remeasures"), line
     assert gc.marker_summary({}) is None
+
+
+def _progress_points(rate: float, on_s: float, off_s: float, seconds: float, every: int = 10) -> list:
+    """A trainer's progress points, one at each synchronisation (every `every` steps), when the GPU runs it `on_s`
+    and then leaves it `off_s` (slots), at `rate` steps/s while it runs; 1 ms ticks."""
+    points, work, steps = [(0.0, 0)], 0.0, 0
+    for k in range(int(seconds * 1000)):
+        t = k / 1000
+        if t % (on_s + off_s) < on_s - 1e-9:
+            work += rate / 1000
+            while work >= steps + 1 - 1e-9:
+                steps += 1
+                if steps % every == 0:
+                    points.append((t + 0.001, steps))
+    return points
+
+
+def test_a_trainers_1_s_windows_are_measured_over_the_whole_second_not_between_the_points_inside():
+    """A trainer that gets 0.7 s of every second (its share 0.7). Its rate between the progress points inside a
+    window (printed every 0.25 s, as train_loop did) measured as little as half a second and read 0.48-1.0 over
+    1 s windows (the H200 floor run's 0.536-0.99); over exactly the window, interpolated between its
+    synchronisations, it reads 0.69-0.79 (the rest: a synchronisation that spans the GPU's pause)."""
+    from bench.bench_inference import rate_between, steps_at
+    from bench.bench_trainers import sliding_shares
+    points = _progress_points(73.0, 0.7, 0.3, 25.0)
+    shares = sliding_shares(lambda a, b: rate_between(points, a, b), 73.0, 1.0, 24.0, 1.0)
+    assert len(shares) == 221
+    assert 0.68 <= min(shares) and max(shares) <= 0.80, (min(shares), max(shares))
+    printed, last = [], -1.0                        # the old printing and the old rule, for contrast
+    for t, s in points:
+        if t - last >= 0.25:
+            printed.append((t, s))
+            last = t
+
+    def inside(a, b):
+        pts = [p for p in printed if a <= p[0] <= b]
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+    old = sliding_shares(inside, 73.0, 1.0, 24.0, 1.0)
+    assert max(old) > 0.95 and min(old) < 0.55, (min(old), max(old))
+    assert steps_at(points, -0.1) is None and steps_at(points, points[-1][0] + 0.1) is None
+    assert rate_between(points, 1.0, 30.0) != rate_between(points, 1.0, 30.0)       # nan: not covered
+    assert steps_at(points, points[3][0]) == points[3][1]
+
+
+def test_a_share_run_scores_each_group_against_what_it_is_owed_not_against_a_cap_it_cannot_reach():
+    """MaxUtil 1.0 beside 0.1 is owed 0.9 (the H200 run scored its 0.887 as 11 points off); caps adding up to 1 or
+    less are owed themselves; a floor is kept and the rest split evenly up to the caps."""
+    from bench.bench_share import entitled_shares
+    assert entitled_shares([0, 0], [0.1, 1.0]) == pytest.approx([0.1, 0.9])
+    assert entitled_shares([0, 0], [0.3, 0.6]) == [0.3, 0.6]
+    assert entitled_shares([0, 0, 0, 0], [0.1, 0.2, 0.3, 0.4]) == [0.1, 0.2, 0.3, 0.4]
+    assert entitled_shares([0.7, 0], [1.0, 1.0]) == pytest.approx([0.7, 0.3])
+    assert entitled_shares([0, 0, 0], [1.0, 1.0, 0.2]) == pytest.approx([0.4, 0.4, 0.2])
+    assert entitled_shares([0, 0], [1.0, 1.0]) == pytest.approx([0.5, 0.5])
+
+
+def test_a_trainers_rate_up_to_now_waits_for_its_next_synchronisation():
+    """measure_alone takes the rate up to now, which lies past the trainer's last progress point: without waiting
+    for the next one, the span was not covered and the H200 floor run read nan for every share."""
+    import sys
+    import time
+
+    from bench.bench_inference import Trainer
+    script = ("import json, time\n"
+              "n = 0\n"
+              "while True:\n"
+              "    time.sleep(0.3); n += 10\n"
+              "    print(json.dumps({'t': time.monotonic(), 'steps': n}), flush=True)\n")
+    t = Trainer([sys.executable, "-c", script], {})
+    try:
+        t.wait_ready(timeout=30)
+        rate = t.measure_alone(0.5)
+        assert rate == pytest.approx(10 / 0.3, rel=0.25), rate
+        end = time.monotonic()
+        t.wait_past(end)
+    finally:
+        t.stop()
+    assert t.points[-1][0] >= end
+    assert t.rate(end - 0.5, end) == pytest.approx(10 / 0.3, rel=0.25)
