@@ -247,20 +247,14 @@ def sliding_windows(kernels: dict[str, list[tuple[int, int, int]]], targets: dic
 
 
 def entitled_shares(mins: list[float], caps: list[float]) -> list[float]:
-    """What each always-busy group is owed: its cap when the caps add up to 1 or less; otherwise the GPU filled
-    level by level, each group held between its MinUtil and its MaxUtil (clamp(level, min, max), the level where
-    they add up to 1: spare time split evenly, as gem-schd's virtual time does). A group capped at 1.0 beside one
-    at 0.1 is owed 0.9, not 1.0: scored against its cap it read 11 points off while it got 0.887."""
-    if sum(caps) <= 1.0:
-        return list(caps)
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        level = (lo + hi) / 2
-        if sum(min(mx, max(mn, level)) for mn, mx in zip(mins, caps)) > 1.0:
-            hi = level
-        else:
-            lo = level
-    return [min(mx, max(mn, lo)) for mn, mx in zip(mins, caps)]
+    """What each always-busy group is owed: gem-schd's own fair targets (policy.fair_targets: the caps when they
+    add up to 1 or less, otherwise each group between its MinUtil and its MaxUtil at the level where they add up
+    to 1, floors that add up to more scaled down). A group capped at 1.0 beside one at 0.1 is owed 0.9, not 1.0:
+    scored against its cap it read 11 points off while it got 0.887."""
+    from gemini.scheduler.policy import fair_targets
+    names = [str(i) for i in range(len(caps))]
+    owed = fair_targets(dict(zip(names, caps)), dict(zip(names, mins)))
+    return [owed[n] for n in names]
 
 
 def pct(values: list[float], q: float) -> float | None:

@@ -435,7 +435,9 @@ def write_report(ctx, results: dict) -> None:
                     continue
                 shares = ", ".join(f"{k}: {v:.3f}" for k, v in one["shares"].items())
                 line = f"- {run}: shares {{{shares}}}, useful {one['useful']:.3f}"
-                if one.get("entitled") and one["entitled"] != one.get("caps"):    # caps adding up to more than 1
+                caps = one.get("caps") or {}
+                if any(abs(v - caps.get(k, v)) > 5e-4 for k, v in (one.get("entitled") or {}).items()):
+                    # caps adding up to more than 1: what each is owed differs from its cap
                     line += ", owed {" + ", ".join(f"{k}: {v:.3f}" for k, v in one["entitled"].items()) + "}"
                 if "share_error_pp" in one:
                     line += (f", error pp {fmt(max(one['share_error_pp'].values()), 2)}, worst 1 s window pp "

@@ -35,6 +35,7 @@ def plot_run(run_dir: Path, output: Path, window_s: float = 1.0, title: str | No
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     caps = report.get("caps", {})
+    owed = report.get("entitled", caps)     # what each is owed (its cap unless the caps add up to more than 1)
     step = 0.05e9
     for i, (name, tr) in enumerate(traces.items()):
         xs, ys = [], []
@@ -45,9 +46,11 @@ def plot_run(run_dir: Path, output: Path, window_s: float = 1.0, title: str | No
             t += step
         color = colors[i % len(colors)]
         label = f"{name}" + (f" (cap {caps[name]:g})" if name in caps else "")
+        if name in owed and name in caps and abs(owed[name] - caps[name]) > 5e-4:
+            label = f"{name} (cap {caps[name]:g}, owed {owed[name]:.3g})"
         top.plot(xs, ys, color=color, label=label)
-        if name in caps:
-            top.axhline(caps[name], color=color, linestyle="--", linewidth=0.8)
+        if name in owed:
+            top.axhline(owed[name], color=color, linestyle="--", linewidth=0.8)
     top.set_ylabel(f"GPU share ({window_s:g} s window)")
     top.set_ylim(0, 1.05)
     top.legend(loc="upper right")

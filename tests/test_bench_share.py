@@ -293,3 +293,25 @@ def test_a_trainers_rate_up_to_now_waits_for_its_next_synchronisation():
         t.stop()
     assert t.points[-1][0] >= end
     assert t.rate(end - 0.5, end) == pytest.approx(10 / 0.3, rel=0.25)
+
+
+def test_floors_adding_up_to_more_than_1_are_owed_as_gem_schd_scales_them():
+    """The owed shares are gem-schd's own fair targets: floors of 0.7 and 0.6 are scaled down to add up to 1."""
+    from bench.bench_share import entitled_shares
+    assert entitled_shares([0.7, 0.6], [1.0, 1.0]) == pytest.approx([0.7 / 1.3, 0.6 / 1.3])
+
+
+def test_gpu_checks_share_line_says_owed_only_where_it_differs_from_the_cap(tmp_path):
+    """0.1 / 1.0 is owed 0.1 / 0.9, and the line says so; caps whose owed shares differ only by rounding say
+    nothing (an exact comparison printed an 'owed' equal to the caps)."""
+    import types
+
+    import bench.gpu_check as gc
+    base = {"shares": {"t0": 0.105, "t1": 0.887}, "useful": 0.99, "share_error_pp": {"t0": 0.5, "t1": 1.3},
+            "window_error_1s_pp": {"t0": 1.6, "t1": 2.4}}
+    owed = dict(base, caps={"t0": 0.1, "t1": 1.0}, entitled={"t0": 0.1, "t1": 0.9})
+    rounding = dict(base, caps={"t0": 0.55, "t1": 0.45}, entitled={"t0": 0.5499999999999999, "t1": 0.45})
+    gc.write_report(types.SimpleNamespace(out=tmp_path, durations={}), {"share": {"a": owed, "b": rounding}})
+    lines = {ln.split(":")[0]: ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("- ")}
+    assert "owed {t0: 0.100, t1: 0.900}" in lines["- a"], lines
+    assert "owed" not in lines["- b"], lines
