@@ -154,7 +154,9 @@ class Trainer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self._reader.join(10)       # every line it printed is in self.points
+        # every line it printed is in self.points (bounded: a child it left behind, e.g. torch.compile's workers,
+        # may hold its stdout open)
+        self._reader.join(2)
 
 
 def main(argv=None) -> int:
