@@ -53,6 +53,18 @@ def window_stats(shares: list[float], mean: float) -> dict[str, float]:
             "windows": len(shares), "worst_from_mean_pp": max(dev), "p95_from_mean_pp": percentile(dev, 0.95)}
 
 
+def unmeasured(out: dict) -> str | None:
+    """What a run could not measure, said as an error (gpu_check then marks the step FAILED): a rate alone or a
+    share that is nan (the progress points did not cover the span) must not pass for a result."""
+    bad = [n for n, v in out.get("shares", {}).items() if v != v]
+    base = out.get("alone_steps_per_s")
+    if base is None or base != base:
+        return "no rate alone: the trainer's progress points did not cover its span"
+    if bad:
+        return f"no share for {', '.join(bad)}: their progress points did not cover the common span"
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", default="a:0.7:1,b:0:1")
@@ -106,6 +118,9 @@ def main(argv=None) -> int:
     # the hooks' counters (slots, drains, marker waits: where a trainer's time went)
     out["hook_stats"] = {str(k): v for k, v in read_stats(stats_file).items()}
     out["configured"] = {g.name: {"min_util": g.min_util, "max_util": g.max_util} for g in specs}
+    error = unmeasured(out)
+    if error:
+        out["error"] = error
     print(json.dumps(out, indent=1))
     return 0
 

@@ -311,7 +311,10 @@ def step_trainers(ctx) -> dict:
         """One more run, kept under res[section][key]; its failure keeps the others."""
         try:
             one = bench(ctx, run_argv, 400)
-            res.setdefault(section, {})[key] = {k: one.get(k) for k in keep}
+            kept = {k: one.get(k) for k in keep}
+            if one.get("error"):    # a run that measured nothing says so (bench_trainers.unmeasured)
+                kept["error"] = one["error"]
+            res.setdefault(section, {})[key] = kept
         except Exception as exc:  # noqa: BLE001
             res.setdefault(section, {})[key] = {"error": str(exc)[-1000:]}
 

@@ -315,3 +315,12 @@ def test_gpu_checks_share_line_says_owed_only_where_it_differs_from_the_cap(tmp_
     lines = {ln.split(":")[0]: ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("- ")}
     assert "owed {t0: 0.100, t1: 0.900}" in lines["- a"], lines
     assert "owed" not in lines["- b"], lines
+
+
+def test_a_trainers_run_without_a_measure_is_an_error_not_a_result():
+    """The H200 run whose trainers' rates were nan was reported 'ok': now it says what it could not measure."""
+    from bench.bench_trainers import unmeasured
+    nan = float("nan")
+    assert unmeasured({"alone_steps_per_s": 73.0, "shares": {"a": 0.69, "b": 0.3}}) is None
+    assert "no rate alone" in unmeasured({"alone_steps_per_s": nan, "shares": {"a": nan}})
+    assert "no share for b" in unmeasured({"alone_steps_per_s": 73.0, "shares": {"a": 0.69, "b": nan}})
