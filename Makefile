@@ -52,7 +52,8 @@ $(TEST_HOOK_LIB): $(HOOK_SRC) $(HOOK_HDR)
 -include tests/simcuda/sim.mk
 
 # Native benchmark programs (plain C against libcuda.so.1, no toolkit).
-BENCH_BIN := $(BUILD)/bench/launch_cost $(BUILD)/bench/alloc_cost $(BUILD)/bench/event_cost $(BUILD)/bench/gate_probe
+BENCH_BIN := $(BUILD)/bench/launch_cost $(BUILD)/bench/alloc_cost $(BUILD)/bench/event_cost $(BUILD)/bench/gate_probe \
+             $(BUILD)/bench/marker_cost
 $(BUILD)/bench/%: bench/%.c bench/bench_common.h hook/cuda_types.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 -O2 -Wall -Wextra -Ihook -Ibench -o $@ $< -ldl -lpthread

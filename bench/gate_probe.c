@@ -29,19 +29,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char spin_ptx[] =
-    ".version 7.0\n.target sm_70\n.address_size 64\n"
-    ".visible .entry spin(.param .u64 ns)\n{\n"
-    "    .reg .pred %p<2>;\n    .reg .b64 %rd<6>;\n"
-    "    ld.param.u64 %rd1, [ns];\n"
-    "    mov.u64 %rd2, %globaltimer;\n"
-    "LOOP:\n"
-    "    mov.u64 %rd3, %globaltimer;\n"
-    "    sub.u64 %rd4, %rd3, %rd2;\n"
-    "    setp.lt.u64 %p1, %rd4, %rd1;\n"
-    "    @%p1 bra LOOP;\n"
-    "    ret;\n}\n";
-
 typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
 
@@ -59,21 +46,6 @@ static struct {
     int batch_us, depth, tight_depth, every, req_kernels, req_us, period_ms, seconds, blocks, req_gap_us;
 } opt = {"gate", 200, 25, 5, 2, 5, 200, 20, 5, 132, 0};
 
-static CUfunction load_spin(CUcontext *ctx) {
-    CUresult (*init)(unsigned) = bench_get("p", "cuInit");
-    CUresult (*dev_get)(CUdevice *, int) = bench_get("p", "cuDeviceGet");
-    CUresult (*retain)(CUcontext *, CUdevice) = bench_get("p", "cuDevicePrimaryCtxRetain");
-    CUresult (*set_current)(CUcontext) = bench_get("p", "cuCtxSetCurrent");
-    CUresult (*load)(CUmodule *, const void *) = bench_get("p", "cuModuleLoadData");
-    CUresult (*get_fn)(CUfunction *, CUmodule, const char *) = bench_get("p", "cuModuleGetFunction");
-    CUdevice dev; CUmodule mod; CUfunction fn;
-    if (init(0) || dev_get(&dev, 0) || retain(ctx, dev) || set_current(*ctx) || load(&mod, spin_ptx) ||
-        get_fn(&fn, mod, "spin")) {
-        fprintf(stderr, "gate_probe: set-up failed\n");
-        exit(2);
-    }
-    return fn;
-}
 
 static volatile int *gate_word;      /* the batch process's pinned word: 1 holds its stream at the next wait */
 static struct shared *sh;
@@ -92,7 +64,7 @@ static void *mirror(void *arg) {
 
 static void batch(void) {
     CUcontext ctx;
-    CUfunction fn = load_spin(&ctx);
+    CUfunction fn = bench_load_spin("gate_probe", &ctx);
     launch_t launch = (launch_t)bench_get("p", "cuLaunchKernel");
     CUresult (*ev_create)(CUevent *, unsigned) = bench_get("p", "cuEventCreate");
     CUresult (*ev_record)(CUevent, CUstream) = bench_get("p", "cuEventRecord");
@@ -158,7 +130,7 @@ static void batch(void) {
 
 static int latency(double *times, int cap) {
     CUcontext ctx;
-    CUfunction fn = load_spin(&ctx);
+    CUfunction fn = bench_load_spin("gate_probe", &ctx);
     launch_t launch = (launch_t)bench_get("p", "cuLaunchKernel");
     CUresult (*sync)(void) = bench_get("p", "cuCtxSynchronize");
     uint64_t ns = (uint64_t)opt.req_us * 1000;

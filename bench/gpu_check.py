@@ -9,6 +9,7 @@ Steps (each runs even if an earlier one failed; each result lands in results.jso
   tests    pytest -m gpu (tests/gpu): frameworks under the hook, gating, static cudart, -lcuda
   launch   host cost per launch: native, hooked and hooked beside an idle latency group, interleaved; and
            inside each process, the hook's cuLaunchKernel against the driver's own in alternate batches
+  markers  the GPU time an in-flight marker's operations add (the gate's wait, a timed event; marker_cost.c)
   alloc    cuMemAlloc/cuMemFree latency through the pod manager, native vs hooked
   share    always-busy spin tenants: native time-slicing, then gemini with MaxUtil 0.3 / 0.6
   reaction how fast a config edit shows on the GPU
@@ -48,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_inference import planned_seconds  # noqa: E402
 
-ALL_STEPS = ["env", "build", "probe", "tests", "launch", "alloc", "share", "transport", "reaction",
+ALL_STEPS = ["env", "build", "probe", "tests", "launch", "markers", "alloc", "share", "transport", "reaction",
              "infer", "infer_graph", "kernels", "sharing", "floor", "trainers", "soak", "policy_cost", "train", "um"]
 
 
@@ -287,6 +288,15 @@ def step_sharing(ctx) -> dict:
                        "--repeats", str(ctx.args.infer_repeats), "--classes", ctx.args.sharing_classes], 590)
 
 
+def step_markers(ctx) -> dict:
+    """The GPU time a marker's stream operations add between back-to-back kernels (bench/marker_cost.c), at 20 us
+    and at 200 us kernels (a batch stream gets a marker every half millisecond of its kernels)."""
+    prog = str(REPO / "build" / "bench" / "marker_cost")
+    return {f"kernel_{us}us": json.loads(sh([prog, "--kernel-us", str(us), "--kernels", str(n), "--every", str(e)],
+                                            120, log=ctx.log))
+            for us, n, e in ((20, 20000, 10), (200, 4000, 2))}
+
+
 def step_policy_cost(ctx) -> dict:
     # no GPU needed: the node's idle cores give a quieter number than a shared development machine
     res = bench(ctx, ["bench/bench_policy_cost.py", "--groups", "2,16,64,256"], 300)
@@ -382,7 +392,7 @@ def step_um(ctx) -> dict:
 
 
 STEP_FUNCS = {"env": step_env, "build": step_build, "probe": step_probe, "tests": step_tests,
-              "launch": step_launch, "alloc": step_alloc, "share": step_share,
+              "launch": step_launch, "markers": step_markers, "alloc": step_alloc, "share": step_share,
               "transport": step_transport,
               "reaction": step_reaction,
               "infer": step_infer, "infer_graph": step_infer_graph, "kernels": step_kernels, "sharing": step_sharing,
@@ -414,6 +424,12 @@ def write_report(ctx, results: dict) -> None:
             for row in res["rows"]:
                 lines.append(f"- {row['test']}: " + ", ".join(f"{k}={fmt(v, 3)}" for k, v in row.items()
                                                              if k != "test"))
+        elif name == "markers":
+            for key, one in res.items():
+                lines.append(f"- {key}: GPU time added per operation (median of {one['rounds']} rounds, ns): "
+                             + ", ".join(f"{v} {fmt(one.get(v + '_ns'))}" for v in ("record", "record_nt", "wait",
+                                                                                      "marker"))
+                             + f"; a kernel alone {fmt(one.get('kernel_ns_none'))} ns")
         elif name == "launch":
             lines.append(f"in one process, alternate batches through the hook and the driver's own cuLaunchKernel: "
                          f"added {fmt(res.get('in_process_added_ns'))} ns per launch, beside a latency group "

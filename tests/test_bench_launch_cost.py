@@ -42,3 +42,34 @@ def test_under_the_hook_the_pairs_compare_the_hook_with_the_driver(sim, backends
     # only the hooked half of the launches went through the hook: 200 warm-up + 40 batches + 20 of the 40 paired
     (stats,) = sim.stats().values()
     assert stats["launches"] == 200 + 40 * 16 + 20 * 16
+
+
+MARKER_COST = REPO_ROOT / "build" / "bench" / "marker_cost"
+
+
+def test_marker_cost_finds_the_gpu_time_a_wait_holds(sim):
+    """bench/marker_cost.c on the simulated driver, each wait made to hold the device 1 ms
+    (SIMCUDA_WAIT_VALUE_GPU_US): the waits and the markers are found about that much dearer than no operation, the
+    events (which cost the simulated device nothing) far cheaper. Without the model the wait reads far less. (The
+    bounds leave room for a starved host's timer: on two busy cores a run's noise came to 0.3 ms an operation.)"""
+    build_launch_cost()
+    argv = [str(MARKER_COST), "--kernel-us", "100", "--kernels", "200", "--every", "5", "--rounds", "3"]
+    sim.kernel_us = 100
+    res = run(argv, sim.env(SIMCUDA_WAIT_VALUE_GPU_US="1000"))
+    assert res.rc == 0, res
+    out = res.json
+    assert out["ops"] == 39
+    assert 700_000 < out["wait_ns"] < 2_000_000, out
+    assert 700_000 < out["marker_ns"] < 2_000_000, out
+    assert max(abs(out["record_ns"]), abs(out["record_nt_ns"])) < out["wait_ns"] / 3, out
+    plain = run(argv, sim.env())
+    assert plain.rc == 0, plain
+    assert abs(plain.json["wait_ns"]) < 350_000, plain.json
+
+
+@pytest.mark.parametrize("bad", [["--every", "0"], ["--kernels", "x"], ["--every", "50", "--kernels", "50"],
+                                 ["stray"]])
+def test_marker_cost_refuses_bad_arguments(sim, bad):
+    build_launch_cost()
+    res = run([str(MARKER_COST), *bad], sim.env())
+    assert res.rc == 2 and "usage" in res.err, res

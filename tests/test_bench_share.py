@@ -324,3 +324,26 @@ def test_a_trainers_run_without_a_measure_is_an_error_not_a_result():
     assert unmeasured({"alone_steps_per_s": 73.0, "shares": {"a": 0.69, "b": 0.3}}) is None
     assert "no rate alone" in unmeasured({"alone_steps_per_s": nan, "shares": {"a": nan}})
     assert "no share for b" in unmeasured({"alone_steps_per_s": 73.0, "shares": {"a": 0.69, "b": nan}})
+
+
+def test_gpu_checks_markers_step_runs_marker_cost_and_reports_each_operation(tmp_path, sim, monkeypatch):
+    """The markers step on the simulated driver (its waits made to hold the device 1 ms): both sizes run, and the
+    report line gives each operation's added GPU time."""
+    import types
+
+    import bench.gpu_check as gc
+    from tests.test_bench_launch_cost import build_launch_cost
+    build_launch_cost()
+    for key, value in sim.env(SIMCUDA_WAIT_VALUE_GPU_US="1000", SIMCUDA_KERNEL_US="20").items():
+        monkeypatch.setenv(key, value)
+    real_sh = gc.sh
+
+    def small(cmd, timeout, **kw):     # the step's sizes, cut to a CI-sized run
+        return real_sh([*cmd, "--kernels", "60", "--rounds", "3"], timeout, **kw)
+    monkeypatch.setattr(gc, "sh", small)
+    ctx = types.SimpleNamespace(out=tmp_path, durations={}, log=tmp_path / "log")
+    res = gc.step_markers(ctx)
+    assert set(res) == {"kernel_20us", "kernel_200us"}
+    gc.write_report(ctx, {"markers": res})
+    text = (tmp_path / "report.md").read_text()
+    assert "- kernel_20us: GPU time added per operation" in text and "wait " in text, text

@@ -99,6 +99,11 @@ static void exec_op(struct sim_ctx *c, struct sim_op *op, int *held, uint64_t se
         struct timespec ts = {0, 20 * 1000};
         while (*op->u.wv.addr != op->u.wv.value && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE))
             nanosleep(&ts, NULL);
+        if (sim_cfg.wait_value_gpu_ns) { /* what the satisfied wait costs the device (a model, for the benchmark) */
+            sim_dev_acquire(c->dev);
+            sim_sleep_until(sim_now_ns() + sim_cfg.wait_value_gpu_ns);
+            sim_dev_release(c->dev);
+        }
         break;
     }
     default:

@@ -42,6 +42,7 @@ struct sim_config {
     int host_prefetch_fails; /* SIMCUDA_HOST_PREFETCH_FAILS: every prefetch to the host fails (tests of evictions) */
     int no_stream_memops;    /* SIMCUDA_NO_STREAM_MEMOPS: cuStreamWaitValue32 is not supported */
     uint64_t wait_value_ns;  /* SIMCUDA_WAIT_VALUE_US: what a cuStreamWaitValue32 call costs the host (H100: ~2.5 us) */
+    uint64_t wait_value_gpu_ns; /* SIMCUDA_WAIT_VALUE_GPU_US: the device time a satisfied wait holds (bench/marker_cost.c) */
     uint64_t elapsed_ns;     /* SIMCUDA_ELAPSED_US: what a cuEventElapsedTime call costs the host (H100: ~3.1 us) */
     uint64_t record_ns;      /* SIMCUDA_RECORD_US: what a cuEventRecord call costs the host (H100: ~1.6 us) */
     int driver_version;    /* SIMCUDA_DRIVER_VERSION of this process */

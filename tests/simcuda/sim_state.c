@@ -258,6 +258,7 @@ static void do_init(void)
     sim_cfg.host_prefetch_fails = (int)env_u64("SIMCUDA_HOST_PREFETCH_FAILS", 0) != 0;
     sim_cfg.no_stream_memops = (int)env_u64("SIMCUDA_NO_STREAM_MEMOPS", 0) != 0;
     sim_cfg.wait_value_ns = env_u64("SIMCUDA_WAIT_VALUE_US", 0) * 1000ull;
+    sim_cfg.wait_value_gpu_ns = env_u64("SIMCUDA_WAIT_VALUE_GPU_US", 0) * 1000ull;
     sim_cfg.elapsed_ns = env_u64("SIMCUDA_ELAPSED_US", 0) * 1000ull;
     sim_cfg.record_ns = env_u64("SIMCUDA_RECORD_US", 0) * 1000ull;
     const char *trace = getenv("SIMCUDA_TRACE");
