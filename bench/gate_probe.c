@@ -46,7 +46,6 @@ static struct {
     int batch_us, depth, tight_depth, every, req_kernels, req_us, period_ms, seconds, blocks, req_gap_us;
 } opt = {"gate", 200, 25, 5, 2, 5, 200, 20, 5, 132, 0};
 
-
 static volatile int *gate_word;      /* the batch process's pinned word: 1 holds its stream at the next wait */
 static struct shared *sh;
 

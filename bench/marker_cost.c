@@ -10,7 +10,7 @@
  * Variants: none; record (a timed event, as the markers'); record_nt (CU_EVENT_DISABLE_TIMING); wait (the gate's
  * wait on a registered host word that already holds the value); marker (wait, then a timed record: the hook's).
  *
- * usage: marker_cost [--kernel-us 20] [--kernels 20000] [--every 10] [--rounds 5]
+ * usage: marker_cost [--kernel-us 20] [--kernels 20000] [--every 10] [--rounds 5 (at most 1000)]
  * Prints one JSON line: per variant the median over rounds of the GPU time it added per operation (ns), the
  * kernels' own GPU time per kernel with none, and the rounds' spread. Run natively, never under the hook.
  */
@@ -67,6 +67,9 @@ static double run(int variant, CUfunction fn, CUstream s, CUevent start, CUevent
     return ms;
 }
 
+/* The median of n sorted values (the mean of the middle two when n is even). */
+static double median(const double *v, int n) { return (v[(n - 1) / 2] + v[n / 2]) / 2; }
+
 static void usage(void) {
     fprintf(stderr, "usage: marker_cost [--kernel-us N] [--kernels N] [--every N] [--rounds N]\n");
     exit(2);
@@ -78,7 +81,7 @@ int main(int argc, char **argv) {
     for (int c; (c = getopt_long(argc, argv, "", longs, NULL)) != -1;) {
         char *endp;
         long v = optarg ? strtol(optarg, &endp, 10) : 0;
-        if (c == '?' || !optarg || *endp || v <= 0 || v > 10000000)
+        if (c == '?' || !optarg || *endp || v <= 0 || v > (c == 'r' ? 1000 : 10000000))
             usage();
         *(c == 'k' ? &opt.kernel_us : c == 'n' ? &opt.kernels : c == 'e' ? &opt.every : &opt.rounds) = (int)v;
     }
@@ -117,7 +120,8 @@ int main(int argc, char **argv) {
     run(MARKER, fn, s, start, end, timed, untimed, word);      /* warm: the module, the stream, the page */
     double *ms = calloc((size_t)opt.rounds * NVARIANTS, sizeof *ms);
     double *added = calloc((size_t)opt.rounds, sizeof *added);
-    if (!ms || !added)
+    double *none = calloc((size_t)opt.rounds, sizeof *none);
+    if (!ms || !added || !none)
         return 1;
     for (int r = 0; r < opt.rounds; r++)
         for (int k = 0; k < NVARIANTS; k++) {
@@ -125,21 +129,21 @@ int main(int argc, char **argv) {
             ms[r * NVARIANTS + v] = run(v, fn, s, start, end, timed, untimed, word);
         }
     int ops = (opt.kernels - 1) / opt.every;
-    double none[opt.rounds];
     for (int r = 0; r < opt.rounds; r++)
         none[r] = ms[r * NVARIANTS + NONE] * 1e6 / opt.kernels;
     qsort(none, (size_t)opt.rounds, sizeof *none, bench_cmp_double);
     printf("{\"kernel_us\": %d, \"kernels\": %d, \"every\": %d, \"rounds\": %d, \"ops\": %d, "
-           "\"kernel_ns_none\": %.1f", opt.kernel_us, opt.kernels, opt.every, opt.rounds, ops, none[opt.rounds / 2]);
+           "\"kernel_ns_none\": %.1f", opt.kernel_us, opt.kernels, opt.every, opt.rounds, ops, median(none, opt.rounds));
     for (int v = RECORD; v < NVARIANTS; v++) {
         for (int r = 0; r < opt.rounds; r++)     /* against the same round's run with none */
             added[r] = (ms[r * NVARIANTS + v] - ms[r * NVARIANTS + NONE]) * 1e6 / ops;
         qsort(added, (size_t)opt.rounds, sizeof *added, bench_cmp_double);
-        printf(", \"%s_ns\": %.1f, \"%s_ns_range\": [%.1f, %.1f]", variant_name[v], added[opt.rounds / 2],
+        printf(", \"%s_ns\": %.1f, \"%s_ns_range\": [%.1f, %.1f]", variant_name[v], median(added, opt.rounds),
                variant_name[v], added[0], added[opt.rounds - 1]);
     }
     printf("}\n");
     free(ms);
     free(added);
+    free(none);
     return 0;
 }
