@@ -164,6 +164,8 @@ SHARE_RUNS = [
     # the floor of issue 13 (MinUtil 0.7 beside 0, both uncapped) on spin tenants: its windows on-chip, which the
     # trainers' progress can resolve only to a few points (bench_trainers.py)
     ("gemini-floor-0.7", ["--mode", "gemini", "--caps", "1.0,1.0", "--mins", "0.7,0"], None),
+    ("gemini-floor-0.7-cycle100", ["--mode", "gemini", "--caps", "1.0,1.0", "--mins", "0.7,0",
+                                   "--schd-arg=--fair-cycle=100"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
     ("gemini-3-frame100", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=100"], None),
     ("gemini-3-frame0", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=0"], None),

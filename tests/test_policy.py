@@ -66,6 +66,35 @@ def test_shares_under_contention_are_the_water_filled_floors(floors, expected):
         assert abs(m.share(name, 2000, m.now) - want) <= 0.015, (name, m.share(name, 2000, m.now))
 
 
+@pytest.mark.parametrize("groups", [
+    [("a", 0.5, 1.0), ("b", 0.2, 1.0), ("c", 0.0, 1.0)],       # floors: 0.5 / 0.25 / 0.25
+    [("a", 0.5, 1.0), ("b", 0.0, 0.8), ("c", 0.0, 1.0)],       # a cap the others' shares hold it under
+])
+def test_with_a_fair_cycle_floors_and_fair_shares_hold_over_every_second(groups):
+    """gem-schd --fair-cycle 100: uncapped groups' slots are their fair share of 100 ms, so every 100 ms holds each
+    group's share, and so does every 1 s window (within 0.5 points). With the base quota's 100 ms slots each
+    (the default) the slots interleave in proportion but a second holds a slot more or less of a group: 5-10 points."""
+    owed = fair_targets({g[0]: g[2] for g in groups}, {g[0]: g[1] for g in groups})
+
+    def worst_1s(m):
+        return max(worst(m.window_shares(n, 1000, 25, 2000), owed[n]) for n in owed)
+    cycled = busy_model(groups, fair_cycle_ms=100.0)
+    assert worst_1s(cycled) <= 0.005, worst_1s(cycled)
+    for n, want in owed.items():
+        assert abs(cycled.share(n, 2000, cycled.now) - want) <= 0.005
+    assert worst_1s(busy_model(groups)) >= 0.05
+
+
+def test_a_fair_cycle_leaves_groups_held_to_their_caps_alone():
+    """Caps that add up to less than 1 are the groups' fair shares: their frames decide their slots, cycle or not."""
+    groups = [("a", 0.0, 0.3), ("b", 0.0, 0.6)]
+    plain, cycled = busy_model(groups, until=10_000.0), busy_model(groups, until=10_000.0, fair_cycle_ms=100.0)
+    assert [(d.group, d.quota_ms) for d in grants(plain.decisions)] == \
+        [(d.group, d.quota_ms) for d in grants(cycled.decisions)]
+    with pytest.raises(ValueError, match="fair_cycle_ms"):
+        Policy(config(*groups), fair_cycle_ms=-1.0)
+
+
 def test_fair_targets_with_floors_and_caps():
     assert fair_targets({"a": 1.0, "b": 1.0}, {"a": 0.7}) == pytest.approx({"a": 0.7, "b": 0.3})
     assert fair_targets({"a": 0.3, "b": 0.6}) == {"a": 0.3, "b": 0.6}

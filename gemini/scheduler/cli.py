@@ -73,6 +73,11 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               default=MIN_FRAME_QUOTA_MS, show_default=True, metavar="MS",
               help="A cap whose quota per frame (MaxUtil x --frame) is under this keeps a token bucket (--bucket) "
                    "instead of a frame's budget: every slot pays a handoff and its queue's drain.")
+@click.option("--fair-cycle", "fair_cycle", type=click.FloatRange(0.0, 60_000.0), default=0.0, show_default=True,
+              metavar="MS",
+              help="Uncapped groups' slots as their fair share (MinUtil, or an even part of the rest) of this cycle "
+                   "instead of the base quota each, so that floors and fair shares hold over windows of whole "
+                   "cycles (100 divides 1 s), at the price of more handoffs. 0: off.")
 @click.option("--board", "board", default="", metavar="PATH",
               help="The GPU's board page (claims, continuations); default a new file in /dev/shm; 'none': no "
                    "board.")
@@ -103,7 +108,7 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               show_default=True, metavar="MS",
               help="While the unified groups do not all fit in --device-memory: the shortest slot of each (longer if "
                    "its swap takes more than a tenth of it), so that a swap is paid by a long slot.")
-def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_frame_quota, board, limit_file,
+def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_frame_quota, fair_cycle, board, limit_file,
          limit_file_dir, verbose, log_level, metrics_port, trace_path, ipc_dir, device_uuid, device_memory,
          unified_min_slot):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
@@ -148,7 +153,7 @@ def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_fra
                              device_uuid=device_uuid, device_memory=capacity,
                              memory_probe=None if capacity is not None else _memory_probe(device_uuid),
                              unified_min_slot_ms=unified_min_slot, frame_turns=frame_turns,
-                             min_frame_quota_ms=min_frame_quota)
+                             min_frame_quota_ms=min_frame_quota, fair_cycle_ms=fair_cycle)
 
     async def run() -> int:
         # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.

@@ -194,7 +194,7 @@ class SchedulerDaemon:
                  hello_timeout_s: float = HELLO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
                  device_memory: Optional[int] = None, evict_timeout_s: float = EVICT_TIMEOUT_S,
                  memory_probe: Optional[DeviceMemoryProbe] = None, unified_min_slot_ms: float = SLOT_FLOOR_MIN_MS,
-                 frame_turns: bool = True, min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS):
+                 frame_turns: bool = True, min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS, fair_cycle_ms: float = 0.0):
         self.config = config
         self.ip = ip
         self.port = port
@@ -216,7 +216,7 @@ class SchedulerDaemon:
         self._t0 = self._t0_ns / 1e9
         self.policy = Policy(config, base_quota_ms, min_quota_ms, window_ms, start_ms=0.0, bucket_ms=bucket_ms,
                              clock_origin_ms=self._t0_ns / 1e6, cap_frame_ms=cap_frame_ms, frame_turns=frame_turns,
-                             min_frame_quota_ms=min_frame_quota_ms)
+                             min_frame_quota_ms=min_frame_quota_ms, fair_cycle_ms=fair_cycle_ms)
         # Unified groups' memory on the GPU (residency.py decides; this daemon carries it out): a grant that needs
         # evictions first is held until the evicted groups' pod managers answer (or evict_timeout_s passes).
         self.residency = ResidencyPolicy(device_memory, slot_floor_min_ms=unified_min_slot_ms)

@@ -424,7 +424,7 @@ class Policy:
                  continue_lead_ms: float = DEFAULT_CONTINUE_LEAD_MS, active_ms: Optional[float] = None,
                  cap_slot_fraction: float = 0.5, continuation: bool = True, clock_origin_ms: float = 0.0,
                  cap_frame_ms: float = DEFAULT_CAP_FRAME_MS, frame_turns: bool = True,
-                 min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS):
+                 min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS, fair_cycle_ms: float = 0.0):
         for name, value in (("base_quota_ms", base_quota_ms), ("min_quota_ms", min_quota_ms),
                             ("window_ms", window_ms), ("bucket_ms", bucket_ms), ("claim_burst_ms", claim_burst_ms),
                             ("max_claim_ms", max_claim_ms)):
@@ -434,6 +434,8 @@ class Policy:
             raise ValueError(f"continue_lead_ms must be >= 0, got {continue_lead_ms!r}")
         if not (math.isfinite(cap_frame_ms) and cap_frame_ms >= 0):
             raise ValueError(f"cap_frame_ms must be >= 0 (0: continuous buckets), got {cap_frame_ms!r}")
+        if not (math.isfinite(fair_cycle_ms) and fair_cycle_ms >= 0):
+            raise ValueError(f"fair_cycle_ms must be >= 0 (0: off), got {fair_cycle_ms!r}")
         self.base_quota_ms = float(base_quota_ms)
         # Per group, the shortest slot (ms) it is given when its slot is not capped: set by gem-schd for unified
         # groups whose slots end in swaps (gemini/scheduler/residency.py), so swapping stays a small part of them.
@@ -451,6 +453,11 @@ class Policy:
         self.frame_turns = bool(frame_turns)
         # A cap whose frame's quota is under this keeps a continuous bucket (_retune_bucket).
         self.min_frame_quota_ms = max(0.0, float(min_frame_quota_ms))
+        # Uncapped groups' slots as their fair share of this cycle (0: the base quota each; _quota): slots of the
+        # base quota interleave in proportion, but their order slips with the measured charges (0.7 / 0: a a b a a b
+        # a a a b, now and then a a b a a b a a b), and a share's 1 s windows swing by a slot (11 points on the
+        # simulated driver); with a cycle that divides 1 s, every group runs its share in each cycle.
+        self.fair_cycle_ms = float(fair_cycle_ms)
         self.claim_burst_ms = float(claim_burst_ms)
         self.max_claim_ms = float(max_claim_ms)
         self.continue_lead_ms = float(continue_lead_ms)
@@ -1439,6 +1446,10 @@ class Policy:
         # A unified group whose slots end in swaps gets longer ones (gemini/scheduler/residency.py sets this).
         longest = max(self.base_quota_ms, self.quota_floor.get(g.cfg.name, 0.0))
         if g.bucket is None:
+            if self.fair_cycle_ms > 0:
+                share = self._current_targets(at).get(g.cfg.name, 0.0)
+                if share > 0:
+                    return max(self.min_quota_ms, self.quota_floor.get(g.cfg.name, 0.0), share * self.fair_cycle_ms)
             return longest
         room = self._room(g, at)            # run this long and the bucket is empty at the end
         if g.cfg.aligned:
@@ -1450,7 +1461,13 @@ class Policy:
         theta = self._theta(g)
         if room < theta - EPS:
             return None
-        return min(longest, max(room, theta))
+        quota = min(longest, max(room, theta))
+        if self.fair_cycle_ms > 0:
+            # held below its cap by the others' shares, it takes its fair share of the cycle as an uncapped group
+            share = self._current_targets(at).get(g.cfg.name, 0.0)
+            if 0 < share < cap - EPS:
+                quota = min(quota, max(self.min_quota_ms, share * self.fair_cycle_ms))
+        return quota
 
     def _eligible_at(self, g: _Group, now: float) -> float:
         cap = g.cfg.max_util
