@@ -75,9 +75,10 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
                    "instead of a frame's budget: every slot pays a handoff and its queue's drain.")
 @click.option("--fair-cycle", "fair_cycle", type=click.FloatRange(0.0, 60_000.0), default=0.0, show_default=True,
               metavar="MS",
-              help="Uncapped groups' slots as their fair share (MinUtil, or an even part of the rest) of this cycle "
-                   "instead of the base quota each, so that floors and fair shares hold over windows of whole "
-                   "cycles (100 divides 1 s), at the price of more handoffs. 0: off.")
+              help="Uncapped groups' slots (and those of capped groups that the others' shares hold under their "
+                   "caps) as their fair share (MinUtil, or an even part of the rest) of this cycle, taken in turns, "
+                   "instead of -q each, so that floors and fair shares hold over windows of whole cycles (100 "
+                   "divides 1 s), at the price of a handoff per group and cycle. At most -q. 0: off.")
 @click.option("--board", "board", default="", metavar="PATH",
               help="The GPU's board page (claims, continuations); default a new file in /dev/shm; 'none': no "
                    "board.")
@@ -120,6 +121,9 @@ def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_fra
             raise click.UsageError(f"--ipc-dir and {', '.join(given)}: choose one transport")
     elif device_uuid is not None:
         raise click.UsageError("--device-uuid needs --ipc-dir")
+    if fair_cycle > quota:
+        raise click.BadParameter(f"{fair_cycle:g} ms is longer than -q ({quota:g} ms), the longest slot: a share of "
+                                 "the cycle must fit in a slot", param_hint="--fair-cycle")
     capacity = None
     if device_memory is not None:
         try:
