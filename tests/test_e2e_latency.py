@@ -578,8 +578,11 @@ def test_a_failed_early_claim_is_the_waiting_launchs_failure(tmp_path, hook_lib,
     assert r.rc == 1, r
     assert "cuLaunchKernel failed: 802 CUDA_ERROR_SYSTEM_NOT_READY" in r.err, r.err[-2000:]
     assert r.err.count("no token from the pod manager") == 1, r.err[-2000:]
-    # the claimer's request went out within a claim (20 ms) of the stop; the launch failed when it timed out
-    assert ended - stopped < timeout_ms / 1000 * 1.6, (ended - stopped, r.err[-2000:])
+    # The claimer's request went out within a claim (20 ms) of the stop; the launch failed when it timed out (a
+    # second ask would have logged a second line, above). Unless the stop caught a claim's release in flight: the
+    # release waits up to 5 s for its reply with the launches held behind it (hook/gate.c, send_release), and one
+    # make-test run in many took 5.7 s here. Bounded either way: the program is never held past that.
+    assert ended - stopped < timeout_ms / 1000 * 1.6 + 5.0, (ended - stopped, r.err[-2000:])
 
 
 def test_processes_running_through_a_scheduler_restart_pause_for_claims_on_its_new_board(tmp_path, hook_lib,

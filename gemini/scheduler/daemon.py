@@ -341,9 +341,10 @@ class SchedulerDaemon:
         if self.socket_path is None and (addr is None or not addr.is_loopback):
             log.warning("listening on %s, which is not a loopback address: anyone who can reach it can take GPU "
                         "time (there is no authentication)", self.endpoint)
-        log.info("gem-schd %s listening on %s (quota %g ms, min quota %g ms, window %g ms, cap frame %g ms%s), "
+        log.info("gem-schd %s listening on %s (quota %g ms, min quota %g ms, window %g ms, cap frame %g ms%s%s), "
                  "groups: %s", self.scheduler_id, self.endpoint, self.policy.base_quota_ms, self.policy.min_quota_ms,
                  self.policy.window_ms, self.policy.cap_frame_ms, ", turns" if self.policy.frame_turns else "",
+                 f", fair cycle {self.policy.fair_cycle_ms:g} ms" if self.policy.fair_cycle_ms > 0 else "",
                  ", ".join(self.config.names))
         for warning in self.config.warnings:
             log.warning("%s", warning)

@@ -85,7 +85,8 @@ class TraceWriter(ObserverBase):
         self._event({"ph": "i", "s": "g", "name": "config", "cat": "config", "ts": 0.0, "tid": SCHEDULER_TID,
                      "args": {"reason": "start", "scheduler_id": daemon.scheduler_id, "unix_time_at_ts0": unix_t0,
                               "window_ms": policy.window_ms, "base_quota_ms": policy.base_quota_ms,
-                              "min_quota_ms": policy.min_quota_ms, "config_path": daemon.config.path,
+                              "min_quota_ms": policy.min_quota_ms, "fair_cycle_ms": policy.fair_cycle_ms,
+                              "config_path": daemon.config.path,
                               "groups": _groups_arg(daemon.config)}})
         try:
             self._loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
