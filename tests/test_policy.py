@@ -110,6 +110,22 @@ def test_with_a_fair_cycle_a_group_owed_nothing_gets_a_useful_slot_not_a_whole_q
     assert min(m.window_shares("a", 1000, 25, 6000)) >= 0.68
 
 
+def test_a_fair_cycle_too_short_for_the_least_share_stretches_or_stands_aside():
+    """A share whose part of the cycle would be under -m (5 ms) stretches the cycle (0.5 beside eleven groups owed
+    0.045 each: 110 ms), so the proportions hold; where the largest share's slot would then pass -q the cycle stands
+    aside (0.9 beside three owed 0.033: 135 ms), as without it. Rounding the small slots up to -m gave the 0.9
+    floor 0.856 (an independent review)."""
+    wide = [("a", 0.5, 1.0)] + [(f"z{i}", 0.0, 1.0) for i in range(11)]
+    m = busy_model(wide, until=20_000.0, fair_cycle_ms=100.0)
+    assert abs(m.share("a", 2000, m.now) - 0.5) <= 0.005
+    assert worst(m.window_shares("a", 1000, 50, 2000), 0.5) <= 0.01
+    big = [("a", 0.9, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0), ("d", 0.0, 1.0)]
+    cycled, plain = busy_model(big, until=20_000.0, fair_cycle_ms=100.0), busy_model(big, until=20_000.0)
+    assert cycled.share("a", 2000, cycled.now) >= 0.895
+    assert [(d.group, d.quota_ms) for d in grants(cycled.decisions)] == \
+        [(d.group, d.quota_ms) for d in grants(plain.decisions)]
+
+
 def test_fair_targets_with_floors_and_caps():
     assert fair_targets({"a": 1.0, "b": 1.0}, {"a": 0.7}) == pytest.approx({"a": 0.7, "b": 0.3})
     assert fair_targets({"a": 0.3, "b": 0.6}) == {"a": 0.3, "b": 0.6}
