@@ -1447,9 +1447,10 @@ class Policy:
         # A unified group whose slots end in swaps gets longer ones (gemini/scheduler/residency.py sets this).
         longest = max(self.base_quota_ms, self.quota_floor.get(g.cfg.name, 0.0))
         if g.bucket is None:
-            if self.fair_cycle_ms > 0 and not g.cfg.latency and g.cfg.name not in self.not_before and \
-                    self._cycle_length(at) is not None:
-                return self._cycle_quota(g, at, longest)
+            if self.fair_cycle_ms > 0 and not g.cfg.latency and g.cfg.name not in self.not_before:
+                length = self._cycle_length(at)
+                if length is not None:
+                    return self._cycle_quota(g, at, longest, length)
             return longest
         room = self._room(g, at)            # run this long and the bucket is empty at the end
         if g.cfg.aligned:
@@ -1464,7 +1465,9 @@ class Policy:
         quota = min(longest, max(room, theta))
         if self.fair_cycle_ms > 0 and self._in_cycle(g, at):
             # held below its cap by the others' shares, it takes its fair share of the cycle as an uncapped group
-            quota = min(quota, self._cycle_quota(g, at, longest))
+            length = self._cycle_length(at)
+            assert length is not None       # _in_cycle: the cycle applies
+            quota = min(quota, self._cycle_quota(g, at, longest, length))
         return quota
 
     def _in_cycle(self, g: _Group, at: float) -> bool:
@@ -1488,14 +1491,13 @@ class Policy:
         length = max(self.fair_cycle_ms, self.min_quota_ms / min(shares))
         return length if max(shares) * length <= self.base_quota_ms + EPS else None
 
-    def _cycle_quota(self, g: _Group, at: float, longest: float) -> float:
-        """`--fair-cycle`: the group's fair share of the cycle (a group whose share is nothing, a useful slot: -m),
-        never more than -q, never below -m or a unified group's floor. The groups take turns (_cycle_turn), so a
-        group's share comes from its slots' length, not from its virtual time. (Correcting the length by how far a
+    def _cycle_quota(self, g: _Group, at: float, longest: float, length: float) -> float:
+        """`--fair-cycle`: the group's fair share of the cycle `length` (_cycle_length; a group whose share is
+        nothing, a useful slot: -m), never more than -q, never below -m or a unified group's floor. The groups take
+        turns (_cycle_turn), so a group's share comes from its slots' length, not from its virtual time. (Correcting the length by how far a
         group's virtual time lagged the others' was tried: the holder's reserved slot always counts ahead of the
         group that follows it, and the slots grew to 93 / 40 ms at 0.7 / 0.3, a cycle that does not divide 1 s.)"""
         share = self._current_targets(at).get(g.cfg.name, 0.0)
-        length = self._cycle_length(at) or self.fair_cycle_ms
         return max(self.min_quota_ms, self.quota_floor.get(g.cfg.name, 0.0), min(longest, share * length))
 
     def _eligible_at(self, g: _Group, now: float) -> float:
