@@ -1494,9 +1494,10 @@ class Policy:
     def _cycle_quota(self, g: _Group, at: float, longest: float, length: float) -> float:
         """`--fair-cycle`: the group's fair share of the cycle `length` (_cycle_length; a group whose share is
         nothing, a useful slot: -m), never more than -q, never below -m or a unified group's floor. The groups take
-        turns (_cycle_turn), so a group's share comes from its slots' length, not from its virtual time. (Correcting the length by how far a
-        group's virtual time lagged the others' was tried: the holder's reserved slot always counts ahead of the
-        group that follows it, and the slots grew to 93 / 40 ms at 0.7 / 0.3, a cycle that does not divide 1 s.)"""
+        turns (_cycle_turn), so a group's share comes from its slots' length, not from its virtual time.
+        (Correcting the length by how far a group's virtual time lagged the others' was tried: the holder's reserved
+        slot always counts ahead of the group that follows it, and the slots grew to 93 / 40 ms at 0.7 / 0.3, a
+        cycle that does not divide 1 s.)"""
         share = self._current_targets(at).get(g.cfg.name, 0.0)
         return max(self.min_quota_ms, self.quota_floor.get(g.cfg.name, 0.0), min(longest, share * length))
 
