@@ -432,8 +432,8 @@ def write_report(ctx, results: dict) -> None:
         elif name == "markers":
             for key, one in res.items():
                 lines.append(f"- {key}: GPU time added per operation (median of {one['rounds']} rounds, ns): "
-                             + ", ".join(f"{v} {fmt(one.get(v + '_ns'))}" for v in ("record", "record_nt", "wait",
-                                                                                      "marker"))
+                             + ", ".join(f"{v} {fmt(one.get(v + '_ns'))}" for v in (
+                                 "record", "record_nt", "wait", "marker", "marker_nt", "record_wait", "device_wait"))
                              + f"; a kernel alone {fmt(one.get('kernel_ns_none'))} ns")
         elif name == "launch":
             lines.append(f"in one process, alternate batches through the hook and the driver's own cuLaunchKernel: "

@@ -8,7 +8,9 @@
  * same kernels with none, interleaved round by round.
  *
  * Variants: none; record (a timed event, as the markers'); record_nt (CU_EVENT_DISABLE_TIMING); wait (the gate's
- * wait on a registered host word that already holds the value); marker (wait, then a timed record: the hook's).
+ * wait on a registered host word that already holds the value); marker (wait, then a timed record: the hook's);
+ * marker_nt (wait, then an untimed record); record_wait (a timed record, then the wait: the other order);
+ * device_wait (the wait on a word of device memory instead: whether the host word's distance is the wait's cost).
  *
  * usage: marker_cost [--kernel-us 20] [--kernels 20000] [--every 10] [--rounds 5 (at most 1000)]
  * Prints one JSON line: per variant the median over rounds of the GPU time it added per operation (ns), the
@@ -22,8 +24,9 @@
 typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
 
-enum { NONE, RECORD, RECORD_NT, WAIT, MARKER, NVARIANTS };
-static const char *const variant_name[NVARIANTS] = {"none", "record", "record_nt", "wait", "marker"};
+enum { NONE, RECORD, RECORD_NT, WAIT, MARKER, MARKER_NT, RECORD_WAIT, DEVICE_WAIT, NVARIANTS };
+static const char *const variant_name[NVARIANTS] = {"none", "record", "record_nt", "wait", "marker", "marker_nt",
+                                                    "record_wait", "device_wait"};
 
 static struct {
     int kernel_us, kernels, every, rounds;
@@ -35,6 +38,7 @@ static CUresult (*ev_record)(CUevent, CUstream);
 static CUresult (*ev_sync)(CUevent);
 static CUresult (*ev_elapsed)(float *, CUevent, CUevent);
 static CUresult (*wait_value)(CUstream, CUdeviceptr, uint32_t, unsigned);
+static CUdeviceptr device_word;     /* a word of device memory holding 0 (device_wait) */
 
 static void check(CUresult rc, const char *what) {
     if (rc != 0) {
@@ -53,11 +57,15 @@ static double run(int variant, CUfunction fn, CUstream s, CUevent start, CUevent
         check(launch(fn, 132, 1, 1, 128, 1, 1, 0, s, args, NULL), "cuLaunchKernel");
         if (i % opt.every || i == opt.kernels)
             continue;
-        if (variant == WAIT || variant == MARKER)
+        if (variant == RECORD_WAIT)
+            check(ev_record(timed, s), "cuEventRecord");
+        if (variant == WAIT || variant == MARKER || variant == MARKER_NT || variant == RECORD_WAIT)
             check(wait_value(s, word, 0, CU_STREAM_WAIT_VALUE_EQ), "cuStreamWaitValue32");
+        if (variant == DEVICE_WAIT)
+            check(wait_value(s, device_word, 0, CU_STREAM_WAIT_VALUE_EQ), "cuStreamWaitValue32");
         if (variant == RECORD || variant == MARKER)
             check(ev_record(timed, s), "cuEventRecord");
-        if (variant == RECORD_NT)
+        if (variant == RECORD_NT || variant == MARKER_NT)
             check(ev_record(untimed, s), "cuEventRecord");
     }
     check(ev_record(end, s), "cuEventRecord");
@@ -110,6 +118,10 @@ int main(int argc, char **argv) {
     check(host_register((void *)page, 4096, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP),
           "cuMemHostRegister");
     check(dev_ptr(&word, (void *)page, 0), "cuMemHostGetDevicePointer");
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t) = bench_get("marker_cost", "cuMemAlloc");
+    CUresult (*memset_d32)(CUdeviceptr, unsigned, size_t) = bench_get("marker_cost", "cuMemsetD32");
+    check(mem_alloc(&device_word, 4096), "cuMemAlloc");
+    check(memset_d32(device_word, 0, 1024), "cuMemsetD32");
     CUstream s;
     check(stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     CUevent start, end, timed, untimed;

@@ -6,6 +6,14 @@
  * once. Events are created in the stream's context on first use and reused; a ring is never freed (a
  * destroyed stream's ring is reused only if the driver hands the same handle out again, and then its
  * events are still valid in that context).
+ *
+ * Each slot has two events, a timed one and an untimed one (CU_EVENT_DISABLE_TIMING), and a marker records one of
+ * them. A timed record makes the GPU finish the work before it before the next kernel may start: 2.2 us of GPU
+ * time between back-to-back 20 us kernels on the H200, as much as the gate's wait, where an untimed record added
+ * nothing measurable (bench/marker_cost.c; docs/benchmarks.md, "Twenty-fourth session"). Only the markers whose
+ * time something reads are timed (marker_timed): those that begin or end a kernel measured alone, every marker of a
+ * chain until one of its intervals has been measured, and then a pair in every GEM_INFLIGHT_TIMED_EVERY, whose
+ * interval keeps the rate and the queue's depth current. GEMINI_MARKER_SAMPLING=0 times every marker.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -27,7 +35,11 @@ struct ring {
     CUstream stream;            /* CU_STREAM_PER_THREAD for the per-thread stream, with its thread */
     pthread_t thread;
     pthread_mutex_t mu;         /* one launching thread at a time records on a ring */
-    CUevent ev[GEM_INFLIGHT_MARKERS];
+    CUevent ev[GEM_INFLIGHT_MARKERS];     /* timed */
+    CUevent evq[GEM_INFLIGHT_MARKERS];    /* untimed (CU_EVENT_DISABLE_TIMING): a quick marker's */
+    /* which of the two the marker in slot i recorded: an interval is measured only between two timed ones */
+    unsigned char timed[GEM_INFLIGHT_MARKERS];
+    unsigned seq;               /* markers recorded on the ring (which are a sampled pair) */
     /* ev[i] was recorded while the marker before it was still pending: the GPU was busy with this stream's
      * work all the way from that marker to this one, so the interval between them is GPU work. After an idle
      * moment (the host paused and the queue ran dry) the interval also holds the idle time, which says
@@ -70,6 +82,9 @@ struct ring {
     int measured;               /* an interval of this chain was measured (adapt) */
     int used;
 };
+
+/* The event marker i recorded: the one to query or wait for. */
+static CUevent mark(const struct ring *r, unsigned i) { return r->timed[i] ? r->ev[i] : r->evq[i]; }
 
 static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ring rings[MAX_RINGS];
@@ -157,6 +172,8 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     if (costed && ((r->unit[prev] && !long_unit) || held || !r->behind[done]))
         return 1;
     float ms = 0;
+    if (!r->timed[prev] || !r->timed[done])
+        return 0;               /* a quick marker's interval: not timed (marker_timed) */
     if (REAL(cuEventQuery)(r->ev[prev]) != CUDA_SUCCESS ||
         REAL(cuEventElapsedTime)(&ms, r->ev[prev], r->ev[done]) != CUDA_SUCCESS || ms <= 0)
         return 0;
@@ -223,14 +240,16 @@ static void learn(struct ring *r, int head_ok) {
          * the interval at all, or others' launches with it */
         if (r->key[i] && (at_head || (r->ends_unit[j] && r->thread_of[j] == r->thread_of[i]))) {
             /* the unit's own end where it was recorded (above), else the marker after it */
-            CUevent end = r->unit_end_ok[j] ? r->unit_end[j] : r->ev[j];
+            CUevent end = r->unit_end_ok[j] ? r->unit_end[j] : mark(r, j);
             int exact = r->unit_end_ok[j] ? r->unit_end_exact[j] : r->behind[j];
+            /* both ends timed (marker_timed times a unit's: one untimed means a lapse, and nothing is learnt) */
+            int timed = r->timed[i] && (r->unit_end_ok[j] || r->timed[j]);
             CUresult done = REAL(cuEventQuery)(end);
             if (done == CUDA_ERROR_NOT_READY)
                 break;
             int held = r->gate && ((r->epoch[i] & 1) || atomic_load(&r->gate->epoch) != r->epoch[i]);
             float ms = 0;
-            if (done == CUDA_SUCCESS && !held && HAVE_REAL(cuEventElapsedTime) &&
+            if (done == CUDA_SUCCESS && !held && timed && HAVE_REAL(cuEventElapsedTime) &&
                 REAL(cuEventElapsedTime)(&ms, r->ev[i], end) == CUDA_SUCCESS && ms > 0) {
                 if (gem_kcost_learn(r->key[i], (int64_t)((double)ms * 1e6), exact))
                     gem_kcost_remeasure(r->thread_of[i], r->key[i]);
@@ -257,7 +276,7 @@ static int record_unit_end(struct ring *r, unsigned slot, CUstream s, const void
         REAL(cuEventRecord)(r->unit_end[slot], s) != CUDA_SUCCESS)
         return 0;
     r->unit_end_ok[slot] = 1;
-    r->unit_end_exact[slot] = REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
+    r->unit_end_exact[slot] = REAL(cuEventQuery)(mark(r, last)) == CUDA_ERROR_NOT_READY;
     r->unit_end_thread = thread;
     return 1;
 }
@@ -288,6 +307,17 @@ int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64
     return recorded;
 }
 
+/* Whether the marker about to be recorded in `slot` (its key and ends_unit set) is a timed one: its time is read
+ * if it begins a kernel measured alone or ends one (learn; a long unit's interval is adapt's too), while no
+ * interval of the chain has been measured yet (a new chain learns its rate and depth at once, and a short one
+ * measures its last interval at the synchronisation: gem_inflight_synced), and as the first pair of every
+ * GEM_INFLIGHT_TIMED_EVERY (adapt: the kernels' lengths may change; a synchronisation, a slot's drain among them,
+ * starts a new chain, timed again from its start). r->mu held. */
+static int marker_timed(const struct ring *r, unsigned slot) {
+    return !gem_cfg.marker_sampling || !r->measured || r->key[slot] || r->ends_unit[slot] ||
+           r->seq % GEM_INFLIGHT_TIMED_EVERY < 2;
+}
+
 static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
                        struct gem_gpugate *gate, const struct gem_marker_kernel *mk) {
     CUcontext ctx = NULL;
@@ -300,7 +330,8 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
     pthread_mutex_lock(&r->mu);
     if (!r->used) {
         for (int i = 0; i < GEM_INFLIGHT_MARKERS; i++)
-            if (REAL(cuEventCreate)(&r->ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+            if (REAL(cuEventCreate)(&r->ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+                REAL(cuEventCreate)(&r->evq[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
                 pthread_mutex_unlock(&r->mu);
                 return 0;
             }
@@ -318,14 +349,14 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
      * when the unit's end was recorded; pending then, it is queried again below where that matters. */
     int last_done = r->count == 0 ||
                     (r->unit_end_ok[slot] ? !r->unit_end_exact[slot]
-                                          : REAL(cuEventQuery)(r->ev[last]) != CUDA_ERROR_NOT_READY);
+                                          : REAL(cuEventQuery)(mark(r, last)) != CUDA_ERROR_NOT_READY);
     unsigned depth = depth_of(f, budget_ns);
     if (r->count >= depth) {
         /* Wait for the marker `depth` back: then at most `depth` intervals of work stay queued. */
         unsigned back = (slot + GEM_INFLIGHT_MARKERS - depth) % GEM_INFLIGHT_MARKERS;
-        if (!last_done && REAL(cuEventQuery)(r->ev[back]) == CUDA_ERROR_NOT_READY) {
+        if (!last_done && REAL(cuEventQuery)(mark(r, back)) == CUDA_ERROR_NOT_READY) {
             int64_t t0 = gem_now_ns();
-            REAL(cuEventSynchronize)(r->ev[back]);
+            REAL(cuEventSynchronize)(mark(r, back));
             atomic_fetch_add(&gem_stats.marker_waits, 1);
             atomic_fetch_add(&gem_stats.marker_wait_ns, (unsigned long long)(gem_now_ns() - t0));
         }
@@ -337,7 +368,7 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
     learn(r, 0);
     if (r->count == 0)
         r->learn_from = slot;   /* a new chain: nothing before it is an interval of it */
-    r->behind[slot] = !last_done && REAL(cuEventQuery)(r->ev[last]) == CUDA_ERROR_NOT_READY;
+    r->behind[slot] = !last_done && REAL(cuEventQuery)(mark(r, last)) == CUDA_ERROR_NOT_READY;
     r->per[slot] = mk && mk->costed ? 0 : (uint32_t)atomic_load(&f->launches_per_marker);
     r->key[slot] = mk ? mk->key : 0;
     r->unit[slot] = mk ? (unsigned char)mk->unit : 0;
@@ -349,9 +380,13 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
      * the claim began, however deep the queue behind it. */
     r->gate = gate && gem_gpugate_wait(gate, s) ? gate : NULL;
     r->epoch[slot] = r->gate ? atomic_load(&gate->epoch) : 0;
-    int recorded = REAL(cuEventRecord)(r->ev[slot], s) == CUDA_SUCCESS;
+    r->timed[slot] = (unsigned char)marker_timed(r, slot);
+    int recorded = REAL(cuEventRecord)(mark(r, slot), s) == CUDA_SUCCESS;
     if (recorded) {
         atomic_fetch_add(&gem_stats.markers, 1);
+        if (r->timed[slot])
+            atomic_fetch_add(&gem_stats.markers_timed, 1);
+        r->seq++;
         r->head = (slot + 1) % GEM_INFLIGHT_MARKERS;
         r->unit_end_ok[r->head] = 0;    /* a lap old: only a unit's end recorded at the head from now on counts */
         if (r->count < GEM_INFLIGHT_MARKERS)

@@ -31,6 +31,7 @@ struct gem_settings gem_cfg = {
     .flare = 1,
     .kernel_costs = 1,
     .gap_events = 1,
+    .marker_sampling = 1,
     .early_claim_ns = 2 * GEM_NS_PER_MS,
     .connect_timeout_ns = 10 * GEM_NS_PER_S,
     .token_timeout_ns = 300 * GEM_NS_PER_S,
@@ -110,7 +111,7 @@ static const char *const file_keys[] = {
     "GEMINI_DISABLE", "GEMINI_FAIL_OPEN", "GEMINI_GROUP_NAME", "GEMINI_POD_MANAGER_IP", "GEMINI_POD_MANAGER_PORT",
     "GEMINI_POD_MANAGERS", "GEMINI_IPC_DIR", "GEMINI_BOARD_DIR", "GEMINI_IDLE_RELEASE_MS", "GEMINI_CLAIM_IDLE_MS",
     "GEMINI_INFLIGHT_MS", "GEMINI_EARLY_CLAIM_MS", "GEMINI_CONNECT_TIMEOUT_MS", "GEMINI_TOKEN_TIMEOUT_MS",
-    "GEMINI_GPU_GATE", "GEMINI_FLARE", "GEMINI_KERNEL_COSTS", "GEMINI_GAP_EVENTS",
+    "GEMINI_GPU_GATE", "GEMINI_FLARE", "GEMINI_KERNEL_COSTS", "GEMINI_GAP_EVENTS", "GEMINI_MARKER_SAMPLING",
 };
 #define N_FILE_KEYS (sizeof file_keys / sizeof file_keys[0])
 
@@ -326,6 +327,8 @@ void gem_settings_load(void) {
         gem_cfg.kernel_costs = setting_flag("GEMINI_KERNEL_COSTS");
     if ((v = setting("GEMINI_GAP_EVENTS")) && *v)
         gem_cfg.gap_events = setting_flag("GEMINI_GAP_EVENTS");
+    if ((v = setting("GEMINI_MARKER_SAMPLING")) && *v)
+        gem_cfg.marker_sampling = setting_flag("GEMINI_MARKER_SAMPLING");
     setting_ms("GEMINI_CONNECT_TIMEOUT_MS", &gem_cfg.connect_timeout_ns);
     setting_ms("GEMINI_TOKEN_TIMEOUT_MS", &gem_cfg.token_timeout_ns);
     if (gem_cfg.settings_file[0])

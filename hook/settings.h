@@ -38,6 +38,8 @@ struct gem_settings {
                                  * requests when its pod manager has written the claim on the board */
     int kernel_costs;           /* GEMINI_KERNEL_COSTS=0: beside a latency group the markers come every N launches, as
                                  * for a capped group, not by the kernels' predicted GPU time (kcost.h) */
+    int marker_sampling;        /* GEMINI_MARKER_SAMPLING=0: every marker's event is a timed one, as before the
+                                 * untimed markers (inflight.c: a timed record costs the GPU about 2 us) */
     int gap_events;             /* GEMINI_GAP_EVENTS=0: the gaps a capped slot is forgiven after each context-wide
                                  * synchronisation are timed on the host, not by two events on the GPU (gate.c) */
     int gpu_gate;               /* GEMINI_GPU_GATE=0: no GPU-side gate during claims (gpugate.h); the queue

@@ -61,6 +61,7 @@ def test_marker_cost_finds_the_gpu_time_a_wait_holds(sim):
     assert out["ops"] == 39
     assert 700_000 < out["wait_ns"] < 2_000_000, out
     assert 700_000 < out["marker_ns"] < 2_000_000, out
+    assert all(700_000 < out[v + "_ns"] < 2_000_000 for v in ("marker_nt", "record_wait", "device_wait")), out
     assert max(abs(out["record_ns"]), abs(out["record_nt_ns"])) < out["wait_ns"] / 3, out
     plain = run(argv, sim.env())
     assert plain.rc == 0, plain

@@ -398,6 +398,20 @@ def _bounded(backends):
                     min_quota_ms=5, window_ms=10_000)
 
 
+def test_a_long_chain_times_few_of_its_markers(sim, backends):
+    """A timed event's record makes the GPU finish the work before it (2.2 us between 20 us kernels on the H200,
+    as much as the gate's wait; an untimed one nothing measurable: bench/marker_cost.c). Beside a latency group a
+    loop of 20 us kernels that never synchronises records a marker every half millisecond: once an interval of its
+    chain has been measured, only the markers whose time is read are timed -- those around a kernel measured alone,
+    and a pair in every eight. GEMINI_MARKER_SAMPLING=0 (every marker timed, as before) fails this."""
+    r = finish(start(client_argv("workload-linked", "--json", "--seconds", 1.5, "--kernel-us", 20, "--sync-every", 0),
+                     sim.hooked(_bounded(backends), "train")))
+    assert r.rc == 0, r
+    st = sim.stats_of(r.json["pid"])
+    assert st["markers"] >= 200 and st["kernel_costs_learnt"] >= 1, st
+    assert st["markers_timed"] <= 0.4 * st["markers"], st
+
+
 @pytest.mark.parametrize("sync", ["ctx", "stream"])
 def test_a_loop_that_synchronises_after_every_second_launch_learns_its_kernel(sim, backends, sync):
     """Beside a latency group a kernel new to the cost table is measured alone: a marker before it, and its end
