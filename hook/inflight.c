@@ -10,10 +10,11 @@
  * Each slot has two events, a timed one and an untimed one (CU_EVENT_DISABLE_TIMING), and a marker records one of
  * them. A timed record makes the GPU finish the work before it before the next kernel may start: 2.2 us of GPU
  * time between back-to-back 20 us kernels on the H200, as much as the gate's wait, where an untimed record added
- * nothing measurable (bench/marker_cost.c; docs/benchmarks.md, "Twenty-fourth session"). Only the markers whose
- * time something reads are timed (marker_timed): those that begin or end a kernel measured alone, every marker of a
- * chain until one of its intervals has been measured, and then a pair in every GEM_INFLIGHT_TIMED_EVERY, whose
- * interval keeps the rate and the queue's depth current. GEMINI_MARKER_SAMPLING=0 times every marker.
+ * nothing measurable (bench/marker_cost.c; docs/benchmarks.md, "Twenty-fourth session"). Beside a latency group only
+ * the markers whose time something reads are timed (marker_timed): those that begin or end a kernel measured alone,
+ * every marker of a chain until one of its intervals has been measured, and then a pair in every
+ * GEM_INFLIGHT_TIMED_EVERY, whose interval keeps the queue's depth current. GEMINI_MARKER_SAMPLING=0 times every
+ * marker.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -307,14 +308,17 @@ int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64
     return recorded;
 }
 
-/* Whether the marker about to be recorded in `slot` (its key and ends_unit set) is a timed one: its time is read
- * if it begins a kernel measured alone or ends one (learn; a long unit's interval is adapt's too), while no
- * interval of the chain has been measured yet (a new chain learns its rate and depth at once, and a short one
- * measures its last interval at the synchronisation: gem_inflight_synced), and as the first pair of every
- * GEM_INFLIGHT_TIMED_EVERY (adapt: the kernels' lengths may change; a synchronisation, a slot's drain among them,
- * starts a new chain, timed again from its start). r->mu held. */
+/* Whether the marker about to be recorded in `slot` (its key, ends_unit and per set) is a timed one. Only a marker
+ * placed by the kernels' costs (per 0: beside a latency group, where a marker comes every half millisecond of
+ * predicted work and also carries the gate's wait) may be untimed; one placed every N launches is always timed:
+ * there each measured interval grows or halves N, and with a pair in eight N grew eight times slower from one
+ * launch a marker and took eight markers of the longer interval for each halving, while such markers are few
+ * once N has grown. A costed marker's time is read if it begins a kernel measured alone or ends one (learn; a long
+ * unit's interval is adapt's too), while no interval of the chain has been measured yet (a new chain learns its
+ * depth at once, and a short one measures its last interval at the synchronisation: gem_inflight_synced), and as
+ * the first pair of every GEM_INFLIGHT_TIMED_EVERY (adapt: the depth). r->mu held. */
 static int marker_timed(const struct ring *r, unsigned slot) {
-    return !gem_cfg.marker_sampling || !r->measured || r->key[slot] || r->ends_unit[slot] ||
+    return !gem_cfg.marker_sampling || r->per[slot] || !r->measured || r->key[slot] || r->ends_unit[slot] ||
            r->seq % GEM_INFLIGHT_TIMED_EVERY < 2;
 }
 
@@ -380,11 +384,13 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
      * the claim began, however deep the queue behind it. */
     r->gate = gate && gem_gpugate_wait(gate, s) ? gate : NULL;
     r->epoch[slot] = r->gate ? atomic_load(&gate->epoch) : 0;
-    r->timed[slot] = (unsigned char)marker_timed(r, slot);
-    int recorded = REAL(cuEventRecord)(mark(r, slot), s) == CUDA_SUCCESS;
+    /* stored only once recorded: a failed record leaves the slot's event from a lap ago, and mark() must name it */
+    int timed = marker_timed(r, slot);
+    int recorded = REAL(cuEventRecord)(timed ? r->ev[slot] : r->evq[slot], s) == CUDA_SUCCESS;
     if (recorded) {
+        r->timed[slot] = (unsigned char)timed;
         atomic_fetch_add(&gem_stats.markers, 1);
-        if (r->timed[slot])
+        if (timed)
             atomic_fetch_add(&gem_stats.markers_timed, 1);
         r->seq++;
         r->head = (slot + 1) % GEM_INFLIGHT_MARKERS;

@@ -45,9 +45,9 @@
 #include "gpugate.h"
 
 #define GEM_INFLIGHT_MARKERS 64
-/* Once a chain has measured an interval, one pair of markers in this many is timed (inflight.c: a timed event
- * costs the GPU about 2 us, an untimed one nothing measurable): the rate and depth follow the kernels' lengths
- * within this many markers. */
+/* Beside a latency group, once a chain has measured an interval, one pair of markers in this many is timed
+ * (inflight.c: a timed event costs the GPU about 2 us, an untimed one nothing measurable): the queue's depth follows
+ * the kernels' lengths within this many markers. */
 #define GEM_INFLIGHT_TIMED_EVERY 8u
 
 /* One device's marker rate and queue depth. */

@@ -390,6 +390,8 @@ def test_short_kernels_never_queue_far_past_a_capped_slot(sim, backends):
     st = sim.stats_of(r.json["pid"])
     assert st["grants"] >= 25, st           # a slot per 100 ms frame of the cap
     assert st["overuse_ms"] / st["grants"] <= 10, st
+    # placed every N launches, each interval may move N: every marker is timed (inflight.c, marker_timed)
+    assert st["markers"] > 0 and st["markers_timed"] == st["markers"], st
 
 
 def _bounded(backends):
@@ -403,13 +405,17 @@ def test_a_long_chain_times_few_of_its_markers(sim, backends):
     as much as the gate's wait; an untimed one nothing measurable: bench/marker_cost.c). Beside a latency group a
     loop of 20 us kernels that never synchronises records a marker every half millisecond: once an interval of its
     chain has been measured, only the markers whose time is read are timed -- those around a kernel measured alone,
-    and a pair in every eight. GEMINI_MARKER_SAMPLING=0 (every marker timed, as before) fails this."""
+    and a pair in every eight. GEMINI_MARKER_SAMPLING=0 (every marker timed, as before) fails this. (A capped loop's
+    markers, placed every N launches, are all timed: test_short_kernels_never_queue_far_past_a_capped_slot.)"""
     r = finish(start(client_argv("workload-linked", "--json", "--seconds", 1.5, "--kernel-us", 20, "--sync-every", 0),
                      sim.hooked(_bounded(backends), "train")))
     assert r.rc == 0, r
     st = sim.stats_of(r.json["pid"])
     assert st["markers"] >= 200 and st["kernel_costs_learnt"] >= 1, st
-    assert st["markers_timed"] <= 0.4 * st["markers"], st
+    # A kernel measured alone times the markers on both its sides, and how many are measured varies from run to run
+    # (a cost check measures the next 64 launches alone: 228-751 kernels in five runs), so those are set aside. The
+    # rest: 25-30% (a pair in eight, and each chain's first markers); 100% with every marker timed.
+    assert st["markers_timed"] - 2 * st["kernels_measured"] <= 0.35 * st["markers"], st
 
 
 @pytest.mark.parametrize("sync", ["ctx", "stream"])
