@@ -8,11 +8,11 @@
  * events are still valid in that context).
  *
  * Each slot has two events, a timed one and an untimed one (CU_EVENT_DISABLE_TIMING), and a marker records one of
- * them. A timed record makes the GPU finish the work before it before the next kernel may start: 2.2 us of GPU
+ * them. A timed record makes the GPU finish the work ahead of it before the next kernel may start: 2.2 us of GPU
  * time between back-to-back 20 us kernels on the H200, as much as the gate's wait, where an untimed record added
  * nothing measurable (bench/marker_cost.c; docs/benchmarks.md, "Twenty-fourth session"). Beside a latency group only
  * the markers whose time something reads are timed (marker_timed): those that begin or end a kernel measured alone,
- * every marker of a chain until one of its intervals has been measured, and then a pair in every
+ * every marker of a chain until adapt has judged one of its intervals, and then a pair in every
  * GEM_INFLIGHT_TIMED_EVERY, whose interval keeps the queue's depth current. GEMINI_MARKER_SAMPLING=0 times every
  * marker.
  */
@@ -314,8 +314,9 @@ int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64
  * there each measured interval grows or halves N, and with a pair in eight N grew eight times slower from one
  * launch a marker and took eight markers of the longer interval for each halving, while such markers are few
  * once N has grown. A costed marker's time is read if it begins a kernel measured alone or ends one (learn; a long
- * unit's interval is adapt's too), while no interval of the chain has been measured yet (a new chain learns its
- * depth at once, and a short one measures its last interval at the synchronisation: gem_inflight_synced), and as
+ * unit's interval is adapt's too), while adapt has judged no interval of the chain yet (`measured`: a new chain
+ * learns its depth at once, and a short one measures its last interval at the synchronisation, gem_inflight_synced;
+ * an interval that held a kernel alone, a claim or idle time is judged without reading its time), and as
  * the first pair of every GEM_INFLIGHT_TIMED_EVERY (adapt: the depth). r->mu held. */
 static int marker_timed(const struct ring *r, unsigned slot) {
     return !gem_cfg.marker_sampling || r->per[slot] || !r->measured || r->key[slot] || r->ends_unit[slot] ||
