@@ -177,6 +177,14 @@ SHARE_RUNS = [
     # frames of 200 ms: half the handoffs, and caps from 0.1 framed (their quota 20 ms)
     ("gemini-3-frame200", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=200"], None),
     ("gemini-0.4-0.6-frame200", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame=200"], None),
+    # and with a base quota of 200 ms, so that no frame's budget is split (the policy model: 0.07 points over 1 s, half
+    # the handoffs; the simulated driver: docs/benchmarks.md, "Twenty-fourth session")
+    ("gemini-3-frame200-q200", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--quota", "200",
+                                "--schd-arg=--frame=200"], None),
+    ("gemini-0.4-0.6-frame200-q200", ["--mode", "gemini", "--caps", "0.4,0.6", "--quota", "200",
+                                      "--schd-arg=--frame=200"], None),
+    ("gemini-0.3-0.6-frame200-q200", ["--mode", "gemini", "--caps", "0.3,0.6", "--quota", "200",
+                                      "--schd-arg=--frame=200"], None),
     # the same with every grant logged (hooks, pod managers, gem-schd): where a slot's first kernel starts late
     ("gemini-3-debug", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--debug-logs"], None),
     ("native-2-work", ["--mode", "native", "--tenants", "2", *WORK], None),
@@ -349,11 +357,13 @@ def step_soak(ctx) -> dict:
     variants = ctx.args.soak_variants.split(",")
     for sharing in ctx.args.soak_sharing.split(","):
         for v in variants:
-            # a variant is one more gem-schd flag (e.g. --frame-turns), "" its defaults; results keyed by both
+            # a variant is more gem-schd flags, space-separated (e.g. "--frame=200 --quota=200"), "" its defaults;
+            # results keyed by both
             key = f"{sharing} {v}" if v else sharing
-            name = f"share-soak-{sharing}" + (f"-{v.strip('-').replace('=', '')}" if v else "")
+            name = f"share-soak-{sharing}" + ("-" + "".join(f.strip("-").replace("=", "") for f in v.split())
+                                              if v else "")
             argv = ["bench/bench_share.py", "--mode", "gemini", "--caps", "0.1,0.2,0.3,0.4", "--per-group", "2",
-                    "--seconds", secs, *schd_flags(ctx, []), *([f"--schd-arg={v}"] if v else []),
+                    "--seconds", secs, *schd_flags(ctx, []), *[f"--schd-arg={f}" for f in v.split()],
                     "--out", ctx.out / name, "--plot", ctx.out / f"{name}.png",
                     "--title", f"gemini, 8 processes in 4 groups (ProcessSharing = {sharing}{', ' + v if v else ''}), "
                                "MaxUtil 0.1 / 0.2 / 0.3 / 0.4"]
@@ -610,7 +620,8 @@ def main(argv=None) -> int:
     p.add_argument("--soak-sharing", default="turns,together", help="ProcessSharing modes the soak step runs")
     p.add_argument("--soak-seconds", type=float, default=120)
     p.add_argument("--soak-variants", default="",
-                   help="comma-separated gem-schd flags, one soak run each ('' its defaults), e.g. ',--no-frame-turns'")
+                   help="comma-separated gem-schd variants, one soak run each ('' its defaults), a variant's flags "
+                        "space-separated, e.g. ',--no-frame-turns,--frame=200 --quota=200'")
     p.add_argument("--um-steps", type=int, default=None, help="steps of each bench_um job (default: bench_um's)")
     p.add_argument("--um-skip", default=None, help="bench_um runs to skip (no_cache,alone)")
     p.add_argument("--um-extra", default="", help="more bench_um arguments, one shell-quoted string "

@@ -109,12 +109,15 @@ def test_gpu_checks_soak_runs_each_variant_with_its_gem_schd_flag(tmp_path, monk
     import bench.gpu_check as gc
     calls = []
     monkeypatch.setattr(gc, "bench", lambda ctx, argv, timeout: calls.append([str(a) for a in argv]) or {})
-    args = types.SimpleNamespace(quick=False, soak_seconds=60, soak_sharing="turns", soak_variants=",--frame-turns",
-                                 quota=None, window=None)
+    args = types.SimpleNamespace(quick=False, soak_seconds=60, soak_sharing="turns",
+                                 soak_variants=",--frame-turns,--frame=200 --quota=200", quota=None, window=None)
     out = gc.step_soak(types.SimpleNamespace(args=args, out=tmp_path))
-    assert sorted(out) == ["turns", "turns --frame-turns"], out
+    assert sorted(out) == ["turns", "turns --frame-turns", "turns --frame=200 --quota=200"], out
     assert not any(a.startswith("--schd-arg") for a in calls[0]) and "--schd-arg=--frame-turns" in calls[1], calls
-    assert len({a for c in calls for a in c if a.endswith("share-soak-turns") or "share-soak-turns-" in a}) >= 2
+    # a variant of two flags reaches gem-schd as two (one argument "--frame=200 --quota=200" is no gem-schd flag)
+    assert "--schd-arg=--frame=200" in calls[2] and "--schd-arg=--quota=200" in calls[2], calls
+    outs = {a for c in calls for a in c if "share-soak-turns" in a and not a.endswith(".png")}
+    assert len(outs) == 3 and any(a.endswith("share-soak-turns-frame200quota200") for a in outs), outs
 
 
 def test_gpu_checks_trainers_variant_reaches_bench_trainers_as_one_argument(tmp_path, monkeypatch):
