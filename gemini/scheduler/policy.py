@@ -1665,16 +1665,24 @@ class Policy:
             # as a turn to come and cut to the frame's rest when it could run, a 0.5 group got 0.25 (by virtual
             # time 0.40, continued across a boundary while allowed: an independent review's model of the pacing)
             return best
+        pick = self._earliest_turn(best, g, at, holder,
+                                   ((n, cg) for n, cg in self._frame_bound.items() if n in self._ready))
+        return pick[0], pick[1], self._fit_turn(pick[1], pick[2], at)
+
+    def _earliest_turn(self, best: tuple, g: _Group, at: float, holder: Optional[str],
+                       candidates: Iterable[tuple[str, _Group]]) -> tuple:
+        """Taking turns (_frame_turn, _cycle_turn): of `best` (_choose's pick, group `g`) and the busy `candidates`
+        waiting now with a quota, the one that asked earliest; the holder deciding its continuation has not asked,
+        so it goes last."""
         pick = best
-        pick_arrival = g.waiting.arrival if (g.waiting is not None and name0 != holder) else math.inf
-        for name, cg in self._frame_bound.items():
-            if name == holder or cg.waiting is None or not cg.ran_out or name not in self._ready or \
-                    cg.waiting.arrival >= pick_arrival - EPS:
+        pick_arrival = g.waiting.arrival if (g.waiting is not None and best[1] != holder) else math.inf
+        for name, cg in candidates:
+            if name == holder or cg.waiting is None or not cg.ran_out or cg.waiting.arrival >= pick_arrival - EPS:
                 continue
             quota = self._quota(cg, at)
             if quota is not None:
                 pick, pick_arrival = ((cg.vtime, False, cg.waiting.arrival, name), name, quota), cg.waiting.arrival
-        return pick[0], pick[1], self._fit_turn(pick[1], pick[2], at)
+        return pick
 
     def _cycle_turn(self, best: tuple, at: float, holder: Optional[str]) -> tuple:
         """`--fair-cycle`: when _choose's pick is a busy group of the cycle (_in_cycle), the busy group of the cycle
@@ -1686,16 +1694,8 @@ class Policy:
         g = self._groups.get(name0)
         if g is None or not self._in_cycle(g, at) or not (g.ran_out or name0 == holder):
             return best
-        pick = best
-        pick_arrival = g.waiting.arrival if (g.waiting is not None and name0 != holder) else math.inf
-        for name, cg in self._ready.items():
-            if name == holder or cg.waiting is None or not cg.ran_out or \
-                    cg.waiting.arrival >= pick_arrival - EPS or not self._in_cycle(cg, at):
-                continue
-            quota = self._quota(cg, at)
-            if quota is not None:
-                pick, pick_arrival = ((cg.vtime, False, cg.waiting.arrival, name), name, quota), cg.waiting.arrival
-        return pick
+        return self._earliest_turn(best, g, at, holder,
+                                   ((n, cg) for n, cg in self._ready.items() if self._in_cycle(cg, at)))
 
     def _fit_turn(self, name: str, quota: float, at: float) -> float:
         """`--frame-turns`: a turn-taker's slot from `at`, cut so that the turns still to come in this frame share
