@@ -278,3 +278,52 @@ def test_gem_node_names_a_bad_gpu_list_and_exits_2(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["--node-name", "n", "--config", str(node_yaml), "--root", str(tmp_path / "root")])
     assert r.exit_code == 2, (r.output, r.exception)
     assert "gem-node:" in r.output and "listed twice" in r.output, r.output
+
+
+def test_a_plugin_whose_register_failed_is_registered_again_though_the_kubelet_socket_kept_its_inode(tmp_path):
+    """A restarting kubelet removes the plugins' sockets; the plugin is started again, but its Register can fail
+    (the new kubelet not answering yet) and the new kubelet.sock can reuse the old one's inode number. The
+    plugin's socket then exists and its server runs: only its failed Register says it is not registered."""
+    import asyncio
+
+    from gemini.k8s import deviceplugin as dpm
+
+    class Backend:
+        inventory = None
+        layout = None
+
+    class Plugin(dpm.DevicePluginServer):
+        failures = 0
+
+        async def _call_register(self) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise OSError("the kubelet is not answering yet")
+
+    plugin_dir = tmp_path / "dp"
+    plugin_dir.mkdir()
+    (plugin_dir / dpm.KUBELET_SOCKET).write_text("")        # one inode throughout: as a reused inode number
+    plugin = Plugin(PCT, Backend(), plugin_dir)
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        task = asyncio.create_task(dpm.keep_registered([plugin], stop, poll_s=0.01))
+
+        async def until(cond, what: str) -> None:
+            for _ in range(500):
+                if cond():
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(what)
+
+        await until(lambda: plugin.registrations == 1, "first registration")
+        plugin.failures = 1
+        plugin.socket_path.unlink()                            # the kubelet restarts
+        try:
+            await until(lambda: plugin.registrations == 2, "registered again after a failed Register")
+        finally:
+            stop.set()
+            await task
+        return plugin.registrations
+
+    assert asyncio.run(main()) == 2

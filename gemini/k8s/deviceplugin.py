@@ -143,10 +143,18 @@ class DevicePluginServer:
         self.servicer = DevicePluginServicer(resource, backend)
         self._server: grpc.aio.Server | None = None
         self.registrations = 0
+        # True from a successful Register until the next start/stop: a start whose Register failed leaves the
+        # socket served, so the socket alone does not say the kubelet knows this plugin
+        self.registered = False
 
     @property
     def socket_path(self) -> Path:
         return self.plugin_dir / self.endpoint
+
+    @property
+    def serving(self) -> bool:
+        """Listening on its socket and registered with the kubelet that was there when it registered."""
+        return self._server is not None and self.registered and self.socket_path.exists()
 
     async def start(self) -> None:
         """Listen on the plugin socket (replacing a stale one) and register with the kubelet."""
@@ -166,6 +174,13 @@ class DevicePluginServer:
         await self.register()
 
     async def register(self) -> None:
+        await self._call_register()
+        self.registrations += 1
+        self.registered = True
+        log.info("registered %s with the kubelet (socket %s)", self.resource, self.socket_path)
+
+    async def _call_register(self) -> None:
+        """The kubelet's Registration.Register call (raises if the kubelet does not take it)."""
         kubelet = self.plugin_dir / KUBELET_SOCKET
         async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
             stub = pb_grpc.RegistrationStub(channel)
@@ -173,10 +188,9 @@ class DevicePluginServer:
                 version=API_VERSION, endpoint=self.endpoint, resource_name=self.resource,
                 options=pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)),
                 timeout=REGISTER_TIMEOUT_S)
-        self.registrations += 1
-        log.info("registered %s with the kubelet (socket %s)", self.resource, self.socket_path)
 
     async def stop(self) -> None:
+        self.registered = False
         if self._server is not None:
             self.servicer.stop_streams()
             await self._server.stop(grace=0.5)
@@ -204,7 +218,9 @@ async def keep_registered(servers: list[DevicePluginServer], stop: asyncio.Event
     retry_s = poll_s
     while not stop.is_set():
         current = _inode(kubelet)
-        lost = [s for s in servers if not s.socket_path.exists() or s._server is None]
+        # (a kubelet's new socket may reuse the old one's inode number, so a plugin whose Register failed stays
+        # lost until one succeeds, whatever the inode says)
+        lost = [s for s in servers if not s.serving]
         if current is not None and (current != seen or lost):
             try:
                 for s in (servers if current != seen else lost):
