@@ -158,30 +158,36 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """The job and what it started: SIGTERM to its process group (launch-command forwards it to the program's own
-    group), then SIGKILL to every process below it still there."""
-    if proc.poll() is not None:
-        return
-    below = {pid: cmdline(pid) for pid in _descendants(proc.pid)}
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    below.update({pid: cmdline(pid) for pid in _descendants(proc.pid)})
-    for pid, argv in below.items():
-        if argv and cmdline(pid) == argv:       # still that process (not a reused pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
+def _kill_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Each job and what it started: SIGTERM to its process group (launch-command forwards it to the program's own
+    group), then SIGKILL to every process below it still there. The jobs share one grace period, so N stuck jobs
+    take grace_s to end, not N times it."""
+    procs = [p for p in procs if p.poll() is None]
+    below: dict[int, dict[int, str]] = {}
+    for proc in procs:
+        below[proc.pid] = {pid: cmdline(pid) for pid in _descendants(proc.pid)}
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        left = below[proc.pid]
+        left.update({pid: cmdline(pid) for pid in _descendants(proc.pid)})
+        for pid, argv in left.items():
+            if argv and cmdline(pid) == argv:       # still that process (not a reused pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 def run_jobs(argvs: dict[str, list[str]], env: dict, limit_s: float, tag: str, stall_s: float = 30.0) -> dict:
@@ -212,8 +218,7 @@ def run_jobs(argvs: dict[str, list[str]], env: dict, limit_s: float, tag: str, s
                 log.warning("%s/%s: no progress for %.0f s (step %d, ready %s)", tag, j.name, now - j.last_line,
                             j.steps, j.ready)
         time.sleep(0.2)
-    for j in jobs:
-        _kill(j.proc)
+    _kill_all([j.proc for j in jobs])
     for r in readers:
         r.join(timeout=5)
     out: dict = {"ok": not timed_out, "timed_out": timed_out, "wall_s": time.monotonic() - t0, "jobs": {}}
