@@ -1031,6 +1031,22 @@ def test_a_framed_groups_rest_ends_at_the_boundary():
     assert nxt.group == "b" and nxt.quota_ms >= 60.0 - 1e-6
 
 
+def test_framed_groups_that_are_all_there_is_take_turns_though_their_caps_leave_the_frame_idle():
+    """0.3 / 0.6: b runs first in the frame, a second, and the GPU idles to the boundary. a's hooks measured 27 of
+    its 30 ms, so its virtual time is now behind b's; by virtual time a would go first in the next frame and the
+    two slots swap places (a slot more of a in a 1 s window). b asked first, so b keeps its place."""
+    p = Policy(config(("a", 0.0, 0.3), ("b", 0.0, 0.6)), 100, 5, 10_000, cap_frame_ms=100.0)
+    [gb] = grants(p.request("b", now=0.0))
+    p.request("a", now=1.0)
+    [ga] = grants(p.release("b", gb.token_seq, now=60.0, used_ms=60.0))
+    assert ga.group == "a"
+    assert grants(p.request("b", now=60.5)) == []
+    assert grants(p.release("a", ga.token_seq, now=90.0, used_ms=27.0)) == []
+    assert grants(p.request("a", now=90.5)) == []
+    [nxt] = grants(p.tick(100.0))
+    assert nxt.group == "b", nxt
+
+
 def test_a_framed_groups_rest_does_not_go_ahead_of_a_group_that_can_run():
     """The same, with an uncapped c waiting too: c runs (the GPU has work), and b waits for its frame's boundary
     with a good part of its quota, as before: fewer, longer slots."""
