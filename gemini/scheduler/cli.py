@@ -65,7 +65,8 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
                    "(100 divides 1 s: a 1 s window holds whole frames). A cap whose quota per frame is under "
                    "--min-frame-quota keeps a token bucket. 0: token buckets for every cap.")
 @click.option("--frame-turns/--no-frame-turns", "frame_turns", default=True, show_default=True,
-              help="Where the caps of the framed groups held to them add up to 1, they take turns in the order they "
+              help="Where the caps of the framed groups held to them add up to 1, or those groups are all the "
+                   "active ones, they take turns in the order they "
                    "asked, not by virtual time, each turn held to its part of what is left of the frame, so that "
                    "their slots keep their places in the frames (1 s windows 2.1 / 2.6 points on an H200 against "
                    "6.0 / 6.3 by virtual time; docs/benchmarks.md).")
