@@ -6,6 +6,7 @@ setting, including the corners: MaxUtil 0 (paused), MinUtil = MaxUtil, latency g
 by zero in every decision, 2811 of 3000 such sequences before the fix.)"""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -63,3 +64,29 @@ def test_the_policy_never_raises(block):
             drive(seed)
         except Exception as exc:  # noqa: BLE001 -- the seed is the report
             raise AssertionError(f"seed {seed}: {type(exc).__name__}: {exc}") from exc
+
+
+_DECISIONS_DIGEST = r'''
+import hashlib
+from tests.policy_sim import Busy, Model
+h = hashlib.sha256()
+for groups in ([("a", 0.7, 1), ("b", 0, 1)], [("a", 0.5, 1), ("b", 0.2, 1), ("c", 0, 1)]):
+    m = Model(groups, {g[0]: Busy(start_ms=7 * i) for i, g in enumerate(groups)}, fair_cycle_ms=100)
+    m.run(4000)
+    for d in m.decisions:
+        h.update(repr(d).encode())
+print(h.hexdigest())
+'''
+
+
+def test_the_same_events_give_the_same_decisions_whatever_the_processs_string_hashes():
+    """The policy walked its active groups as a frozenset, whose order follows the names' hashes, and those differ
+    from one gem-schd to the next (PYTHONHASHSEED): with --fair-cycle the same events gave other decisions."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    digests = {subprocess.run([sys.executable, "-c", _DECISIONS_DIGEST], cwd=root, capture_output=True, text=True,
+                              check=True, env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
+                              ).stdout.strip() for seed in ("0", "2")}
+    assert len(digests) == 1, digests

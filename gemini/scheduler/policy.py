@@ -1244,15 +1244,18 @@ class Policy:
         names = self._active_names(now)
         if self._targets_key is not None and self._key_diff == 0 and self._incremental_active:
             return self._targets            # the same set as when they were computed
-        # The set is built in config order, as it always was: fair_targets adds the shares in its order.
-        active = frozenset(self._in_order(names))
+        active = frozenset(names)
         if active != self._targets_key:
             self._targets_key = active
-            self._targets = fair_targets({n: self._groups[n].cfg.max_util for n in active},
-                                         {n: self._groups[n].cfg.min_util for n in active})
+            # Walked in config order: fair_targets adds the shares in its order, and the turns' walks (_frame_turn,
+            # _fit_turn) and their ties follow _frame_bound's. A frozenset's order follows the names' hashes, which
+            # differ from one process to the next (PYTHONHASHSEED): the same events gave other decisions.
+            ordered = self._in_order(active)
+            self._targets = fair_targets({n: self._groups[n].cfg.max_util for n in ordered},
+                                         {n: self._groups[n].cfg.min_util for n in ordered})
             # the active capped groups whose fair share is their cap: only their buckets can overflow while they
             # wait (one held back by the others' shares gets less than its cap whatever the slots around it)
-            self._cap_bound = {n: self._capped[n] for n in active if n in self._capped and
+            self._cap_bound = {n: self._capped[n] for n in ordered if n in self._capped and
                                self._targets.get(n, 0.0) >= self._capped[n].cfg.max_util - EPS}
             self._frame_bound = {n: cg for n, cg in self._cap_bound.items()
                                  if isinstance(cg.bucket, _FrameBucket) and not cg.cfg.aligned}
@@ -1479,20 +1482,26 @@ class Policy:
         if room < theta - EPS:
             return None
         quota = min(longest, max(room, theta))
-        if self.fair_cycle_ms > 0 and self._in_cycle(g, at):
+        length = self._cycle_of(g, at) if self.fair_cycle_ms > 0 else None
+        if length is not None:
             # held below its cap by the others' shares, it takes its fair share of the cycle as an uncapped group
-            length = self._cycle_length(at)
-            assert length is not None       # _in_cycle: the cycle applies
             quota = min(quota, self._cycle_quota(g, at, longest, length))
         return quota
 
     def _in_cycle(self, g: _Group, at: float) -> bool:
-        """`--fair-cycle`: a batch group whose fair share is not its cap (an uncapped one, or one the others' shares
-        hold under its cap), with a share to take; a group at its cap keeps its frame's budget."""
+        """`--fair-cycle`: does the group take part in the cycle (_cycle_of)?"""
+        return self._cycle_of(g, at) is not None
+
+    def _cycle_of(self, g: _Group, at: float) -> Optional[float]:
+        """`--fair-cycle`: the cycle's length (_cycle_length) if the group takes part in it, a batch group whose fair
+        share is not its cap (an uncapped one, or one the others' shares hold under its cap), with a share to take;
+        else None (a group at its cap keeps its frame's budget)."""
         if g.cfg.latency or g.cfg.name in self.not_before:
-            return False
+            return None
         share = self._current_targets(at).get(g.cfg.name, 0.0)
-        return share > 0 and (g.bucket is None or share < g.cfg.max_util - EPS) and self._cycle_length(at) is not None
+        if share > 0 and (g.bucket is None or share < g.cfg.max_util - EPS):
+            return self._cycle_length(at)
+        return None
 
     def _cycle_length(self, at: float) -> Optional[float]:
         """`--fair-cycle`: the cycle for the active groups now, stretched so that the least share's slot is a useful
