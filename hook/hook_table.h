@@ -233,6 +233,7 @@
     X(REAL, CUDA, CUresult, cuEventQuery, 2000, 0, (CUevent hEvent), _, _)                                          \
     X(REAL, CUDA, CUresult, cuEventElapsedTime, 2000, 0, (float *pMilliseconds, CUevent hStart, CUevent hEnd),      \
       _, _)                                                                                                         \
+    X(REAL, CUDA, CUresult, cuEventDestroy_v2, 4000, 0, (CUevent hEvent), _, _)                                     \
     X(REAL, CUDA, CUresult, cuMemPoolGetAttribute, 11020, 0,                                                        \
       (CUmemoryPool pool, CUmemPool_attribute attr, void *value), _, _)                                             \
     X(REAL, CUDA, CUresult, cuDeviceGetMemPool, 11020, 0, (CUmemoryPool *pool, CUdevice dev), _, _)                 \

@@ -3,7 +3,8 @@
  *
  * One ring of GEM_INFLIGHT_MARKERS events per (context, stream) the process launches on while bound,
  * in a small fixed table: a stream beyond it (rare: it holds 256) is not bounded, and the hook says so
- * once. Events are created in the stream's context on first use and reused; a ring is never freed (a
+ * once. Events are created in the stream's context on first use and reused (a set the driver made only in part is
+ * destroyed, and tried again GEM_INFLIGHT_CREATE_BACKOFF markers later); a ring is never freed (a
  * destroyed stream's ring is reused only if the driver hands the same handle out again, and then its
  * events are still valid in that context).
  *
@@ -82,7 +83,12 @@ struct ring {
                                  * ring's context or stream */
     int measured;               /* an interval of this chain was measured (adapt) */
     int used;
+    unsigned create_skip;       /* markers left to pass before creating the events again, after a failure */
 };
+
+/* After the ring's events could not all be created, the markers that pass it by before the next try: each try
+ * creates up to 2 x GEM_INFLIGHT_MARKERS events and gives back what it made. */
+#define GEM_INFLIGHT_CREATE_BACKOFF 256
 
 /* The event marker i recorded: the one to query or wait for. */
 static CUevent mark(const struct ring *r, unsigned i) { return r->timed[i] ? r->ev[i] : r->evq[i]; }
@@ -334,12 +340,33 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
         return 0;
     pthread_mutex_lock(&r->mu);
     if (!r->used) {
-        for (int i = 0; i < GEM_INFLIGHT_MARKERS; i++)
-            if (REAL(cuEventCreate)(&r->ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-                REAL(cuEventCreate)(&r->evq[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+        if (r->create_skip) {
+            r->create_skip--;
+            pthread_mutex_unlock(&r->mu);
+            return 0;
+        }
+        memset(r->ev, 0, sizeof r->ev);        /* a gone context's were its own */
+        memset(r->evq, 0, sizeof r->evq);
+        for (int i = 0; i < GEM_INFLIGHT_MARKERS; i++) {
+            int ok = REAL(cuEventCreate)(&r->ev[i], CU_EVENT_DEFAULT) == CUDA_SUCCESS;
+            if (!ok)
+                r->ev[i] = NULL;        /* (a failed call's output is not a handle) */
+            else if (REAL(cuEventCreate)(&r->evq[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+                r->evq[i] = NULL;
+                ok = 0;
+            }
+            if (!ok) {
+                /* Created in part: what was made goes back (kept, a new try overwrote the handles and they
+                 * leaked, at every marker), and the next try waits a while. */
+                for (int j = 0; j <= i; j++) {
+                    gem_real_event_destroy(&r->ev[j]);
+                    gem_real_event_destroy(&r->evq[j]);
+                }
+                r->create_skip = GEM_INFLIGHT_CREATE_BACKOFF;
                 pthread_mutex_unlock(&r->mu);
                 return 0;
             }
+        }
         memset(r->unit_end, 0, sizeof r->unit_end);    /* a gone context's were its own */
         r->used = 1;
     }

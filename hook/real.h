@@ -44,6 +44,14 @@ extern void *gem_real_fn[GEM_FN_COUNT];
 #define REAL(name) ((gem_fn_##name##_t *)gem_real_fn[GEM_IDX_##name])
 #define HAVE_REAL(name) (gem_real_fn[GEM_IDX_##name] != NULL)
 
+/* Destroy an event the hook created (if any, and if the driver has cuEventDestroy_v2) and clear the handle: an
+ * event set of the hook's that could be created only in part is given back, not left to leak. */
+static inline void gem_real_event_destroy(CUevent *ev) {
+    if (*ev && HAVE_REAL(cuEventDestroy_v2))
+        REAL(cuEventDestroy_v2)(*ev);
+    *ev = NULL;
+}
+
 /* Resolve the CUDA rows (once). Returns 0, or -1 if libcuda.so.1 cannot be opened. */
 int gem_resolve_real(void);
 extern atomic_int gem_real_ready;

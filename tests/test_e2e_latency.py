@@ -418,6 +418,21 @@ def test_a_long_chain_times_few_of_its_markers(sim, backends):
     assert st["markers_timed"] - 2 * st["kernels_measured"] <= 0.35 * st["markers"], st
 
 
+def test_marker_events_the_driver_made_only_in_part_are_given_back(sim, backends):
+    """A stream's ring of marker events is created at its first marker: 64 timed and 64 untimed events. When the
+    driver refuses one part-way (here the third untimed one), the events already made are destroyed and the ring is
+    tried again some markers later; before, they were left behind, and every marker tried again and left more.
+    The simulated driver counts the process's live untimed events (only the markers make them): one ring's 64."""
+    env = sim.hooked(_bounded(backends), "train")
+    env["SIMCUDA_UNTIMED_EVENT_FAIL_AT"] = "3"
+    r = finish(start(client_argv("workload-linked", "--json", "--seconds", 1.0, "--kernel-us", 20, "--sync-every", 0),
+                     env))
+    assert r.rc == 0, r
+    st = sim.stats_of(r.json["pid"])
+    assert st["markers"] >= 50, st                  # the ring was made on a later try, and the queue bounded
+    assert r.json["live_untimed_events"] == 64, r.json
+
+
 @pytest.mark.parametrize("sync", ["ctx", "stream"])
 def test_a_loop_that_synchronises_after_every_second_launch_learns_its_kernel(sim, backends, sync):
     """Beside a latency group a kernel new to the cost table is measured alone: a marker before it, and its end

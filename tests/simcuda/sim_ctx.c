@@ -506,12 +506,24 @@ CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int F
 
 /* ------------------------------------------------------------------ events */
 
+/* Live events by their flags (the low three bits: CU_EVENT_BLOCKING_SYNC, _DISABLE_TIMING, _INTERPROCESS). */
+static atomic_int live_events[8];
+static atomic_ullong untimed_creates;
+
+int simcuda_live_events(unsigned int flags)
+{
+    return flags < 8 ? atomic_load(&live_events[flags]) : 0;
+}
+
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
     struct sim_ctx *c;
     CUresult rc = sim_ctx_get(&c);
     if (rc) return rc;
     if (!phEvent || (Flags & ~7u)) return CUDA_ERROR_INVALID_VALUE;
+    if ((Flags & CU_EVENT_DISABLE_TIMING) && sim_cfg.untimed_event_fail_at &&
+        atomic_fetch_add(&untimed_creates, 1) + 1 == sim_cfg.untimed_event_fail_at)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     struct sim_event *ev = calloc(1, sizeof *ev);
     if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
     ev->flags = Flags;
@@ -519,6 +531,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     ev->owner_life = __atomic_load_n(&c->life, __ATOMIC_ACQUIRE);
     atomic_init(&ev->refs, 1);
     sim_handle_add(ev, H_EVENT);
+    atomic_fetch_add(&live_events[Flags], 1);
     *phEvent = (CUevent)ev;
     return CUDA_SUCCESS;
 }
@@ -549,6 +562,7 @@ CUresult cuEventDestroy_v2(CUevent hEvent)
     SIM_CHECK_INIT();
     if (!sim_handle_is(hEvent, H_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
     sim_handle_del(hEvent);
+    atomic_fetch_sub(&live_events[((struct sim_event *)hEvent)->flags & 7u], 1);
     sim_event_unref((struct sim_event *)hEvent);
     return CUDA_SUCCESS;
 }

@@ -45,6 +45,7 @@ struct sim_config {
     uint64_t wait_value_gpu_ns; /* SIMCUDA_WAIT_VALUE_GPU_US: the device time a satisfied wait holds (bench/marker_cost.c) */
     uint64_t elapsed_ns;     /* SIMCUDA_ELAPSED_US: what a cuEventElapsedTime call costs the host (H100: ~3.1 us) */
     uint64_t record_ns;      /* SIMCUDA_RECORD_US: what a cuEventRecord call costs the host (H100: ~1.6 us) */
+    uint64_t untimed_event_fail_at; /* SIMCUDA_UNTIMED_EVENT_FAIL_AT: the k-th CU_EVENT_DISABLE_TIMING create fails (0: none) */
     int driver_version;    /* SIMCUDA_DRIVER_VERSION of this process */
     int trace_fd;          /* SIMCUDA_TRACE, or -1 */
 };

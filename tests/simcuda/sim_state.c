@@ -260,6 +260,7 @@ static void do_init(void)
     sim_cfg.wait_value_ns = env_u64("SIMCUDA_WAIT_VALUE_US", 0) * 1000ull;
     sim_cfg.wait_value_gpu_ns = env_u64("SIMCUDA_WAIT_VALUE_GPU_US", 0) * 1000ull;
     sim_cfg.elapsed_ns = env_u64("SIMCUDA_ELAPSED_US", 0) * 1000ull;
+    sim_cfg.untimed_event_fail_at = env_u64("SIMCUDA_UNTIMED_EVENT_FAIL_AT", 0);
     sim_cfg.record_ns = env_u64("SIMCUDA_RECORD_US", 0) * 1000ull;
     const char *trace = getenv("SIMCUDA_TRACE");
     if (trace && *trace) {
