@@ -186,6 +186,7 @@ static void mark_slot_start(struct gem_gate *g, CUstream stream, int ptsz) {
             /* A set created only in part is given back (kept, the next slot's try overwrote its handles). */
             CUevent *slot_events[] = {&g->ev_start, &g->ev_end};
             CUevent *gap_events[] = {&g->gap_end[0], &g->gap_end[1], &g->gap_start};
+            g->ev_ctx = NULL;   /* (failed, the old context's events are gone from the handles too) */
             have_events = create_events(slot_events, 2);
             if (have_events)
                 g->ev_ctx = ctx;

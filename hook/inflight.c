@@ -462,6 +462,7 @@ void gem_inflight_context_gone(CUcontext ctx) {
             continue;
         pthread_mutex_lock(&r->mu);
         r->used = 0;
+        r->create_skip = 0;     /* a new context under the handle tries at its first marker */
         memset(r->unit_end_ok, 0, sizeof r->unit_end_ok);   /* their events went with the context */
         r->count = 0;
         r->measured = 0;

@@ -61,8 +61,11 @@ def test_timing_the_gaps_costs_the_program_little_between_a_synchronisation_and_
     t0, t1 = kernels[0][0] + 500_000_000, kernels[-1][1]
     t1 = t0 + (t1 - t0) // 100_000_000 * 100_000_000
     busy = sum(max(0, min(e, t1) - max(s, t0)) for s, e in kernels)
-    # (the driver's calls, slept here, stretch the group's host gaps: its share is looser than the test above's)
-    assert CAP - 0.03 <= busy / (t1 - t0) <= CAP + 0.015, busy / (t1 - t0)
+    # (the driver's calls, slept here, stretch the group's host gaps: its share is looser than the test above's;
+    # 0.267-0.276 in six runs on a 2-core machine, 0.263 once beside another busy process. Its gaps not forgiven,
+    # a slot of 1 ms kernels each followed by about 0.4 ms of host time would run about 0.3 / 1.4 = 0.21: an
+    # estimate, not measured.)
+    assert CAP - 0.045 <= busy / (t1 - t0) <= CAP + 0.015, busy / (t1 - t0)
 
 
 def test_a_holder_wakes_its_watcher_once_per_slot_not_at_every_synchronisation(tmp_path, hook_lib, backends):

@@ -1047,6 +1047,25 @@ def test_framed_groups_that_are_all_there_is_take_turns_though_their_caps_leave_
     assert nxt.group == "b", nxt
 
 
+@pytest.mark.parametrize("third, turns", [(None, True), (("z", 0.0, 0.0), True), (("c", 0.0, 1.0), False)],
+                         ids=["alone", "beside-a-paused-group", "beside-an-uncapped-group"])
+def test_which_framed_groups_take_turns_when_their_caps_leave_the_frame_idle(third, turns):
+    """Framed groups at their caps take turns where they are all the active groups that take anything (a paused
+    group, MaxUtil 0, asking does not count); an uncapped group among them keeps the order by virtual time; so does
+    a latency group among them (its slots follow its requests)."""
+    groups = [("a", 0.0, 0.3), ("b", 0.0, 0.6)] + ([third] if third else [])
+    p = Policy(config(*groups), 100, 5, 10_000, cap_frame_ms=100.0)
+    for i, g in enumerate(groups):
+        p.request(g[0], now=float(i))
+    p._current_targets(5.0)
+    assert p._turns_apply == turns
+    lat = Policy(config(("a", 0.3, 0.3, "latency"), ("b", 0.0, 0.6)), 100, 5, 10_000, cap_frame_ms=100.0)
+    lat.request("a", now=0.0)
+    lat.request("b", now=1.0)
+    lat._current_targets(5.0)
+    assert not lat._turns_apply
+
+
 def test_a_framed_groups_rest_does_not_go_ahead_of_a_group_that_can_run():
     """The same, with an uncapped c waiting too: c runs (the GPU has work), and b waits for its frame's boundary
     with a good part of its quota, as before: fewer, longer slots."""

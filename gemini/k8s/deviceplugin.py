@@ -222,16 +222,20 @@ async def keep_registered(servers: list[DevicePluginServer], stop: asyncio.Event
         # lost until one succeeds, whatever the inode says)
         lost = [s for s in servers if not s.serving]
         if current is not None and (current != seen or lost):
-            try:
-                for s in (servers if current != seen else lost):
+            # Each plugin on its own: one that fails stays lost (`serving`) and is tried again alone, and the others
+            # keep their registration and their ListAndWatch streams (restarting all of them at every retry cut
+            # those streams each time).
+            failed = False
+            for s in (servers if current != seen else lost):
+                try:
                     await s.start()
-                seen = current
-                retry_s = poll_s
-            except Exception as exc:    # the kubelet not answering yet, a socket that cannot be made: retry
-                why = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else f"{type(exc).__name__}: {exc}"
-                log.warning("registration with the kubelet at %s failed: %s; retrying in %.0f s", kubelet, why,
-                            retry_s)
-                retry_s = min(retry_s * 2, 30.0)
+                except Exception as exc:    # the kubelet not answering yet, a socket that cannot be made: retry
+                    why = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else f"{type(exc).__name__}: {exc}"
+                    log.warning("registration of %s with the kubelet at %s failed: %s; retrying in %.0f s",
+                                s.resource, kubelet, why, retry_s)
+                    failed = True
+            seen = current
+            retry_s = min(retry_s * 2, 30.0) if failed else poll_s
         try:
             await asyncio.wait_for(stop.wait(), retry_s)
         except asyncio.TimeoutError:

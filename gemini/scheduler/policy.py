@@ -524,7 +524,7 @@ class Policy:
         self._capped: dict[str, _Group] = {}
         self._cap_bound: dict[str, _Group] = {}     # of those, the active ones whose target is their cap
         self._frame_bound: dict[str, _Group] = {}   # of those, the framed ones (not aligned): --frame-turns
-        self._turns_apply = False                   # _frame_bound's caps add up to 1, one slot a frame each
+        self._turns_apply = False                   # _frame_bound fills the frames or is all there is (_frame_turn)
         self._aligned: dict[str, _Group] = {}
         for gc in config.groups:
             self._groups[gc.name] = self._new_group(gc, self.start_ms)
@@ -1272,8 +1272,12 @@ class Policy:
             # frames do not fill, and by virtual time, which the hooks' measured use moves a little, the two groups'
             # order in a frame flipped every second or so, a slot more of one in a 1 s window: 3.4-4.8 points in 9
             # of 33 runs on the simulated driver (twenty-fifth session), 3.79 once on an H200 (twenty-first).
+            # (Not with a latency group among them, whose slots follow its requests; a paused group, MaxUtil 0,
+            # takes nothing and does not count.)
+            taking = [n for n in ordered if self._groups[n].cfg.max_util > 0]
             fill = sum(cg.cfg.max_util for cg in self._frame_bound.values()) >= 1.0 - 1e-6 or \
-                (len(self._frame_bound) > 1 and len(self._frame_bound) == len(active))
+                (len(self._frame_bound) > 1 and set(self._frame_bound) == set(taking) and
+                 not any(cg.cfg.latency for cg in self._frame_bound.values()))
             self._turns_apply = fill and \
                 all(cg.bucket.depth <= self.base_quota_ms + EPS for cg in self._frame_bound.values()
                     if cg.bucket is not None)
@@ -1668,17 +1672,17 @@ class Policy:
         return out
 
     def _frame_turn(self, best: tuple, at: float, holder: Optional[str]) -> tuple:
-        """`--frame-turns`: when the caps of the groups held to them add up to 1 (their slots fill the frames) and
-        _choose's pick is a busy framed one of them, the busy framed one that asked earliest goes instead (a holder
-        deciding its continuation has not asked: it goes last). Each of them gets its frame's budget whatever their
-        order (less its part of what the frame lacks: _fit_turn); by virtual time, which their charges' noise moves
-        a little, their order reshuffled from frame to frame, and a 1 s window not aligned with the frames held a
-        slot more or fewer of a group: 2-5 points in tests/policy_sim.py, 4-6 on H100s (docs/benchmarks.md, "Twentieth
-        session"). Taking turns, the slots keep their places in the frames. Busy (the last slot ran to its
-        deadline): a light group that asks now and then keeps its place by virtual time (taking turns behind the
-        busy ones that always asked first, a request's p99 doubled: an independent review); and only where the
-        caps add up to 1 (with a floor's group between them placed by virtual time, turns swung 1 s windows by
-        9.5 points, 3 without)."""
+        """`--frame-turns`: when the caps of the groups held to them add up to 1 (their slots fill the frames), or
+        they are all the active batch groups (_turns_apply), and _choose's pick is a busy framed one of them, the
+        busy framed one that asked earliest goes instead (a holder deciding its continuation has not asked: it goes
+        last). Each of them gets its frame's budget whatever their order (less its part of what the frame lacks:
+        _fit_turn); by virtual time, which their charges' noise moves a little, their order reshuffled from frame to
+        frame, and a 1 s window not aligned with the frames held a slot more or fewer of a group: 2-5 points in
+        tests/policy_sim.py, 4-6 on H100s (docs/benchmarks.md, "Twentieth session"). Taking turns, the slots keep
+        their places in the frames. Busy (the last slot ran to its deadline): a light group that asks now and then
+        keeps its place by virtual time (taking turns behind the busy ones that always asked first, a request's p99
+        doubled: an independent review); and not with another group among them (with a floor's group between them
+        placed by virtual time, turns swung 1 s windows by 9.5 points, 3 without)."""
         self._current_targets(at)       # _frame_bound as of now (a reload's removed group must not be picked)
         name0 = best[1]
         g = self._groups.get(name0)

@@ -812,8 +812,9 @@ static void print_json(void)
                nlat, PCT(0.5), PCT(0.99), PCT(0.999), latencies[nlat - 1] / 1e3);
 #undef PCT
     }
-    /* The simulated driver's count of this process's live untimed events (CU_EVENT_DISABLE_TIMING: only the hook's
-     * markers make them), for tests of what the hook creates and gives back; absent on a real driver. */
+    /* The simulated driver's count of this process's untimed events (CU_EVENT_DISABLE_TIMING) created and never
+     * destroyed: the hook's markers make them, and --sync event one that it destroys. For tests of what the hook
+     * creates and gives back; absent on a real driver. */
     void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     int (*live)(unsigned int) = drv ? (int (*)(unsigned int))dlsym(drv, "simcuda_live_events") : NULL;
     if (live)

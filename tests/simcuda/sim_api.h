@@ -274,7 +274,8 @@ SIM_DECL(cuGetProcAddress_v2, (const char *symbol, void **pfn, int cudaVersion, 
 SIM_API int simcuda_is_simulated(void);
 /* Bytes of the managed allocation holding ptr that are on the device now (0 if none or not managed). */
 SIM_API uint64_t simcuda_resident_bytes(CUdeviceptr ptr);
-/* Events of this process created with these flags (CU_EVENT_* bits, compared whole) and not destroyed. */
+/* Events of this process created with these flags (CU_EVENT_* bits, compared whole) and not destroyed (the
+ * simulator keeps a destroyed context's events counted: they were never given back). */
 SIM_API int simcuda_live_events(unsigned int flags);
 SIM_API int simcuda_procaddr_entry(int index, const char **base, int *version, const char **sym, int *pt_version,
                                    const char **pt_sym);
