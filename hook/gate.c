@@ -154,21 +154,6 @@ static void wake_watcher(void) {
 
 /* ---- draining ------------------------------------------------------------------------------ */
 
-/* Create the `n` events (CU_EVENT_DEFAULT) at `evs`: 1 if all were made, else 0 with none kept. */
-static int create_events(CUevent *const *evs, int n) {
-    for (int i = 0; i < n; i++)
-        *evs[i] = NULL;
-    for (int i = 0; i < n; i++) {
-        if (REAL(cuEventCreate)(evs[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-            *evs[i] = NULL;     /* (a failed call's output is not a handle) */
-            for (int j = 0; j < i; j++)
-                gem_real_event_destroy(evs[j]);
-            return 0;
-        }
-    }
-    return 1;
-}
-
 /* The slot's first kernel is about to be launched on `stream`: mark the GPU's position with an event, so
  * that the GPU time the slot really had (from the first kernel, after the grant travelled here and the
  * GPU switched contexts, to the end of the drain) can be measured. Called with g->mu held, in the
@@ -183,14 +168,13 @@ static void mark_slot_start(struct gem_gate *g, CUstream stream, int ptsz) {
     if (HAVE_REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx) {
         int have_events = g->ev_ctx == ctx;
         if (!have_events) { /* events belong to a context; the old ones (if any) are left to it */
-            /* A set created only in part is given back (kept, the next slot's try overwrote its handles). */
             CUevent *slot_events[] = {&g->ev_start, &g->ev_end};
             CUevent *gap_events[] = {&g->gap_end[0], &g->gap_end[1], &g->gap_start};
             g->ev_ctx = NULL;   /* (failed, the old context's events are gone from the handles too) */
-            have_events = create_events(slot_events, 2);
+            have_events = gem_real_events_create(slot_events, 2, CU_EVENT_DEFAULT);
             if (have_events)
                 g->ev_ctx = ctx;
-            g->gap_events = have_events && gem_cfg.gap_events && create_events(gap_events, 3);
+            g->gap_events = have_events && gem_cfg.gap_events && gem_real_events_create(gap_events, 3, CU_EVENT_DEFAULT);
         }
         CUstream s = (stream == NULL && ptsz) ? CU_STREAM_PER_THREAD : stream;
         g->slot_measured = have_events && REAL(cuEventRecord)(g->ev_start, s) == CUDA_SUCCESS;

@@ -345,27 +345,20 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
             pthread_mutex_unlock(&r->mu);
             return 0;
         }
-        memset(r->ev, 0, sizeof r->ev);        /* a gone context's were its own */
-        memset(r->evq, 0, sizeof r->evq);
+        /* (a gone context's events were its own: the handles are overwritten, not destroyed) */
+        CUevent *timed[GEM_INFLIGHT_MARKERS], *quick[GEM_INFLIGHT_MARKERS];
         for (int i = 0; i < GEM_INFLIGHT_MARKERS; i++) {
-            int ok = REAL(cuEventCreate)(&r->ev[i], CU_EVENT_DEFAULT) == CUDA_SUCCESS;
-            if (!ok)
-                r->ev[i] = NULL;        /* (a failed call's output is not a handle) */
-            else if (REAL(cuEventCreate)(&r->evq[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-                r->evq[i] = NULL;
-                ok = 0;
-            }
-            if (!ok) {
-                /* Created in part: what was made goes back (kept, a new try overwrote the handles and they
-                 * leaked, at every marker), and the next try waits a while. */
-                for (int j = 0; j <= i; j++) {
-                    gem_real_event_destroy(&r->ev[j]);
-                    gem_real_event_destroy(&r->evq[j]);
-                }
-                r->create_skip = GEM_INFLIGHT_CREATE_BACKOFF;
-                pthread_mutex_unlock(&r->mu);
-                return 0;
-            }
+            timed[i] = &r->ev[i];
+            quick[i] = &r->evq[i];
+        }
+        if (!gem_real_events_create(timed, GEM_INFLIGHT_MARKERS, CU_EVENT_DEFAULT) ||
+            !gem_real_events_create(quick, GEM_INFLIGHT_MARKERS, CU_EVENT_DISABLE_TIMING)) {
+            /* created in part, given back (gem_real_events_create); the next try waits a while */
+            for (int i = 0; i < GEM_INFLIGHT_MARKERS; i++)
+                gem_real_event_destroy(&r->ev[i]);
+            r->create_skip = GEM_INFLIGHT_CREATE_BACKOFF;
+            pthread_mutex_unlock(&r->mu);
+            return 0;
         }
         memset(r->unit_end, 0, sizeof r->unit_end);    /* a gone context's were its own */
         r->used = 1;

@@ -44,12 +44,27 @@ extern void *gem_real_fn[GEM_FN_COUNT];
 #define REAL(name) ((gem_fn_##name##_t *)gem_real_fn[GEM_IDX_##name])
 #define HAVE_REAL(name) (gem_real_fn[GEM_IDX_##name] != NULL)
 
-/* Destroy an event the hook created (if any, and if the driver has cuEventDestroy_v2) and clear the handle: an
- * event set of the hook's that could be created only in part is given back, not left to leak. */
+/* Destroy an event the hook created (if any, and if the driver has cuEventDestroy_v2) and clear the handle. */
 static inline void gem_real_event_destroy(CUevent *ev) {
     if (*ev && HAVE_REAL(cuEventDestroy_v2))
         REAL(cuEventDestroy_v2)(*ev);
     *ev = NULL;
+}
+
+/* Create the `n` events at `evs` with `flags`: 1 if all were made, else 0 with none kept (a set the driver made
+ * only in part is given back: kept, the next try overwrote its handles and they leaked). */
+static inline int gem_real_events_create(CUevent *const *evs, int n, unsigned int flags) {
+    for (int i = 0; i < n; i++)
+        *evs[i] = NULL;
+    for (int i = 0; i < n; i++) {
+        if (REAL(cuEventCreate)(evs[i], flags) != CUDA_SUCCESS) {
+            *evs[i] = NULL;     /* (a failed call's output is not a handle) */
+            for (int j = 0; j < i; j++)
+                gem_real_event_destroy(evs[j]);
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* Resolve the CUDA rows (once). Returns 0, or -1 if libcuda.so.1 cannot be opened. */
