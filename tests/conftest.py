@@ -50,6 +50,9 @@ UNTIMED_TESTS = frozenset({
 TIMED_TESTS = frozenset({
     "test_a_flare_stops_a_trainers_mix_of_kernels_within_a_fraction_of_a_millisecond",
     "test_a_kernel_measured_alone_is_not_charged_the_markers_own_host_time",
+    # gem-schd's timer held to a p50 under 1 ms over six grants: 1.17 ms once beside another worker (twenty-fifth
+    # session's make test)
+    "test_grant_at_deadline_is_punctual",
 })
 
 
