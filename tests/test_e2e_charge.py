@@ -30,7 +30,9 @@ def test_a_capped_group_that_thinks_after_each_sync_still_reaches_its_cap(tmp_pa
     t1 = t0 + (t1 - t0) // 100_000_000 * 100_000_000   # whole frames of the cap (100 ms): a partial one is noise
     busy = sum(max(0, min(e, t1) - max(s, t0)) for s, e in kernels)
     share = busy / (t1 - t0)
-    assert CAP - 0.02 <= share <= CAP + 0.015, share
+    # (0.275-0.290 over 14 runs on a 2-core machine, as with the policy before the twenty-fifth session: 0.278-0.290
+    # over six; the old bound, 0.28, failed once in a full make test)
+    assert CAP - 0.03 <= share <= CAP + 0.015, share
 
 
 def test_timing_the_gaps_costs_the_program_little_between_a_synchronisation_and_its_next_launch(tmp_path, hook_lib,
