@@ -8,7 +8,7 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gemini.launch.backend import main  # noqa: E402
+from gemini.launch.backend import program  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

@@ -15,6 +15,7 @@ import click
 
 from gemini import transport
 from gemini.logs import LEVEL_NAMES, level_from_flags, setup_logging
+from gemini.shutdown import exit_now
 from gemini.wire import hook as hp
 
 from . import (DEFAULT_IP, DEFAULT_PORT, DEFAULT_SCHEDULER_PORT, ENV_POD_MANAGER_IP, ENV_POD_MANAGER_PORT,
@@ -200,6 +201,7 @@ def main(name: str, ip: str, port: int, scheduler_ip: str, scheduler_port: int, 
         sys.exit(2)
     except KeyboardInterrupt:
         pass
+    exit_now(0)     # stopped cleanly: no interpreter teardown (gemini/shutdown.py)
 
 
 if __name__ == "__main__":

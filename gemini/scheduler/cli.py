@@ -19,6 +19,7 @@ from gemini.scheduler.capacity import NvmlProbe
 from gemini.scheduler.daemon import DEFAULT_PORT, BindError, SchedulerDaemon
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_CAP_FRAME_MS,
                                      DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS, MIN_FRAME_QUOTA_MS)
+from gemini.shutdown import exit_now
 
 EXIT_USAGE = 2
 
@@ -193,7 +194,7 @@ def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_fra
         code = asyncio.run(run())
     except KeyboardInterrupt:
         code = 0
-    sys.exit(code)
+    exit_now(code)     # stopped cleanly: no interpreter teardown (gemini/shutdown.py)
 
 
 if __name__ == "__main__":  # pragma: no cover

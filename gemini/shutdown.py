@@ -1,0 +1,25 @@
+"""How a gemini daemon ends once it has stopped cleanly: at once, without the interpreter's teardown.
+
+After gem-schd, gem-pmgr or launch-backend has closed its sockets, unlinked its files and logged its last line,
+Python's finalisation (freeing every module's objects) still took 60-90 ms of CPU per process, measured from
+gem-schd's "stopping" line to its exit. A backend's stop waits on that for each of its daemons, and then for its own;
+so does every restart of a pod manager. Nothing of gemini's runs at exit (no atexit handlers; the daemons' stop()
+closes what they opened), so the only work left is flushing what is buffered, done here before os._exit.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import NoReturn
+
+
+def exit_now(code: int) -> NoReturn:
+    """Flush the log handlers and the standard streams, then end the process with `code` (no teardown)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # a closed or broken pipe: nothing more can be said anyway
+            pass
+    os._exit(code)
