@@ -56,6 +56,7 @@ class BoardPmgr(FakePmgr):
                       GEMINI_POD_MANAGER_PORT=self.port, **{"GEMINI_LOG_LEVEL": "warn", **env})
         r = finish(start(native.client_cmd("workload-linked", *map(str, args), "--json"), env), timeout=30)
         assert r.rc == 0, r
+        self.last_json = r.json     # what the workload itself printed (the simulator's counts among it)
         return sim.stats_of(r.json["pid"])
 
     def answer(self, conn: FakeConn, seq: int, msg: hp.Message) -> None:

@@ -221,15 +221,20 @@ def test_a_host_bound_launchers_markers_skip_the_timing_calls_they_cannot_use(si
     depth, the cost checks) only when the GPU ran it back to back (`behind`). A host-bound launcher's never are,
     yet each of its markers timed its interval: a cuEventElapsedTime and a query of a finished event, 4.7 us of the
     launching thread on the H100, with the rest of the marker about as much again. Here each timing call costs
-    200 us (SIMCUDA_ELAPSED_US) and the program sleeps after every launch: its markers now cost it far less than
-    one such call each (only a kernel measured alone is timed)."""
+    200 us (SIMCUDA_ELAPSED_US) and the program sleeps after every launch. Its timing calls are counted (the
+    simulator's count): one per kernel measured alone and at most one per synchronisation (a chain's last interval,
+    measured off the launch path) are left; with every interval timed (the `behind` check taken out of inflight.c's
+    adapt) it made 243-374 calls where that allows 89-93, against 42 with it. (The markers' host time, asserted before,
+    no longer tells the two apart since most markers are untimed: 7 us a marker with the check, 35 us without, and
+    85-150 us with three CPU hogs beside the test.)"""
     board.set_counts(1, 2, 2)
     pmgr = ClaimedPmgr(board)
     try:
         st = pmgr.run_workload(sim, "--kernel-us", 5, "--pause-us", 30, "--pause-every", 1, "--seconds", 1.5,
                                "--sync-every", 200, SIMCUDA_ELAPSED_US="200")
-        assert st["markers"] >= 50, st
+        assert st["markers"] >= 50 and st["syncs"] >= 10, st
+        calls = pmgr.last_json["elapsed_calls"]
         per_marker_us = st["marker_host_ms"] * 1000 / st["markers"]
-        assert per_marker_us < 100, (per_marker_us, st)         # 8.7 us; timed at every marker: 547 us
+        assert calls <= st["kernels_measured"] + st["syncs"], (calls, per_marker_us, st)
     finally:
         pmgr.close()

@@ -814,11 +814,16 @@ static void print_json(void)
     }
     /* The simulated driver's count of this process's untimed events (CU_EVENT_DISABLE_TIMING) created and never
      * destroyed: the hook's markers make them, and --sync event one that it destroys. For tests of what the hook
-     * creates and gives back; absent on a real driver. */
+     * creates and gives back; absent on a real driver (as is the count below). */
     void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     int (*live)(unsigned int) = drv ? (int (*)(unsigned int))dlsym(drv, "simcuda_live_events") : NULL;
     if (live)
         printf(", \"live_untimed_events\": %d", live(0x2));
+    /* and its count of cuEventElapsedTime calls (the hook's markers time some of their intervals) */
+    unsigned long long (*elapsed_calls)(void) =
+        drv ? (unsigned long long (*)(void))dlsym(drv, "simcuda_elapsed_calls") : NULL;
+    if (elapsed_calls)
+        printf(", \"elapsed_calls\": %llu", elapsed_calls());
     printf("}\n");
     fflush(stdout);
 }

@@ -277,6 +277,8 @@ SIM_API uint64_t simcuda_resident_bytes(CUdeviceptr ptr);
 /* Events of this process created with these flags (CU_EVENT_* bits, compared whole) and not destroyed (the
  * simulator keeps a destroyed context's events counted: they were never given back). */
 SIM_API int simcuda_live_events(unsigned int flags);
+/* cuEventElapsedTime calls this process made (either ABI, whatever they returned). */
+SIM_API unsigned long long simcuda_elapsed_calls(void);
 SIM_API int simcuda_procaddr_entry(int index, const char **base, int *version, const char **sym, int *pt_version,
                                    const char **pt_sym);
 
