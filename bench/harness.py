@@ -266,8 +266,13 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
     except (AttributeError, OSError):
         return proc.wait(timeout)
     try:
-        if not select.select([fd], [], [], timeout)[0]:
-            raise subprocess.TimeoutExpired(proc.args, timeout)
+        # proc is not reaped yet, so the pidfd names it (a zombie's is readable at once); poll(), unlike select(),
+        # takes a descriptor numbered 1024 or more
+        if proc.poll() is None:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if not poller.poll(timeout * 1000):
+                raise subprocess.TimeoutExpired(proc.args, timeout)
     finally:
         os.close(fd)
     return proc.wait()

@@ -186,6 +186,23 @@ def test_cli_trace_unwritable_exits_2(tmp_path):
     assert "--trace" in r.stderr and "t.json" in r.stderr
 
 
+def test_a_scheduler_whose_start_fails_part_way_leaves_no_board_page_or_socket(tmp_path):
+    """The trace is opened after gem-schd has its board page and its socket: a start that fails there closes both
+    (the daemon's stop after a partial start), as the process ends without the interpreter's teardown. Before, the
+    board page stayed in /dev/shm."""
+    import re
+    (tmp_path / "resource-config.txt").write_text("[a]\n")
+    ipc = tmp_path / "ipc"
+    r = subprocess.run([sys.executable, "-m", "gemini.scheduler.cli", "--ipc-dir", str(ipc), "-p", str(tmp_path),
+                        "--trace", str(tmp_path / "no" / "such" / "dir" / "t.json")], capture_output=True, text=True,
+                       timeout=20, env=_env())
+    assert r.returncode == 2 and "--trace: cannot write" in r.stderr, r.stderr
+    page = re.search(r"board page (\S+)", r.stderr)
+    assert page, r.stderr
+    assert not Path(page.group(1)).exists(), f"{page.group(1)} left behind"
+    assert not list(ipc.rglob("*.sock")), list(ipc.rglob("*"))
+
+
 def test_plot_writes_png(traced_run, tmp_path):
     pytest.importorskip("matplotlib")
     path, _ = traced_run

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -172,8 +173,14 @@ def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_fra
         except BindError as exc:
             click.echo(f"gem-schd: {exc}", err=True)
             return EXIT_USAGE
-        except OSError as exc:     # the trace file
-            click.echo(f"gem-schd: --trace: cannot write {exc.filename or trace_path}: {exc.strerror or exc}", err=True)
+        except OSError as exc:
+            if trace_path and exc.filename and os.path.abspath(exc.filename) == os.path.abspath(trace_path):
+                click.echo(f"gem-schd: --trace: cannot write {trace_path}: {exc.strerror or exc}", err=True)
+            else:   # e.g. the config watcher, past the kernel's inotify limits, once the rest had started
+                click.echo(f"gem-schd: cannot start: {exc}", err=True)
+            # what start() opened before it failed (its socket, board page, trace): stop() closes it and is safe
+            # after a partial start; the process then ends without the teardown that would have flushed files
+            daemon.stop()
             return EXIT_USAGE
         if daemon.reloader is not None:
             loop.add_signal_handler(signal.SIGHUP, daemon.reloader.request_reload)
