@@ -12,6 +12,7 @@ Times on the board are CLOCK_MONOTONIC nanoseconds, which every process of one m
 from __future__ import annotations
 
 import functools
+import glob
 import mmap
 import os
 import re
@@ -109,6 +110,73 @@ class _MappedFile:
             self.path.unlink()
         except FileNotFoundError:
             pass
+
+
+# gem-schd's default board page: /dev/shm/gemini-board-<its scheduler id> (gemini/scheduler/daemon.py)
+DEFAULT_BOARD_DIR = Path("/dev/shm")
+DEFAULT_BOARD_NAME = re.compile(r"gemini-board-[0-9a-f]{12}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (kept when in doubt). Not whether it is a gem-schd: a daemon may run inside
+    another program (the tests' in-process gem-schd), so a page whose pid was reused stays, the rare leak."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:     # EPERM: another user's process
+        return True
+    return True
+
+
+def remove_stale_boards(directory: Path = DEFAULT_BOARD_DIR, name: re.Pattern = DEFAULT_BOARD_NAME) -> list[Path]:
+    """Remove the board pages (and their flare pages) that gem-schd processes now gone left in `directory`.
+
+    A gem-schd that stops unlinks its page; one that is killed cannot, and each page is 64 KiB of RAM under
+    /dev/shm, so a scheduler that crashed again and again filled it. A page is removed only when it is this
+    user's regular file named as gem-schd names its default page, the size and magic of a board, and the process
+    its header names is gone. Another GPU's live gem-schd keeps its page. Hooks and pod managers that still map a
+    removed page keep their mapping; they map the new page their next handshake names. Returns what was removed."""
+    ffi, lib = _ffi()
+    size = ffi.sizeof("struct gem_board")
+    head_size = ffi.sizeof("struct gem_board_head")
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not name.fullmatch(entry.name):
+            continue
+        path = Path(entry.path)
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not entry.is_file(follow_symlinks=False) or st.st_uid != os.geteuid() or st.st_size != size:
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            try:
+                raw = os.pread(fd, head_size, 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        if len(raw) != head_size:
+            continue
+        buf = bytearray(raw)
+        view = ffi.from_buffer(buf)     # (kept alive while the cast pointer is read)
+        head = ffi.cast("struct gem_board_head *", view)
+        magic, pid = int(head.magic), int(head.scheduler_pid)
+        if magic != lib.GEM_BOARD_MAGIC or _alive(pid):
+            continue
+        for stale in [path, *Path(directory).glob(f"{glob.escape(entry.name)}.flare*")]:
+            try:
+                stale.unlink()
+                removed.append(stale)
+            except OSError:
+                pass
+    return removed
 
 
 class Board(_MappedFile):

@@ -41,7 +41,7 @@ import zmq
 import zmq.asyncio
 
 from gemini import transport
-from gemini.board import Board, BoardError
+from gemini.board import DEFAULT_BOARD_DIR, Board, BoardError, remove_stale_boards
 from gemini.config import Config
 from gemini.scheduler.capacity import DeviceMemoryProbe, ProbeError, capacity_for, reserve_for
 from gemini.scheduler.connections import HELLO_TIMEOUT_S, MAX_CONNECTIONS, ConnectionGuard
@@ -274,7 +274,13 @@ class SchedulerDaemon:
         if self._board_path_arg is None:
             log.warning("no board page (--board none): continuations and latency claims are off")
             return
-        path = self._board_path_arg or f"/dev/shm/gemini-board-{self.scheduler_id}"
+        if not self._board_path_arg:
+            # the default place: what killed gem-schd processes left there goes first (gem-node clears its own)
+            gone = remove_stale_boards(DEFAULT_BOARD_DIR)
+            if gone:
+                log.info("removed %d board page(s) of gem-schd processes that are gone: %s", len(gone),
+                         ", ".join(p.name for p in gone[:5]) + (", ..." if len(gone) > 5 else ""))
+        path = self._board_path_arg or str(DEFAULT_BOARD_DIR / f"gemini-board-{self.scheduler_id}")
         try:
             self.board = Board.create(path)
         except (BoardError, OSError) as exc:
