@@ -14,9 +14,9 @@ are exact to one kernel.
 from __future__ import annotations
 
 import json
-import select
 import os
 import random
+import select
 import signal
 import socket
 import subprocess
@@ -276,6 +276,7 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
     finally:
         os.close(fd)
     return proc.wait()
+
 
 def children_of(pid: int) -> list[int]:
     """Live (not zombie) children of a process, from /proc."""
