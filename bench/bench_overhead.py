@@ -22,6 +22,7 @@ native runs' same figure, where both are the driver's function, is the measureme
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -106,19 +107,27 @@ def launch_rounds(rounds: int, quota_ms: float, program: list, key: str, timeout
             "added_each_round": added, "added_bound_each_round": added_bound, "runs": runs, **extra}
 
 
-def interleaved(kind: str, rounds: int, quota_ms: float | None, program: list, key: str, timeout: float) -> dict:
+def interleaved(kind: str, rounds: int, quota_ms: float | None, program: list, key: str, timeout: float,
+                idle_neighbour: bool = False) -> dict:
     """Native and hooked runs of `program`, alternated. `quota_ms` None runs gem-schd with its default flags (what a
     user gets, and what the goals are judged with); a number passes `-q` and the short `-m` and long `-w` that suit
-    it."""
+    it. With `idle_neighbour` each round also runs it hooked in a second backend whose config has another group,
+    configured but idle (MinUtil 0.5): what a configured neighbour costs a group that has the GPU to itself (its
+    grants carry GEM_GRANT_BOUND, so its hook places timed markers; docs/benchmarks.md, "Twenty-seventh session")."""
     work = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     env = dict(os.environ)
     stats_file = work / "stats"
-    native, hooked, extra, runs = [], [], {}, {"native": [], "hooked": []}
-    groups = [Group("solo", 0.0, 1.0, "200GiB")]
+    native, hooked, beside, extra = [], [], [], {}
+    runs: dict[str, list] = {"native": [], "hooked": []}
     flags = dict(quota_ms=None, min_quota_ms=None, window_ms=None) if quota_ms is None else \
         dict(quota_ms=quota_ms, min_quota_ms=10, window_ms=max(10000, quota_ms * 2))
-    with Backend(work / "backend", groups, env=env, **flags) as be:
+    solo = Group("solo", 0.0, 1.0, "200GiB")
+    with contextlib.ExitStack() as stack:
+        be = stack.enter_context(Backend(work / "backend", [solo], env=env, **flags))
+        be_n = stack.enter_context(Backend(work / "backend-neighbour", [solo, Group("idle", 0.5, 1.0, "1GiB")],
+                                           env=env, **flags)) if idle_neighbour else None
         henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
+        nenv = dict(env, GEMINI_STATS_FILE=str(work / "stats-neighbour"))
         for _ in range(rounds):
             result = run_json(program, env, timeout)
             native.append(result[key])
@@ -126,9 +135,17 @@ def interleaved(kind: str, rounds: int, quota_ms: float | None, program: list, k
             hooked.append(hooked_result[key])
             runs["native"].append(result)
             runs["hooked"].append(hooked_result)
+            if be_n is not None:
+                beside_result = run_json(be_n.command("solo", program), nenv, timeout)
+                beside.append(beside_result[key])
+                runs.setdefault("hooked_idle_neighbour", []).append(beside_result)
             extra = {k: v for k, v in result.items() if k.startswith("clock") or k.startswith("coarse")}
-    return {"native": native, "hooked": hooked, "native_median": statistics.median(native),
-            "hooked_median": statistics.median(hooked), "hook_stats": read_stats(stats_file), "runs": runs, **extra}
+    out = {"native": native, "hooked": hooked, "native_median": statistics.median(native),
+           "hooked_median": statistics.median(hooked), "hook_stats": read_stats(stats_file), "runs": runs, **extra}
+    if beside:
+        out.update(hooked_idle_neighbour=beside, hooked_idle_neighbour_median=statistics.median(beside),
+                   hook_stats_idle_neighbour=read_stats(work / "stats-neighbour"))
+    return out
 
 
 def main(argv=None) -> int:
@@ -139,6 +156,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--quota", type=float, help="gem-schd base quota, ms (train: without it, gem-schd's default flags; "
                                                "launch: 8000, alloc: 250)")
+    p.add_argument("--idle-neighbour", action="store_true",
+                   help="train: also run it hooked beside another group that is configured but idle")
     p.add_argument("--sync", choices=["ctx", "stream"], default="ctx",
                    help="launch: how launch_cost synchronises between its batches (cuCtxSynchronize, or "
                         "cuStreamSynchronize of the legacy stream)")
@@ -158,10 +177,13 @@ def main(argv=None) -> int:
         # gem-schd's default flags unless --quota is given (until the twenty-seventh session this ran with
         # -q 250 -m 10 -w 10000, the previous scheduler's defaults)
         r = interleaved("train", rounds, args.quota, [sys.executable, RESNET, args.seconds, args.batch],
-                        "steps_per_s", args.seconds + 300)
+                        "steps_per_s", args.seconds + 300, idle_neighbour=args.idle_neighbour)
         r["schd_flags"] = "defaults" if args.quota is None else f"-q {args.quota} -m 10 -w {max(10000, args.quota * 2)}"
         r["overhead_pct"] = (1 - r["hooked_median"] / r["native_median"]) * 100
         r["hook_stats"] = {str(k): v for k, v in r["hook_stats"].items()}
+        if args.idle_neighbour:
+            r["overhead_idle_neighbour_pct"] = (1 - r["hooked_idle_neighbour_median"] / r["native_median"]) * 100
+            r["hook_stats_idle_neighbour"] = {str(k): v for k, v in r["hook_stats_idle_neighbour"].items()}
     r["what"] = args.what
     print(json.dumps(r, indent=1))
     return 0

@@ -378,7 +378,8 @@ def step_soak(ctx) -> dict:
 
 def step_train(ctx) -> dict:
     rounds, secs = ("2", "6") if ctx.args.quick else ("3", "10")
-    return bench(ctx, ["bench/bench_overhead.py", "train", "--rounds", rounds, "--seconds", secs], 500)
+    return bench(ctx, ["bench/bench_overhead.py", "train", "--rounds", rounds, "--seconds", secs, "--idle-neighbour"],
+                 500)
 
 
 def step_um(ctx) -> dict:
@@ -576,6 +577,12 @@ def write_report(ctx, results: dict) -> None:
             lines.append(f"ResNet-18 steps/s native {fmt(res['native_median'], 2)}, "
                          f"hooked {fmt(res['hooked_median'], 2)}"
                          f": overhead {fmt(res['overhead_pct'], 2)}% (rounds {res['native']} / {res['hooked']})")
+            if "hooked_idle_neighbour_median" in res:
+                timed = sum(v.get("markers_timed", 0) for v in res.get("hook_stats_idle_neighbour", {}).values())
+                lines.append(f"beside an idle neighbour (configured, MinUtil 0.5): "
+                             f"{fmt(res['hooked_idle_neighbour_median'], 2)} steps/s, overhead "
+                             f"{fmt(res['overhead_idle_neighbour_pct'], 2)}% (rounds {res['hooked_idle_neighbour']}; "
+                             f"{int(timed)} timed markers)")
         else:
             lines.append("```\n" + json.dumps(res, indent=1)[:1500] + "\n```")
         lines.append("")
