@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""gem-schd alone, pinned to one core: its CPU per slot, and the most slots a second it can run, at 2 to 256 groups.
+
+    python bench/bench_schd_ceiling.py [--groups 2,16,64,256] [--seconds 5] [--quota 5] [--out DIR]
+
+Issue 14's scale goal is about gem-schd's own CPU, which bench_scale.py cannot isolate (its pod managers and load
+share the machine, and its load offers fewer slots than gem-schd could run). Here one process plays every group's pod
+manager over TCP (a DEALER each: HELLO, then TOKEN_REQUEST, and a TOKEN_RELEASE with a new TOKEN_REQUEST as soon as
+a slot ends), on another core than gem-schd, which runs with its default flags but `-q`/`-m` (`--quota`), every group
+MinUtil 0 and MaxUtil 1. Two modes per group count:
+* `deadline`: each group holds its slot to its quota (as a busy group's pod manager would), so gem-schd ends every
+  slot at its timer and grants the next waiting group there: gem-schd's CPU per slot, and its own measure of the CPU
+  from the deadline's timer to the grant sent (thread CPU time; the policy, the board and the message, at p50 and
+  p99, from its log line at exit);
+* `ceiling`: each group releases at once, so a slot is one release, one decision and one grant: slots/s with
+  gem-schd's core saturated or nearly, its CPU per slot, and 1 / that (the ceiling on a whole core).
+Prints one JSON object (and writes DIR/schd_ceiling.json).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import zmq  # noqa: E402
+import zmq.asyncio  # noqa: E402
+
+from bench.harness import Group, write_config  # noqa: E402
+from gemini.wire.sched import (FROM_SCHEDULER, Grant, Hello, TokenRelease, TokenRequest, Welcome,  # noqa: E402
+                               decode, encode)
+
+CPU_LINE = re.compile(r"CPU from a deadline to its grant sent p50 ([0-9.]+) us, p99 ([0-9.]+) us")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of `pid` (seconds)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _load(endpoint: str, groups: list[str], seconds: float, hold: bool, warmup: float) -> int:
+    """Play every group's pod manager for warm-up + `seconds`: the grants received after the warm-up."""
+    ctx = zmq.asyncio.Context()
+    socks = []
+    for _ in groups:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        socks.append(s)
+    counted = 0
+    start = time.monotonic()
+    stop_at = start + warmup + seconds
+
+    async def play(name: str, s) -> None:
+        nonlocal counted
+        await s.send(encode(Hello(name, pid=os.getpid())))
+        while True:
+            msg = decode(await s.recv(), allowed=FROM_SCHEDULER)
+            if isinstance(msg, Welcome):
+                break
+        await s.send(encode(TokenRequest(name)))
+        while time.monotonic() < stop_at:
+            try:
+                frame = await asyncio.wait_for(s.recv(), timeout=max(0.01, stop_at - time.monotonic()))
+            except asyncio.TimeoutError:
+                return
+            msg = decode(frame, allowed=FROM_SCHEDULER)
+            if not isinstance(msg, Grant) or msg.continuation:
+                continue
+            if time.monotonic() >= start + warmup:
+                counted += 1
+            if hold:
+                await asyncio.sleep(msg.quota_ms / 1000.0)
+            await s.send(encode(TokenRelease(name, msg.token_seq, used_ms=msg.quota_ms if hold else 0.0)))
+            await s.send(encode(TokenRequest(name)))
+
+    try:
+        await asyncio.gather(*(play(g, s) for g, s in zip(groups, socks)))
+    finally:
+        for s in socks:
+            s.close()
+        ctx.term()
+    return counted
+
+
+def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int, load_cpu: int,
+              work: Path) -> dict:
+    groups = [f"g{i}" for i in range(n)]
+    config = work / f"rc-{n}-{mode}.txt"
+    write_config(config, [Group(g, 0.0, 1.0, "1GiB") for g in groups])
+    port = _free_port()
+    log = work / f"gem-schd-{n}-{mode}.log"
+    argv = [sys.executable, "-m", "gemini.scheduler.cli", "-P", str(port), "-f", str(config), "-q", str(quota_ms),
+            "-m", str(min(quota_ms, 5.0)), "--board", str(work / f"board-{n}-{mode}")]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                env=dict(os.environ, PYTHONPATH=str(REPO)),
+                                preexec_fn=lambda: os.sched_setaffinity(0, {schd_cpu}))
+    try:
+        deadline = time.monotonic() + 30
+        while "listening" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gem-schd did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        os.sched_setaffinity(0, {load_cpu})
+        warmup = 1.0
+        cpu_start: list[float] = []
+
+        async def measured() -> int:
+            task = asyncio.ensure_future(_load(f"tcp://127.0.0.1:{port}", groups, seconds, mode == "deadline",
+                                               warmup))
+            await asyncio.sleep(warmup)
+            cpu_start.append(_cpu_s(proc.pid))
+            return await task
+
+        t0 = time.monotonic()
+        slots = asyncio.run(measured())
+        cpu = _cpu_s(proc.pid) - cpu_start[0]
+        span = time.monotonic() - t0 - warmup
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    m = CPU_LINE.search(log.read_text())
+    per_slot_ms = cpu / slots * 1000 if slots else None
+    return {"groups": n, "mode": mode, "seconds": round(span, 3), "slots": slots, "slots_per_s": slots / span,
+            "schd_cpu_cores": cpu / span, "schd_cpu_per_slot_ms": per_slot_ms,
+            "ceiling_slots_per_s": 1000.0 / per_slot_ms if per_slot_ms else None,
+            "deadline_to_grant_cpu_p50_us": float(m.group(1)) if m else None,
+            "deadline_to_grant_cpu_p99_us": float(m.group(2)) if m else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--groups", default="2,16,64,256")
+    p.add_argument("--modes", default="deadline,ceiling")
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--quota", type=float, default=5.0, help="gem-schd -q (ms): each slot's length in deadline mode")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        p.error("needs two cores: one for gem-schd, one for the load")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="schd-ceiling-") as tmp:
+        for n in (int(x) for x in args.groups.split(",")):
+            for mode in args.modes.split(","):
+                rows.append(run_point(n, mode, args.seconds, args.quota, cpus[0], cpus[1], Path(tmp)))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    out = {"quota_ms": args.quota, "seconds": args.seconds, "cpus": {"gem-schd": cpus[0], "load": cpus[1]},
+           "rows": rows}
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "schd_ceiling.json").write_text(json.dumps(out, indent=1))
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
