@@ -114,6 +114,7 @@ def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int,
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env=dict(os.environ, PYTHONPATH=str(REPO)),
                                 preexec_fn=lambda: os.sched_setaffinity(0, {schd_cpu}))
+    affinity = os.sched_getaffinity(0)
     try:
         deadline = time.monotonic() + 30
         while "listening" not in log.read_text():
@@ -136,6 +137,7 @@ def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int,
         cpu = _cpu_s(proc.pid) - cpu_start[0]
         span = time.monotonic() - t0 - warmup
     finally:
+        os.sched_setaffinity(0, affinity)       # (the caller's, and its later children's, cores as they were)
         proc.terminate()
         proc.wait(timeout=30)
     m = CPU_LINE.search(log.read_text())

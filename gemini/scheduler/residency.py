@@ -140,6 +140,11 @@ class ResidencyPolicy:
                 total += t.managed
         return total
 
+    def any_unified(self) -> bool:
+        """Is any group unified? Without one, a grant has nothing to evict or wait for (configure clears a group's
+        outstanding eviction when it stops being unified)."""
+        return any(t.unified for t in self.tenants.values())
+
     def before_grant(self, group: str, now: float) -> list[Eviction]:
         """`group` is about to be granted the GPU at `now`: the evictions that must finish first (least
         recently run first), with the group counted resident from now on."""

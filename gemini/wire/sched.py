@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Union
 
 MAX_MESSAGE_BYTES = 64 * 1024  # larger frames are dropped before parsing
@@ -257,9 +257,16 @@ _CHECKS = {
 }
 
 
+# Each message type's field names, in order. Every field is a str, int, float, bool or list (of JSON values): a
+# shallow read of the fields gives what dataclasses.asdict would, whose deep copy cost gem-schd 60 µs of CPU at
+# every grant (bench/bench_schd_ceiling.py, docs/benchmarks.md "Twenty-seventh session").
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in _BY_TYPE.values()}
+
+
 def encode(msg: Message) -> bytes:
     body: dict[str, Any] = {"type": msg.TYPE}
-    body.update(asdict(msg))
+    for name in _FIELD_NAMES[type(msg)]:
+        body[name] = getattr(msg, name)
     return json.dumps(body, separators=(",", ":")).encode()
 
 

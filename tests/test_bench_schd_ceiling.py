@@ -1,0 +1,24 @@
+"""bench/bench_schd_ceiling.py runs gem-schd alone against fake pod managers and reports its CPU per slot and the
+CPU its loop spends from a deadline to the grant sent (its own measure, read from its log at exit)."""
+import json
+import os
+
+import pytest
+
+from bench import bench_schd_ceiling as bc
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the bench pins gem-schd and the load to two cores")
+def test_one_point_of_each_mode_reports_slots_and_cpu(capsys):
+    cores = os.sched_getaffinity(0)
+    assert bc.main(["--groups", "3", "--seconds", "0.6"]) == 0
+    assert os.sched_getaffinity(0) == cores         # the load's pinning does not outlive the bench
+    rows = {r["mode"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert set(rows) == {"deadline", "ceiling"}, rows
+    for r in rows.values():
+        assert r["groups"] == 3 and r["slots"] > 10 and 0 < r["schd_cpu_per_slot_ms"] < 100, r
+    # every slot of the deadline mode ends at gem-schd's timer: its CPU to each grant is measured and logged
+    d = rows["deadline"]
+    assert d["deadline_to_grant_cpu_p50_us"] is not None and 0 < d["deadline_to_grant_cpu_p50_us"], d
+    # 5 ms slots: at most about 200 a second; releasing at once, many more
+    assert d["slots_per_s"] < 260 and rows["ceiling"]["slots_per_s"] > d["slots_per_s"], rows
