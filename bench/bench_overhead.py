@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -128,23 +129,28 @@ def interleaved(kind: str, rounds: int, quota_ms: float | None, program: list, k
                                            env=env, **flags)) if idle_neighbour else None
         henv = dict(env, GEMINI_STATS_FILE=str(stats_file))
         nenv = dict(env, GEMINI_STATS_FILE=str(work / "stats-neighbour"))
-        for _ in range(rounds):
-            result = run_json(program, env, timeout)
-            native.append(result[key])
-            hooked_result = run_json(be.command("solo", program), henv, timeout)
-            hooked.append(hooked_result[key])
-            runs["native"].append(result)
-            runs["hooked"].append(hooked_result)
-            if be_n is not None:
-                beside_result = run_json(be_n.command("solo", program), nenv, timeout)
-                beside.append(beside_result[key])
-                runs.setdefault("hooked_idle_neighbour", []).append(beside_result)
-            extra = {k: v for k, v in result.items() if k.startswith("clock") or k.startswith("coarse")}
+        cases = ["native", "hooked"] + (["hooked_idle_neighbour"] if be_n is not None else [])
+        for r in range(rounds):
+            # each round starts with the next case, so that a drift over the run (clocks, heat) falls on each alike
+            for case in cases[r % len(cases):] + cases[:r % len(cases)]:
+                if case == "native":
+                    result = run_json(program, env, timeout)
+                    native.append(result[key])
+                    extra = {k: v for k, v in result.items() if k.startswith("clock") or k.startswith("coarse")}
+                elif case == "hooked":
+                    result = run_json(be.command("solo", program), henv, timeout)
+                    hooked.append(result[key])
+                else:
+                    assert be_n is not None
+                    result = run_json(be_n.command("solo", program), nenv, timeout)
+                    beside.append(result[key])
+                runs.setdefault(case, []).append(result)
     out = {"native": native, "hooked": hooked, "native_median": statistics.median(native),
            "hooked_median": statistics.median(hooked), "hook_stats": read_stats(stats_file), "runs": runs, **extra}
     if beside:
         out.update(hooked_idle_neighbour=beside, hooked_idle_neighbour_median=statistics.median(beside),
                    hook_stats_idle_neighbour=read_stats(work / "stats-neighbour"))
+    shutil.rmtree(work, ignore_errors=True)
     return out
 
 

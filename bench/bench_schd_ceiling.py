@@ -38,8 +38,8 @@ import zmq  # noqa: E402
 import zmq.asyncio  # noqa: E402
 
 from bench.harness import Group, write_config  # noqa: E402
-from gemini.wire.sched import (FROM_SCHEDULER, Grant, Hello, TokenRelease, TokenRequest, Welcome,  # noqa: E402
-                               decode, encode)
+from gemini.wire.sched import (FROM_SCHEDULER, Error, Grant, Heartbeat, Hello, TokenRelease,  # noqa: E402
+                               TokenRequest, Welcome, decode, encode)
 
 CPU_LINE = re.compile(r"CPU from a deadline to its grant sent p50 ([0-9.]+) us, p99 ([0-9.]+) us")
 
@@ -56,53 +56,78 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _load(endpoint: str, groups: list[str], seconds: float, hold: bool, warmup: float) -> int:
-    """Play every group's pod manager for warm-up + `seconds`: the grants received after the warm-up."""
+async def _load(endpoint: str, groups: list[str], seconds: float, hold: bool, warmup: float,
+                schd_pid: int) -> tuple[int, float, float]:
+    """Play every group's pod manager for warm-up + `seconds`: the grants received after the warm-up, gem-schd's
+    CPU seconds and the wall seconds over exactly that span."""
     ctx = zmq.asyncio.Context()
-    socks = []
-    for _ in groups:
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(endpoint)
-        socks.append(s)
+    socks: list = []
     counted = 0
-    start = time.monotonic()
-    stop_at = start + warmup + seconds
+    span: dict[str, float] = {}
 
     async def play(name: str, s) -> None:
         nonlocal counted
         await s.send(encode(Hello(name, pid=os.getpid())))
         while True:
-            msg = decode(await s.recv(), allowed=FROM_SCHEDULER)
+            msg = decode(await asyncio.wait_for(s.recv(), timeout=10.0), allowed=FROM_SCHEDULER)
             if isinstance(msg, Welcome):
                 break
+            if isinstance(msg, Error):
+                raise RuntimeError(f"gem-schd refused group {name}: {msg.message}")
         await s.send(encode(TokenRequest(name)))
-        while time.monotonic() < stop_at:
+        while time.monotonic() < span["stop_at"]:
             try:
-                frame = await asyncio.wait_for(s.recv(), timeout=max(0.01, stop_at - time.monotonic()))
+                frame = await asyncio.wait_for(s.recv(), timeout=max(0.01, span["stop_at"] - time.monotonic()))
             except asyncio.TimeoutError:
                 return
             msg = decode(frame, allowed=FROM_SCHEDULER)
+            if isinstance(msg, Error):
+                raise RuntimeError(f"gem-schd, to group {name}: {msg.message}")
             if not isinstance(msg, Grant) or msg.continuation:
                 continue
-            if time.monotonic() >= start + warmup:
+            if span["from"] <= time.monotonic() < span["stop_at"]:
                 counted += 1
             if hold:
                 await asyncio.sleep(msg.quota_ms / 1000.0)
             await s.send(encode(TokenRelease(name, msg.token_seq, used_ms=msg.quota_ms if hold else 0.0)))
             await s.send(encode(TokenRequest(name)))
 
+    async def heartbeats() -> None:
+        # a pod manager silent for HEARTBEAT_TIMEOUT_S (5 s) is dropped with its request: with many groups and
+        # long slots a waiting group would be, and the bench would measure fewer groups than it names
+        while True:
+            await asyncio.sleep(1.0)
+            for name, s in zip(groups, socks):
+                await s.send(encode(Heartbeat(name)))
+
+    async def measure() -> None:
+        await asyncio.sleep(max(0.0, span["from"] - time.monotonic()))
+        cpu0, t0 = _cpu_s(schd_pid), time.monotonic()
+        await asyncio.sleep(max(0.0, span["stop_at"] - time.monotonic()))
+        span["cpu"], span["wall"] = _cpu_s(schd_pid) - cpu0, time.monotonic() - t0
+
+    beat = None
     try:
-        await asyncio.gather(*(play(g, s) for g, s in zip(groups, socks)))
+        for _ in groups:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(endpoint)
+            socks.append(s)
+        span["from"] = time.monotonic() + warmup
+        span["stop_at"] = span["from"] + seconds
+        beat = asyncio.ensure_future(heartbeats())
+        await asyncio.gather(measure(), *(play(g, s) for g, s in zip(groups, socks)))
     finally:
+        if beat is not None:
+            beat.cancel()
         for s in socks:
             s.close()
         ctx.term()
-    return counted
+    return counted, span["cpu"], span["wall"]
 
 
 def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int, load_cpu: int,
-              work: Path) -> dict:
+              work: Path, warmup: float = 1.0) -> dict:
     groups = [f"g{i}" for i in range(n)]
     config = work / f"rc-{n}-{mode}.txt"
     write_config(config, [Group(g, 0.0, 1.0, "1GiB") for g in groups])
@@ -110,36 +135,29 @@ def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int,
     log = work / f"gem-schd-{n}-{mode}.log"
     argv = [sys.executable, "-m", "gemini.scheduler.cli", "-P", str(port), "-f", str(config), "-q", str(quota_ms),
             "-m", str(min(quota_ms, 5.0)), "--board", str(work / f"board-{n}-{mode}")]
+    affinity = os.sched_getaffinity(0)
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=str(REPO)),
-                                preexec_fn=lambda: os.sched_setaffinity(0, {schd_cpu}))
-    affinity = os.sched_getaffinity(0)
+                                env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
+        # (pinned from here, not in a preexec_fn: that is unsafe in a parent with threads, as a test worker has)
+        os.sched_setaffinity(proc.pid, {schd_cpu})
         deadline = time.monotonic() + 30
         while "listening" not in log.read_text():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gem-schd did not start: {log.read_text()[-2000:]}")
             time.sleep(0.05)
         os.sched_setaffinity(0, {load_cpu})
-        warmup = 1.0
-        cpu_start: list[float] = []
-
-        async def measured() -> int:
-            task = asyncio.ensure_future(_load(f"tcp://127.0.0.1:{port}", groups, seconds, mode == "deadline",
-                                               warmup))
-            await asyncio.sleep(warmup)
-            cpu_start.append(_cpu_s(proc.pid))
-            return await task
-
-        t0 = time.monotonic()
-        slots = asyncio.run(measured())
-        cpu = _cpu_s(proc.pid) - cpu_start[0]
-        span = time.monotonic() - t0 - warmup
+        slots, cpu, span = asyncio.run(_load(f"tcp://127.0.0.1:{port}", groups, seconds, mode == "deadline",
+                                             warmup, proc.pid))
     finally:
         os.sched_setaffinity(0, affinity)       # (the caller's, and its later children's, cores as they were)
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     m = CPU_LINE.search(log.read_text())
     per_slot_ms = cpu / slots * 1000 if slots else None
     return {"groups": n, "mode": mode, "seconds": round(span, 3), "slots": slots, "slots_per_s": slots / span,
@@ -155,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="deadline,ceiling")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--quota", type=float, default=5.0, help="gem-schd -q (ms): each slot's length in deadline mode")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds before each point's measured span")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
@@ -164,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="schd-ceiling-") as tmp:
         for n in (int(x) for x in args.groups.split(",")):
             for mode in args.modes.split(","):
-                rows.append(run_point(n, mode, args.seconds, args.quota, cpus[0], cpus[1], Path(tmp)))
+                rows.append(run_point(n, mode, args.seconds, args.quota, cpus[0], cpus[1], Path(tmp),
+                                      args.warmup))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     out = {"quota_ms": args.quota, "seconds": args.seconds, "cpus": {"gem-schd": cpus[0], "load": cpus[1]},
            "rows": rows}

@@ -378,8 +378,9 @@ def step_soak(ctx) -> dict:
 
 def step_train(ctx) -> dict:
     rounds, secs = ("2", "6") if ctx.args.quick else ("3", "10")
+    # three runs a round (native, hooked, hooked beside an idle neighbour), each with torch's start-up
     return bench(ctx, ["bench/bench_overhead.py", "train", "--rounds", rounds, "--seconds", secs, "--idle-neighbour"],
-                 500)
+                 750)
 
 
 def step_um(ctx) -> dict:

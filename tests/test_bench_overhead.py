@@ -11,9 +11,10 @@ from tests.test_e2e_hook import workload
 def test_train_rounds_run_native_alone_and_beside_an_idle_neighbour(tmp_path, hook_lib, monkeypatch):
     sim = Sim(tmp_path / "sim", hook_lib)
     monkeypatch.setattr(os, "environ", dict(sim.env()))
-    program = workload("workload-procaddr", "--seconds", 0.6, "--sync-every", 4, "--json")
+    program = workload("workload-procaddr", "--seconds", 0.4, "--sync-every", 4, "--json")
     r = bo.interleaved("t", 1, None, program, "kernels_done", 60, idle_neighbour=True)
     assert len(r["native"]) == len(r["hooked"]) == len(r["hooked_idle_neighbour"]) == 1, r
+    assert len(r["runs"]["hooked_idle_neighbour"]) == 1, r
     assert min(r["native"] + r["hooked"] + r["hooked_idle_neighbour"]) > 100, r
     alone = [s for s in r["hook_stats"].values()]
     beside = [s for s in r["hook_stats_idle_neighbour"].values()]

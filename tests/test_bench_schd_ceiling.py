@@ -11,7 +11,7 @@ from bench import bench_schd_ceiling as bc
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the bench pins gem-schd and the load to two cores")
 def test_one_point_of_each_mode_reports_slots_and_cpu(capsys):
     cores = os.sched_getaffinity(0)
-    assert bc.main(["--groups", "3", "--seconds", "0.6"]) == 0
+    assert bc.main(["--groups", "3", "--seconds", "0.5", "--warmup", "0.3"]) == 0
     assert os.sched_getaffinity(0) == cores         # the load's pinning does not outlive the bench
     rows = {r["mode"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert set(rows) == {"deadline", "ceiling"}, rows
