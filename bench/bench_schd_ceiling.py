@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,23 +36,13 @@ if str(REPO) not in sys.path:
 import zmq  # noqa: E402
 import zmq.asyncio  # noqa: E402
 
+from bench.bench_soak import cpu_seconds  # noqa: E402
 from bench.harness import Group, write_config  # noqa: E402
 from gemini.wire.sched import (FROM_SCHEDULER, Error, Grant, Heartbeat, Hello, TokenRelease,  # noqa: E402
                                TokenRequest, Welcome, decode, encode)
 
+LISTEN_LINE = re.compile(r"listening on tcp://127\.0\.0\.1:([0-9]+)")
 CPU_LINE = re.compile(r"CPU from a deadline to its grant sent p50 ([0-9.]+) us, p99 ([0-9.]+) us")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cpu_s(pid: int) -> float:
-    """utime + stime of `pid` (seconds)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _load(endpoint: str, groups: list[str], seconds: float, hold: bool, warmup: float,
@@ -102,9 +91,9 @@ async def _load(endpoint: str, groups: list[str], seconds: float, hold: bool, wa
 
     async def measure() -> None:
         await asyncio.sleep(max(0.0, span["from"] - time.monotonic()))
-        cpu0, t0 = _cpu_s(schd_pid), time.monotonic()
+        cpu0, t0 = cpu_seconds(schd_pid), time.monotonic()
         await asyncio.sleep(max(0.0, span["stop_at"] - time.monotonic()))
-        span["cpu"], span["wall"] = _cpu_s(schd_pid) - cpu0, time.monotonic() - t0
+        span["cpu"], span["wall"] = cpu_seconds(schd_pid) - cpu0, time.monotonic() - t0
 
     beat = None
     try:
@@ -131,9 +120,8 @@ def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int,
     groups = [f"g{i}" for i in range(n)]
     config = work / f"rc-{n}-{mode}.txt"
     write_config(config, [Group(g, 0.0, 1.0, "1GiB") for g in groups])
-    port = _free_port()
     log = work / f"gem-schd-{n}-{mode}.log"
-    argv = [sys.executable, "-m", "gemini.scheduler.cli", "-P", str(port), "-f", str(config), "-q", str(quota_ms),
+    argv = [sys.executable, "-m", "gemini.scheduler.cli", "-P", "0", "-f", str(config), "-q", str(quota_ms),
             "-m", str(min(quota_ms, 5.0)), "--board", str(work / f"board-{n}-{mode}")]
     affinity = os.sched_getaffinity(0)
     with open(log, "w") as out:
@@ -143,10 +131,11 @@ def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int,
         # (pinned from here, not in a preexec_fn: that is unsafe in a parent with threads, as a test worker has)
         os.sched_setaffinity(proc.pid, {schd_cpu})
         deadline = time.monotonic() + 30
-        while "listening" not in log.read_text():
+        while (listening := LISTEN_LINE.search(log.read_text())) is None:     # -P 0: the port it took
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gem-schd did not start: {log.read_text()[-2000:]}")
             time.sleep(0.05)
+        port = int(listening.group(1))
         os.sched_setaffinity(0, {load_cpu})
         slots, cpu, span = asyncio.run(_load(f"tcp://127.0.0.1:{port}", groups, seconds, mode == "deadline",
                                              warmup, proc.pid))
