@@ -191,13 +191,23 @@ def test_a_broken_connections_descriptor_is_not_reused_under_a_writer(sim, fake_
     """Thread R waits for an answer; thread W's request is held back inside send(). The pod manager closes
     the connection: R sees it break and the allocation fails. The program then opens 32 socket pairs. W's
     frame must not go out on any of them: the broken connection's descriptor stays reserved (shut down) until
-    W, its last user, leaves."""
+    W, its last user, leaves. (Twenty-seventh session: a hook built to close the descriptor at the first user's
+    leave passed this test too: the hook saw the break only once W's held send returned, and R's call ended
+    after W's. What it guards needs another interleaving: to be looked at.)"""
     closed = threading.Event()
+    pmgr = None
 
     def close_after_alloc(conn: FakeConn, seq: int, msg: hp.Message) -> None:
-        if isinstance(msg, hp.MemAlloc) and not closed.is_set():
-            closed.set()
-            threading.Timer(0.5, conn.close).start()        # after W's frame is held back in send()
+        if isinstance(msg, hp.MemAlloc):
+            if not closed.is_set():
+                closed.set()
+                threading.Timer(0.5, conn.close).start()    # after W's frame is held back in send()
+            else:       # (an allocation on a later connection: refused at once, not left to the call timeout)
+                conn.send(hp.MemReply(verdict=hp.MemVerdict.DENIED, used=0, limit=pmgr.mem_limit), seq)
+        else:
+            # MEM_INFO answered: unanswered, W and then R waited out the hook's 10 s call timeout (the test took
+            # 12 s of CI's time; 3 s now, with the same order of events)
+            pmgr.answer_meminfo(conn, seq, msg)
 
     pmgr = fake_pmgr(close_after_alloc)
     env = hooked_env(sim, pmgr, GEMTEST_HOLD_MEM_INFO_MS=1500)
