@@ -128,8 +128,10 @@ def nvml_fork(_args):
 {"partial": partial, "reuse": reuse, "nvml_fork": nvml_fork}[sys.argv[1]](sys.argv[2:])
 '''
 
-# Holds back each MEM_INFO frame the hook sends for GEMTEST_HOLD_MEM_INFO_MS, then sends it with a raw
-# system call: the window in which another thread breaks the connection and the program reuses numbers.
+# Holds back each MEM_INFO frame the hook sends after its first MEM_ALLOC for GEMTEST_HOLD_MEM_INFO_MS, then sends it
+# with a raw system call: the window in which another thread breaks the connection and the program reuses numbers.
+# (Only after a MEM_ALLOC: the hook's own MEM_INFO at start-up, held too, took the window, and the allocation went
+# out after the held frame, not before it.)
 SEND_SHIM = r'''
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -142,7 +144,9 @@ ssize_t send(int fd, const void *buf, size_t len, int flags) {
     const char *hold = getenv("GEMTEST_HOLD_MEM_INFO_MS");
     uint16_t type = 0;
     if (len == 256) memcpy(&type, (const char *)buf + 6, 2);
-    if (hold && type == 9) usleep((useconds_t)atoi(hold) * 1000);
+    static int alloc_sent;
+    if (type == 7) __atomic_store_n(&alloc_sent, 1, __ATOMIC_SEQ_CST);
+    if (hold && type == 9 && __atomic_load_n(&alloc_sent, __ATOMIC_SEQ_CST)) usleep((useconds_t)atoi(hold) * 1000);
     return syscall(SYS_sendto, fd, buf, len, flags, NULL, 0);
 }
 '''
@@ -191,9 +195,9 @@ def test_a_broken_connections_descriptor_is_not_reused_under_a_writer(sim, fake_
     """Thread R waits for an answer; thread W's request is held back inside send(). The pod manager closes
     the connection: R sees it break and the allocation fails. The program then opens 32 socket pairs. W's
     frame must not go out on any of them: the broken connection's descriptor stays reserved (shut down) until
-    W, its last user, leaves. (Twenty-seventh session: a hook built to close the descriptor at the first user's
-    leave passed this test too: the hook saw the break only once W's held send returned, and R's call ended
-    after W's. What it guards needs another interleaving: to be looked at.)"""
+    W, its last user, leaves. (Until the twenty-seventh session the shim held the hook's own MEM_INFO at start-up
+    instead of W's, R's allocation went out after it, and a hook built to close the descriptor at the first
+    user's leave passed this test.)"""
     closed = threading.Event()
     pmgr = None
 
