@@ -222,7 +222,6 @@ class SchedulerDaemon:
         # evictions first is held until the evicted groups' pod managers answer (or evict_timeout_s passes).
         self.residency = ResidencyPolicy(device_memory, slot_floor_min_ms=unified_min_slot_ms)
         self.residency.configure({g.name: g.unified for g in config.groups})
-        self._any_unified = self.residency.any_unified()
         # Without --device-memory the capacity is the card's memory less a reserve (capacity.py), read through
         # memory_probe (NVML in gem-schd) the first time a unified group is configured; None: no way to read it.
         self.memory_probe = memory_probe
@@ -865,7 +864,7 @@ class SchedulerDaemon:
     def _hold_for_evictions(self, d: GrantDecision, now: float) -> bool:
         """A unified group's grant: ask the least recently run groups to evict first if its memory does not fit;
         then the grant waits for their answers (True). The slot's clock runs meanwhile: the swap is part of it."""
-        if not self._any_unified:
+        if not self.residency.any_unified():
             # (no unified group: nothing to evict or wait for, and the policy's floors and pacing were set empty
             # when the config said so; the walk below cost 60-110 µs of every grant at 64 groups)
             return False
@@ -1051,7 +1050,6 @@ class SchedulerDaemon:
         self.config = config
         self._assign_board_slots(config)
         self.residency.configure({g.name: g.unified for g in config.groups})
-        self._any_unified = self.residency.any_unified()
         if self._held is not None:
             # an evictee that is no longer unified (or no longer there) will not answer usefully: not waited for
             for group in sorted(self._held.waiting - self.residency.outstanding()):
