@@ -85,7 +85,11 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         for p in self.plugins.values():
             p.channel.close()
         if self._server is not None:
-            self._server.stop(0)
+            # Wait for the shutdown to finish: gRPC removes a Unix listener's socket file when its shutdown
+            # completes, so an unfinished one can delete the socket file a restarted kubelet has just made at the
+            # same path (1 restart in 200 on the development machine; CI saw it as plugins never registering).
+            self._server.stop(0).wait(10)
+            self._server = None
 
     def restart(self) -> None:
         """As a restarting kubelet: forget every plugin, remove the sockets in the directory, serve anew."""
