@@ -579,11 +579,13 @@ def write_report(ctx, results: dict) -> None:
                          f"hooked {fmt(res['hooked_median'], 2)}"
                          f": overhead {fmt(res['overhead_pct'], 2)}% (rounds {res['native']} / {res['hooked']})")
             if "hooked_idle_neighbour_median" in res:
-                timed = sum(v.get("markers_timed", 0) for v in res.get("hook_stats_idle_neighbour", {}).values())
+                beside = res.get("hook_stats_idle_neighbour", {}).values()
+                timed = sum(v.get("markers_timed", 0) for v in beside)
+                markers = sum(v.get("markers", 0) for v in beside)
                 lines.append(f"beside an idle neighbour (configured, MinUtil 0.5): "
                              f"{fmt(res['hooked_idle_neighbour_median'], 2)} steps/s, overhead "
                              f"{fmt(res['overhead_idle_neighbour_pct'], 2)}% (rounds {res['hooked_idle_neighbour']}; "
-                             f"{int(timed)} timed markers)")
+                             f"{int(timed)} of {int(markers)} markers timed)")
         else:
             lines.append("```\n" + json.dumps(res, indent=1)[:1500] + "\n```")
         lines.append("")

@@ -11,11 +11,11 @@
  * Each slot has two events, a timed one and an untimed one (CU_EVENT_DISABLE_TIMING), and a marker records one of
  * them. A timed record makes the GPU finish the work ahead of it before the next kernel may start: 2.2 us of GPU
  * time between back-to-back 20 us kernels on the H200, as much as the gate's wait, where an untimed record added
- * nothing measurable (bench/marker_cost.c; docs/benchmarks.md, "Twenty-fourth session"). Beside a latency group only
- * the markers whose time something reads are timed (marker_timed): those that begin or end a kernel measured alone,
- * every marker of a chain until adapt has judged one of its intervals, and then a pair in every
- * GEM_INFLIGHT_TIMED_EVERY, whose interval keeps the queue's depth current. GEMINI_MARKER_SAMPLING=0 times every
- * marker.
+ * nothing measurable (bench/marker_cost.c; docs/benchmarks.md, "Twenty-fourth session"). Only the markers whose
+ * time something reads are timed (marker_timed): beside a latency group those that begin or end a kernel measured
+ * alone and every marker of a chain until adapt has judged one of its intervals; every N launches each marker while
+ * N finds its level (at first, and after a halving); and always a pair in every GEM_INFLIGHT_TIMED_EVERY, whose
+ * interval keeps the queue's depth and N current. GEMINI_MARKER_SAMPLING=0 times every marker.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -104,6 +104,8 @@ static int table_full_said;
 void gem_inflight_init(struct gem_inflight *f) {
     atomic_store(&f->launches_per_marker, 1);
     atomic_store(&f->interval_ns, 0);
+    atomic_store(&f->ramped, 0);
+    atomic_store(&f->shrunk, 0);
 }
 
 /* How many markers may stay queued: the budget over the measured interval. */
@@ -209,9 +211,11 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     int64_t span = r->gate ? gem_cfg.inflight_ns / 2 : gem_cfg.inflight_ns;
     if (held && interval >= span / 4)
         return 0;
+    int grow = interval < span / 4 && n < MAX_PER_MARKER;
+    int shrink = interval > span / 2 && n > 1;
     if (interval < span / 4) {
         atomic_store(&f->interval_ns, interval);
-        if (n < MAX_PER_MARKER) {
+        if (grow) {
             atomic_store(&f->launches_per_marker, n * 2);   /* grow slowly: a long kernel may come next */
             atomic_fetch_add(&gem_stats.marker_grows, 1);
         }
@@ -219,17 +223,26 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
         atomic_store(&f->interval_ns, interval);
         atomic_fetch_add(&gem_stats.marker_intervals, 1);
         atomic_fetch_add(&gem_stats.marker_interval_ns, (unsigned long long)interval);
-        if (interval > span / 2 && n > 1) {
+        if (shrink) {
             atomic_store(&f->launches_per_marker, n / 2);
             atomic_fetch_add(&gem_stats.marker_shrinks, 1);
         }
-    } else if (interval > span / 2 && n > 1) {
+    } else if (shrink) {
         int64_t known = atomic_load(&f->interval_ns);
         if (known > 1)
             atomic_store(&f->interval_ns, known / 2);
         atomic_store(&f->launches_per_marker, n / 2);
         atomic_fetch_add(&gem_stats.marker_shrinks, 1);
+    } else {
+        return 1;               /* idle time in it, and not too long: says nothing of whether N holds */
     }
+    /* Whether the next markers placed every N launches are timed (marker_timed): a halving times them until an
+     * interval does not halve N again, so kernels that grew longer halve it at every marker; N's first level is
+     * found with every marker timed. Only an interval judged at the rate in force (per: the rate when `done` was
+     * recorded) says N holds: an older one is scaled to the new rate, an estimate. */
+    atomic_store(&f->shrunk, shrink);
+    if (!grow && !shrink && r->per[done] == n)
+        atomic_store(&f->ramped, 1);
     return 1;
 }
 
@@ -314,19 +327,25 @@ int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64
     return recorded;
 }
 
-/* Whether the marker about to be recorded in `slot` (its key, ends_unit and per set) is a timed one. Only a marker
- * placed by the kernels' costs (per 0: beside a latency group, where a marker comes every half millisecond of
- * predicted work and also carries the gate's wait) may be untimed; one placed every N launches is always timed:
- * there each measured interval grows or halves N, and with a pair in eight N grew eight times slower from one
- * launch a marker and took eight markers of the longer interval for each halving, while such markers are few
- * once N has grown. A costed marker's time is read if it begins a kernel measured alone or ends one (learn; a long
- * unit's interval is adapt's too), while adapt has judged no interval of the chain yet (`measured`: a new chain
- * learns its depth at once, and a short one measures its last interval at the synchronisation, gem_inflight_synced;
- * an interval that held a kernel alone, a claim or idle time is judged without reading its time), and as
- * the first pair of every GEM_INFLIGHT_TIMED_EVERY (adapt: the depth). r->mu held. */
-static int marker_timed(const struct ring *r, unsigned slot) {
-    return !gem_cfg.marker_sampling || r->per[slot] || !r->measured || r->key[slot] || r->ends_unit[slot] ||
-           r->seq % GEM_INFLIGHT_TIMED_EVERY < 2;
+/* Whether the marker about to be recorded in `slot` (its key, ends_unit and per set) is a timed one. A marker placed
+ * every N launches (per set) is timed while N moves (`settled` unset: each measured interval may grow or halve it,
+ * and with a pair in eight N grew eight times slower from one launch a marker), and sampled once an interval judged
+ * at the rate in force left N where it was: such markers come every quarter to half millisecond of GPU work, a
+ * couple of thousand a second on a busy GPU, and each timed one cost an H200 about 2.2 us between kernels (an
+ * uncapped trainer beside a configured but idle group, bounded for it, lost about 3% of its rate with every one
+ * timed; docs/benchmarks.md, "Twenty-eighth session"). A sampled interval that moves N times every marker again, so
+ * kernels that grow longer halve N within GEM_INFLIGHT_TIMED_EVERY markers, and then at every marker; a new chain
+ * (after a synchronisation) keeps a settled N and its interval, so its first markers are sampled too. A costed
+ * marker (per 0: beside a latency group, where a marker comes every half millisecond of predicted work and also
+ * carries the gate's wait) is timed if it begins a kernel measured alone or ends one (learn; a long unit's interval
+ * is adapt's too), and while adapt has judged no interval of its chain yet (`measured`: a new chain learns its depth
+ * at once, and a short one measures its last interval at the synchronisation, gem_inflight_synced; an interval that
+ * held a kernel alone, a claim or idle time is judged without reading its time). Every marker is timed as the first
+ * pair of every GEM_INFLIGHT_TIMED_EVERY (adapt: the depth, and N). r->mu held. */
+static int marker_timed(const struct gem_inflight *f, const struct ring *r, unsigned slot) {
+    if (!gem_cfg.marker_sampling || r->key[slot] || r->ends_unit[slot] || r->seq % GEM_INFLIGHT_TIMED_EVERY < 2)
+        return 1;
+    return r->per[slot] ? !atomic_load(&f->ramped) || atomic_load(&f->shrunk) : !r->measured;
 }
 
 static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
@@ -406,7 +425,7 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
     r->gate = gate && gem_gpugate_wait(gate, s) ? gate : NULL;
     r->epoch[slot] = r->gate ? atomic_load(&gate->epoch) : 0;
     /* stored only once recorded: a failed record leaves the slot's event from a lap ago, and mark() must name it */
-    int timed = marker_timed(r, slot);
+    int timed = marker_timed(f, r, slot);
     int recorded = REAL(cuEventRecord)(timed ? r->ev[slot] : r->evq[slot], s) == CUDA_SUCCESS;
     if (recorded) {
         r->timed[slot] = (unsigned char)timed;

@@ -45,15 +45,20 @@
 #include "gpugate.h"
 
 #define GEM_INFLIGHT_MARKERS 64
-/* Beside a latency group, once a chain has measured an interval, one pair of markers in this many is timed
- * (inflight.c: a timed event costs the GPU about 2 us, an untimed one nothing measurable): the queue's depth follows
- * the kernels' lengths within this many markers. */
+/* Once a chain has measured an interval (and, for markers placed every N launches, while N holds), one pair of
+ * markers in this many is timed (inflight.c: a timed event costs the GPU about 2 us, an untimed one nothing
+ * measurable): the queue's depth, and N, follow the kernels' lengths within this many markers. */
 #define GEM_INFLIGHT_TIMED_EVERY 8u
 
 /* One device's marker rate and queue depth. */
 struct gem_inflight {
     atomic_ullong launches_per_marker;  /* a power of two; the gate's mask is this minus one */
     atomic_llong interval_ns;           /* GPU time between consecutive markers, last measured */
+    /* Markers placed every N launches are timed only while N finds its level (inflight.c, marker_timed): from the
+     * start until an interval judged at the rate in force first leaves N where it is (`ramped`), and from a halving
+     * of N until the next interval that does not halve it (`shrunk`). */
+    atomic_int ramped;
+    atomic_int shrunk;
 };
 
 void gem_inflight_init(struct gem_inflight *f);

@@ -19,6 +19,6 @@ def test_train_rounds_run_native_alone_and_beside_an_idle_neighbour(tmp_path, ho
     alone = [s for s in r["hook_stats"].values()]
     beside = [s for s in r["hook_stats_idle_neighbour"].values()]
     assert len(alone) == len(beside) == 1, r
-    # alone its grants carry no bound: no markers; beside the configured neighbour, markers (every one timed)
+    # alone its grants carry no bound: no markers; beside the configured neighbour, markers (sampled once N holds)
     assert alone[0]["markers"] == 0, alone
-    assert beside[0]["markers"] > 50 and beside[0]["markers_timed"] == beside[0]["markers"], beside
+    assert beside[0]["markers"] > 50 and 0 < beside[0]["markers_timed"] <= beside[0]["markers"], beside

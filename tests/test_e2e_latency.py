@@ -390,8 +390,34 @@ def test_short_kernels_never_queue_far_past_a_capped_slot(sim, backends):
     st = sim.stats_of(r.json["pid"])
     assert st["grants"] >= 25, st           # a slot per 100 ms frame of the cap
     assert st["overuse_ms"] / st["grants"] <= 10, st
-    # placed every N launches, each interval may move N: every marker is timed (inflight.c, marker_timed)
-    assert st["markers"] > 0 and st["markers_timed"] == st["markers"], st
+    assert st["markers"] > 0, st
+
+
+def _lone_loop_beside_an_idle_group(sim, backends, seconds: float, **env) -> dict:
+    """The hook's counters of a loop of 20 us kernels that never synchronises, in an uncapped group beside a batch
+    group that is configured but never comes: its grants carry GEM_GRANT_BOUND, so it places a marker every N
+    launches (gem-pmgr `_grant_flags`)."""
+    be = backends([Group("train", 0.0, 1.0), Group("idle", 0.5, 1.0)], quota_ms=None, min_quota_ms=None,
+                  window_ms=None)
+    r = finish(start(client_argv("workload-linked", "--json", "--seconds", seconds, "--kernel-us", 20,
+                                 "--sync-every", 0), sim.hooked(be, "train", **env)))
+    assert r.rc == 0, r
+    return sim.stats_of(r.json["pid"])
+
+
+def test_markers_placed_every_n_launches_are_sampled_once_n_holds(sim, backends):
+    """Markers placed every N launches come every quarter to half millisecond of GPU work, and a timed one costs an
+    H200 about 2.2 us between kernels: an uncapped trainer beside a configured but idle group paid it at every one.
+    Once an interval judged at the rate in force has left N where it is, only a pair in eight is timed, but for the
+    markers after a halving of N (inflight.c, marker_timed). Here 29-37% are: the simulated driver's kernels run
+    20-40 us as its host threads are scheduled, and such intervals halve N now and then. Fails with
+    GEMINI_MARKER_SAMPLING=0 and with the rule before this one (every marker placed every N launches timed): 100%.
+    (Not shown here: that N still finds its first level with every marker timed, as the review of `0d73272` asked; on
+    this driver the noise hides how fast N grows, and a version sampled from the first measure ramped no slower.)"""
+    st = _lone_loop_beside_an_idle_group(sim, backends, 1.5)
+    assert st["markers"] >= 200 and st["marker_grows"] >= 3, st
+    assert st["markers_timed"] <= 0.6 * st["markers"], st
+
 
 
 def _bounded(backends):
@@ -406,7 +432,8 @@ def test_a_long_chain_times_few_of_its_markers(sim, backends):
     loop of 20 us kernels that never synchronises records a marker every half millisecond: once an interval of its
     chain has been measured, only the markers whose time is read are timed -- those around a kernel measured alone,
     and a pair in every eight. GEMINI_MARKER_SAMPLING=0 (every marker timed, as before) fails this. (A capped loop's
-    markers, placed every N launches, are all timed: test_short_kernels_never_queue_far_past_a_capped_slot.)"""
+    markers, placed every N launches, are timed while N finds its level, then sampled too:
+    test_markers_placed_every_n_launches_are_sampled_once_n_holds.)"""
     r = finish(start(client_argv("workload-linked", "--json", "--seconds", 1.5, "--kernel-us", 20, "--sync-every", 0),
                      sim.hooked(_bounded(backends), "train")))
     assert r.rc == 0, r
