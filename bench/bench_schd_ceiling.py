@@ -14,6 +14,11 @@ MinUtil 0 and MaxUtil 1. Two modes per group count:
   p99, from its log line at exit);
 * `ceiling`: each group releases at once, so a slot is one release, one decision and one grant: slots/s with
   gem-schd's core saturated or nearly, its CPU per slot, and 1 / that (the ceiling on a whole core).
+And one measure of the machine rather than of gem-schd (`bare_send`): the thread CPU of a single ROUTER send from a
+process pinned to gem-schd's core, a slot's length after the one before it, to a DEALER on the load's core -- what
+the grant's message costs with nothing of gemini around it. On the development machine (a 2-core VM) it was 72-114 us
+after an idle gap against 8-15 us back to back: zmq's send wakes its I/O thread, and on that VM the wake costs the
+sender most of it (docs/benchmarks.md, "Twenty-eighth session").
 Prints one JSON object (and writes DIR/schd_ceiling.json).
 """
 from __future__ import annotations
@@ -156,6 +161,62 @@ def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int,
             "deadline_to_grant_cpu_p99_us": float(m.group(2)) if m else None}
 
 
+BARE_SEND_CHILD = r'''
+import json, sys, time, zmq
+n, gap_s = int(sys.argv[1]), float(sys.argv[2])
+ctx = zmq.Context()
+sock = ctx.socket(zmq.ROUTER)
+sock.setsockopt(zmq.LINGER, 0)
+print(sock.bind_to_random_port("tcp://127.0.0.1"), flush=True)
+if not sock.poll(30000):
+    sys.exit("no peer within 30 s")
+peer, _ = sock.recv_multipart()
+payload = b'{"type": "TOKEN_GRANT", "group": "g0", "quota_ms": 5.0, "token_seq": 1234}'
+cpu = []
+for _ in range(n):
+    time.sleep(gap_s)
+    t0 = time.thread_time_ns()
+    sock.send_multipart([peer, payload], zmq.NOBLOCK)
+    cpu.append(time.thread_time_ns() - t0)
+cpu.sort()
+print(json.dumps({"p50_us": cpu[len(cpu) // 2] / 1000.0, "p99_us": cpu[int(len(cpu) * 0.99)] / 1000.0}), flush=True)
+sock.close()
+ctx.term()
+'''
+
+
+def bare_send(schd_cpu: int, load_cpu: int, gap_ms: float, n: int = 300) -> dict:
+    """The thread CPU (us, p50 and p99) of one zmq ROUTER send after `gap_ms` of quiet, from a process pinned to
+    `schd_cpu` to a DEALER of this process pinned to `load_cpu`: the machine's cost of a grant's message alone."""
+    affinity = os.sched_getaffinity(0)
+    proc = subprocess.Popen([sys.executable, "-c", BARE_SEND_CHILD, str(n), str(gap_ms / 1000.0)],
+                            stdout=subprocess.PIPE, text=True)
+    ctx = zmq.Context()
+    try:
+        os.sched_setaffinity(proc.pid, {schd_cpu})
+        os.sched_setaffinity(0, {load_cpu})
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.send(b"hello")
+        for _ in range(n):
+            if not sock.poll(10000):
+                raise RuntimeError("the bare send's child stopped sending")
+            sock.recv()
+        sock.close()
+        result = json.loads(proc.stdout.readline())
+        proc.wait(timeout=30)
+    finally:
+        os.sched_setaffinity(0, affinity)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        ctx.term()
+    return {"gap_ms": gap_ms, "sends": n, "cpu_p50_us": result["p50_us"], "cpu_p99_us": result["p99_us"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--groups", default="2,16,64,256")
@@ -163,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--quota", type=float, default=5.0, help="gem-schd -q (ms): each slot's length in deadline mode")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds before each point's measured span")
+    p.add_argument("--bare-sends", type=int, default=300, help="sends in the machine's bare-send measure")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
@@ -176,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                                       args.warmup))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     out = {"quota_ms": args.quota, "seconds": args.seconds, "cpus": {"gem-schd": cpus[0], "load": cpus[1]},
-           "rows": rows}
+           "rows": rows, "bare_send": bare_send(cpus[0], cpus[1], args.quota, n=args.bare_sends)}
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "schd_ceiling.json").write_text(json.dumps(out, indent=1))

@@ -11,9 +11,12 @@ from bench import bench_schd_ceiling as bc
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the bench pins gem-schd and the load to two cores")
 def test_one_point_of_each_mode_reports_slots_and_cpu(capsys):
     cores = os.sched_getaffinity(0)
-    assert bc.main(["--groups", "3", "--seconds", "0.5", "--warmup", "0.3"]) == 0
+    assert bc.main(["--groups", "3", "--seconds", "0.5", "--warmup", "0.3", "--bare-sends", "20"]) == 0
     assert os.sched_getaffinity(0) == cores         # the load's pinning does not outlive the bench
-    rows = {r["mode"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    out = json.loads(capsys.readouterr().out)
+    # the machine's own cost of one send after a slot's quiet, beside gem-schd's
+    assert out["bare_send"]["sends"] == 20 and 0 < out["bare_send"]["cpu_p50_us"] < 10_000, out["bare_send"]
+    rows = {r["mode"]: r for r in out["rows"]}
     assert set(rows) == {"deadline", "ceiling"}, rows
     for r in rows.values():
         assert r["groups"] == 3 and r["slots"] > 10 and 0 < r["schd_cpu_per_slot_ms"] < 100, r

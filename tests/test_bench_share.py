@@ -353,3 +353,19 @@ def test_gpu_checks_markers_step_runs_marker_cost_and_reports_each_operation(tmp
     text = (tmp_path / "report.md").read_text()
     assert "- kernel_20us: GPU time added per operation" in text, text
     assert all(2_500_000 < one["wait_ns"] < 15_000_000 for one in res.values()), res     # the 5 ms the model holds
+
+
+def test_gpu_checks_policy_cost_report_gives_gem_schds_own_cpu_and_the_bare_send(tmp_path):
+    """The policy_cost step's report gives gem-schd's CPU from a deadline to the grant (bench_schd_ceiling.py) beside
+    the machine's cost of one bare zmq send, which is most of it on a nested VM."""
+    import bench.gpu_check as gc
+    ctx = gc.Ctx()
+    ctx.out, ctx.durations = tmp_path, {"policy_cost": 12.0}
+    row = {"groups": 64, "mode": "deadline", "slots_per_s": 190.0, "schd_cpu_per_slot_ms": 1.9,
+           "ceiling_slots_per_s": 520.0, "deadline_to_grant_cpu_p50_us": 439.8, "deadline_to_grant_cpu_p99_us": 652.1}
+    gc.write_report(ctx, {"policy_cost": {"groups": {"64": 33.0}, "schd": {
+        "rows": [row], "bare_send": {"gap_ms": 5.0, "sends": 300, "cpu_p50_us": 155.6, "cpu_p99_us": 264.2}}}})
+    text = (tmp_path / "report.md").read_text()
+    assert "gem-schd, 64 groups, deadline: 190.0 slots/s" in text and "p50 439.8 us, p99 652.1 us" in text, text
+    assert "one bare zmq send after 5.0 ms of quiet (the machine's own cost): p50 155.6 us" in text, text
+    assert '"groups"' in text, text        # the policy's own measures, as before
