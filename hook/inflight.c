@@ -238,12 +238,36 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     }
     /* Whether the next markers placed every N launches are timed (marker_timed): a halving times them until an
      * interval does not halve N again, so kernels that grew longer halve it at every marker; N's first level is
-     * found with every marker timed. Only an interval judged at the rate in force (per: the rate when `done` was
-     * recorded) says N holds: an older one is scaled to the new rate, an estimate. */
+     * found with every marker timed. Only an interval judged at the rate in force (per: the rate when its two
+     * markers were recorded; the launches between them followed the first's) says N holds: an older one is scaled
+     * to the new rate, an estimate. */
     atomic_store(&f->shrunk, shrink);
-    if (!grow && !shrink && r->per[done] == n)
+    if (!grow && !shrink && r->per[prev] == n && r->per[done] == n)
         atomic_store(&f->ramped, 1);
     return 1;
+}
+
+/* A sampled interval (its markers untimed) is not judged by adapt, so kernels that grew longer would halve N only at
+ * the next timed pair, up to GEM_INFLIGHT_TIMED_EVERY long intervals later, with the queue as deep as the short ones
+ * allowed meanwhile (a capped loop whose 20 us kernels turned into 1 ms ones ran 300 ms past its slot once on the
+ * simulated driver). The host's wait for the interval's end is a lower bound of it (marker_body): longer than the
+ * aim's top, N halves and the depth follows at once, and the markers after it are timed until N holds (`shrunk`).
+ * Only the long side is judged this way: a short wait says nothing of a short interval. */
+static void judge_wait(struct gem_inflight *f, struct ring *r, unsigned i, int64_t waited_ns) {
+    unsigned prev = (i + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+    int held = r->gate && ((r->epoch[prev] & 1) || atomic_load(&r->gate->epoch) != r->epoch[prev]);
+    int64_t span = r->gate ? gem_cfg.inflight_ns / 2 : gem_cfg.inflight_ns;
+    uint64_t n = atomic_load(&f->launches_per_marker);
+    /* scaled to the rate in force, as adapt's */
+    int64_t interval = (int64_t)((double)waited_ns * (double)n / (double)r->per[i]);
+    if (held || n <= 1 || interval <= span / 2)
+        return;
+    if (interval > atomic_load(&f->interval_ns))
+        atomic_store(&f->interval_ns, interval);
+    atomic_store(&f->launches_per_marker, n / 2);
+    atomic_store(&f->shrunk, 1);
+    atomic_fetch_add(&gem_stats.marker_shrinks, 1);
+    atomic_fetch_add(&gem_stats.marker_wait_shrinks, 1);
 }
 
 /* The intervals since `learn_from` whose kernel was measured alone teach the cost table, once both of their markers
@@ -328,24 +352,26 @@ int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64
 }
 
 /* Whether the marker about to be recorded in `slot` (its key, ends_unit and per set) is a timed one. A marker placed
- * every N launches (per set) is timed while N moves (`settled` unset: each measured interval may grow or halve it,
- * and with a pair in eight N grew eight times slower from one launch a marker), and sampled once an interval judged
- * at the rate in force left N where it was: such markers come every quarter to half millisecond of GPU work, a
- * couple of thousand a second on a busy GPU, and each timed one cost an H200 about 2.2 us between kernels (an
- * uncapped trainer beside a configured but idle group, bounded for it, lost about 3% of its rate with every one
- * timed; docs/benchmarks.md, "Twenty-eighth session"). A sampled interval that moves N times every marker again, so
- * kernels that grow longer halve N within GEM_INFLIGHT_TIMED_EVERY markers, and then at every marker; a new chain
- * (after a synchronisation) keeps a settled N and its interval, so its first markers are sampled too. A costed
- * marker (per 0: beside a latency group, where a marker comes every half millisecond of predicted work and also
- * carries the gate's wait) is timed if it begins a kernel measured alone or ends one (learn; a long unit's interval
- * is adapt's too), and while adapt has judged no interval of its chain yet (`measured`: a new chain learns its depth
- * at once, and a short one measures its last interval at the synchronisation, gem_inflight_synced; an interval that
- * held a kernel alone, a claim or idle time is judged without reading its time). Every marker is timed as the first
- * pair of every GEM_INFLIGHT_TIMED_EVERY (adapt: the depth, and N). r->mu held. */
+ * every N launches (per set) is timed while N finds its level: from the start until an interval judged at the rate
+ * in force first leaves N where it is (`ramped`: sampled from the first measure, N grew eight times slower from one
+ * launch a marker), and after a halving until a judgement does not halve it again (`shrunk`: kernels that grew
+ * longer halve N at every marker, not every eighth). Otherwise it is sampled: such markers come every quarter to
+ * half millisecond of GPU work, a couple of thousand a second on a busy GPU, and each timed one cost an H200 about
+ * 2.2 us between kernels (an uncapped trainer beside a configured but idle group, bounded for it, likely lost about
+ * 3% of its rate with every one timed; docs/benchmarks.md, "Twenty-seventh session"). A new chain (after a
+ * synchronisation) keeps N and its interval, but its first two markers are timed: a chain shorter than the queue's
+ * depth is judged only at the synchronisation, on its newest timed pair (gem_inflight_synced), and with chains of a
+ * fixed length the pair in eight could miss every chain. A costed marker (per 0: beside a latency group, where a
+ * marker comes every half millisecond of predicted work and also carries the gate's wait) is timed if it begins a
+ * kernel measured alone or ends one (learn; a long unit's interval is adapt's too), and while adapt has judged no
+ * interval of its chain yet (`measured`: a new chain learns its depth at once, and a short one measures its last
+ * interval at the synchronisation; an interval that held a kernel alone, a claim or idle time is judged without
+ * reading its time). Every marker is timed as the first pair of every GEM_INFLIGHT_TIMED_EVERY (adapt: the depth,
+ * and N). r->mu held. */
 static int marker_timed(const struct gem_inflight *f, const struct ring *r, unsigned slot) {
     if (!gem_cfg.marker_sampling || r->key[slot] || r->ends_unit[slot] || r->seq % GEM_INFLIGHT_TIMED_EVERY < 2)
         return 1;
-    return r->per[slot] ? !atomic_load(&f->ramped) || atomic_load(&f->shrunk) : !r->measured;
+    return r->per[slot] ? !atomic_load(&f->ramped) || atomic_load(&f->shrunk) || r->count < 2 : !r->measured;
 }
 
 static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_t budget_ns,
@@ -399,10 +425,19 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
         /* Wait for the marker `depth` back: then at most `depth` intervals of work stay queued. */
         unsigned back = (slot + GEM_INFLIGHT_MARKERS - depth) % GEM_INFLIGHT_MARKERS;
         if (!last_done && REAL(cuEventQuery)(mark(r, back)) == CUDA_ERROR_NOT_READY) {
+            /* The interval about to be waited for is judged below on the GPU's clock if both its markers are timed;
+             * if not (sampled), with the marker before it already done, the wait is a lower bound of that interval
+             * (all its launches were queued before the wait began, and the GPU was already inside it) */
+            unsigned before = (back + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
+            int by_wait = !(r->timed[back] && r->timed[before]) && r->per[back] && r->count > depth &&
+                          REAL(cuEventQuery)(mark(r, before)) == CUDA_SUCCESS;
             int64_t t0 = gem_now_ns();
             REAL(cuEventSynchronize)(mark(r, back));
+            int64_t waited = gem_now_ns() - t0;
             atomic_fetch_add(&gem_stats.marker_waits, 1);
-            atomic_fetch_add(&gem_stats.marker_wait_ns, (unsigned long long)(gem_now_ns() - t0));
+            atomic_fetch_add(&gem_stats.marker_wait_ns, (unsigned long long)waited);
+            if (by_wait)
+                judge_wait(f, r, back, waited);
         }
         if (adapt(f, r, depth))
             r->measured = 1;
@@ -531,10 +566,18 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
             }
         }
         /* A chain shorter than the queue's depth (a program that synchronises often) never waited for a marker,
-         * so it measured nothing: the rate could not grow, nor the depth learn the kernels' length. Its last
-         * interval is measured now, off the launch path, its events done. */
+         * so it measured nothing: the rate could not grow, nor the depth learn the kernels' length. Its newest
+         * interval between two timed markers is measured now, off the launch path, its events done (a sampled
+         * chain's last two may be untimed, and with chains of a fixed length the pair in eight can fall on the same
+         * places in each: a chain's first two markers are timed for this, marker_timed). */
         if (may_time && !r->measured)
-            adapt(f, r, 1);
+            for (unsigned back = 1; back < r->count; back++) {
+                unsigned done = (r->head + GEM_INFLIGHT_MARKERS - back) % GEM_INFLIGHT_MARKERS;
+                if (r->timed[done] && r->timed[(done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS]) {
+                    adapt(f, r, back);
+                    break;
+                }
+            }
         if (may_time)
             learn(r, 1);           /* every marker is done: the last kernel measured alone too, if its end was recorded */
         r->count = 0;
@@ -568,6 +611,7 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
     if (n <= 1)
         return 0;
     atomic_store(&f->launches_per_marker, n / 2);
+    atomic_store(&f->shrunk, 1);    /* (marker_timed: the markers after a halving are timed until N holds) */
     atomic_fetch_add(&gem_stats.marker_shrinks, 1);
     return 1;
 }

@@ -409,14 +409,34 @@ def test_markers_placed_every_n_launches_are_sampled_once_n_holds(sim, backends)
     """Markers placed every N launches come every quarter to half millisecond of GPU work, and a timed one costs an
     H200 about 2.2 us between kernels: an uncapped trainer beside a configured but idle group paid it at every one.
     Once an interval judged at the rate in force has left N where it is, only a pair in eight is timed, but for the
-    markers after a halving of N (inflight.c, marker_timed). Here 29-37% are: the simulated driver's kernels run
-    20-40 us as its host threads are scheduled, and such intervals halve N now and then. Fails with
+    markers after a halving of N (inflight.c, marker_timed). Here 29-45% are (47% beside two CPU hogs): the simulated
+    driver's kernels run 20-40 us as its host threads are scheduled, and such intervals halve N now and then. Fails with
     GEMINI_MARKER_SAMPLING=0 and with the rule before this one (every marker placed every N launches timed): 100%.
     (Not shown here: that N still finds its first level with every marker timed, as the review of `0d73272` asked; on
     this driver the noise hides how fast N grows, and a version sampled from the first measure ramped no slower.)"""
     st = _lone_loop_beside_an_idle_group(sim, backends, 1.5)
     assert st["markers"] >= 200 and st["marker_grows"] >= 3, st
-    assert st["markers_timed"] <= 0.6 * st["markers"], st
+    assert st["markers_timed"] <= 0.7 * st["markers"], st
+
+
+def test_kernels_that_grow_longer_halve_sampled_markers_at_the_hosts_wait(sim, backends):
+    """A sampled interval (both its markers untimed) is not judged on the GPU's clock, so kernels that grew longer
+    would halve N only at the next timed pair, up to eight long intervals later, the queue as deep as the short
+    kernels allowed meanwhile. The host's wait for such an interval's end is a lower bound of it: longer than the
+    aim's top, N halves there (inflight.c, judge_wait; `marker_wait_shrinks`). A capped loop whose 20 us kernels
+    turn into 1 ms ones: the wait halves N, and the queue still ends near each slot's end. On the simulated driver
+    the overuse a grant varies a lot from run to run (after 20000 short kernels: 4-15 ms with the wait's judgement,
+    6-16 ms without it, 5-8 ms with every marker timed, five runs each), so this checks that the judgement is made,
+    and the bound is loose.
+    Fails with judge_wait switched off (0 wait halvings)."""
+    be = backends([Group("capped", 0.0, 0.3)], quota_ms=None, min_quota_ms=None, window_ms=None)
+    r = finish(start(client_argv("workload-linked", "--kernel-us", 1000, "--first", "5000:20", "--json",
+                                 "--seconds", 3, "--sync-every", 0), sim.hooked(be, "capped")))
+    assert r.rc == 0, r
+    st = sim.stats_of(r.json["pid"])
+    assert st["launches"] > 5_100 and st["grants"] >= 10, st      # past the short kernels, into the long ones
+    assert st["marker_wait_shrinks"] >= 1 and st["markers_timed"] < st["markers"], st
+    assert st["overuse_ms"] / st["grants"] <= 40, st
 
 
 
