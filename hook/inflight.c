@@ -569,15 +569,21 @@ int gem_inflight_synced(struct gem_inflight *f, CUcontext ctx, int whole, CUstre
          * so it measured nothing: the rate could not grow, nor the depth learn the kernels' length. Its newest
          * interval between two timed markers is measured now, off the launch path, its events done (a sampled
          * chain's last two may be untimed, and with chains of a fixed length the pair in eight can fall on the same
-         * places in each: a chain's first two markers are timed for this, marker_timed). */
-        if (may_time && !r->measured)
-            for (unsigned back = 1; back < r->count; back++) {
-                unsigned done = (r->head + GEM_INFLIGHT_MARKERS - back) % GEM_INFLIGHT_MARKERS;
-                if (r->timed[done] && r->timed[(done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS]) {
-                    adapt(f, r, back);
-                    break;
+         * places in each: a chain's first two markers are timed for this, marker_timed). A chain placed by costs
+         * is judged on its last interval, as before: its markers are all timed until it is measured, and an
+         * older interval of it (a unit's, one that held a kernel measured alone) judged here had the thread's
+         * kernels measured again for nothing (more markers beside a latency group). */
+        if (may_time && !r->measured) {
+            unsigned back = 1;
+            if (r->per[(r->head + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS])
+                for (; back < r->count; back++) {
+                    unsigned done = (r->head + GEM_INFLIGHT_MARKERS - back) % GEM_INFLIGHT_MARKERS;
+                    if (r->timed[done] && r->timed[(done + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS])
+                        break;
                 }
-            }
+            if (back == 1 || back < r->count)
+                adapt(f, r, back);
+        }
         if (may_time)
             learn(r, 1);           /* every marker is done: the last kernel measured alone too, if its end was recorded */
         r->count = 0;
