@@ -16,9 +16,9 @@ MinUtil 0 and MaxUtil 1. Two modes per group count:
   gem-schd's core saturated or nearly, its CPU per slot, and 1 / that (the ceiling on a whole core).
 And one measure of the machine rather than of gem-schd (`bare_send`): the thread CPU of a single ROUTER send from a
 process pinned to gem-schd's core, a slot's length after the one before it, to a DEALER on the load's core -- what
-the grant's message costs with nothing of gemini around it. On the development machine (a 2-core VM) it was 72-114 us
-after an idle gap against 8-15 us back to back: zmq's send wakes its I/O thread, and on that VM the wake costs the
-sender most of it (docs/benchmarks.md, "Twenty-eighth session").
+the grant's message costs with nothing of gemini around it. On the development machine (a 2-core nested VM) it was
+72-156 us after a slot's quiet against 8-15 us back to back: code run just after a wake-up is many times slower there
+(docs/benchmarks.md, "Twenty-eighth session").
 Prints one JSON object (and writes DIR/schd_ceiling.json).
 """
 from __future__ import annotations
@@ -192,20 +192,21 @@ def bare_send(schd_cpu: int, load_cpu: int, gap_ms: float, n: int = 300) -> dict
     proc = subprocess.Popen([sys.executable, "-c", BARE_SEND_CHILD, str(n), str(gap_ms / 1000.0)],
                             stdout=subprocess.PIPE, text=True)
     ctx = zmq.Context()
+    assert proc.stdout is not None
     try:
         os.sched_setaffinity(proc.pid, {schd_cpu})
         os.sched_setaffinity(0, {load_cpu})
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline())
+        line = proc.stdout.readline()
+        if not line.strip().isdigit():
+            raise RuntimeError(f"the bare send's child gave no port (exit {proc.poll()}): {line!r}")
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.connect(f"tcp://127.0.0.1:{int(line)}")
         sock.send(b"hello")
         for _ in range(n):
             if not sock.poll(10000):
                 raise RuntimeError("the bare send's child stopped sending")
             sock.recv()
-        sock.close()
         result = json.loads(proc.stdout.readline())
         proc.wait(timeout=30)
     finally:
@@ -213,7 +214,8 @@ def bare_send(schd_cpu: int, load_cpu: int, gap_ms: float, n: int = 300) -> dict
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        ctx.term()
+        proc.stdout.close()
+        ctx.destroy(linger=0)       # (closes the DEALER on every path: term() would wait for it)
     return {"gap_ms": gap_ms, "sends": n, "cpu_p50_us": result["p50_us"], "cpu_p99_us": result["p99_us"]}
 
 

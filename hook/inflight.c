@@ -234,7 +234,11 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
         atomic_store(&f->launches_per_marker, n / 2);
         atomic_fetch_add(&gem_stats.marker_shrinks, 1);
     } else {
-        return 1;               /* idle time in it, and not too long: says nothing of whether N holds */
+        /* idle time in it, and not too long: the work in it was shorter still, so no halving is due (`shrunk` ends:
+         * a launcher that keeps the GPU waiting would otherwise time every marker for good), but whether N holds
+         * it cannot say (`ramped`) */
+        atomic_store(&f->shrunk, 0);
+        return 1;
     }
     /* Whether the next markers placed every N launches are timed (marker_timed): a halving times them until an
      * interval does not halve N again, so kernels that grew longer halve it at every marker; N's first level is
@@ -245,29 +249,6 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
     if (!grow && !shrink && r->per[prev] == n && r->per[done] == n)
         atomic_store(&f->ramped, 1);
     return 1;
-}
-
-/* A sampled interval (its markers untimed) is not judged by adapt, so kernels that grew longer would halve N only at
- * the next timed pair, up to GEM_INFLIGHT_TIMED_EVERY long intervals later, with the queue as deep as the short ones
- * allowed meanwhile (a capped loop whose 20 us kernels turned into 1 ms ones ran 300 ms past its slot once on the
- * simulated driver). The host's wait for the interval's end is a lower bound of it (marker_body): longer than the
- * aim's top, N halves and the depth follows at once, and the markers after it are timed until N holds (`shrunk`).
- * Only the long side is judged this way: a short wait says nothing of a short interval. */
-static void judge_wait(struct gem_inflight *f, struct ring *r, unsigned i, int64_t waited_ns) {
-    unsigned prev = (i + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
-    int held = r->gate && ((r->epoch[prev] & 1) || atomic_load(&r->gate->epoch) != r->epoch[prev]);
-    int64_t span = r->gate ? gem_cfg.inflight_ns / 2 : gem_cfg.inflight_ns;
-    uint64_t n = atomic_load(&f->launches_per_marker);
-    /* scaled to the rate in force, as adapt's */
-    int64_t interval = (int64_t)((double)waited_ns * (double)n / (double)r->per[i]);
-    if (held || n <= 1 || interval <= span / 2)
-        return;
-    if (interval > atomic_load(&f->interval_ns))
-        atomic_store(&f->interval_ns, interval);
-    atomic_store(&f->launches_per_marker, n / 2);
-    atomic_store(&f->shrunk, 1);
-    atomic_fetch_add(&gem_stats.marker_shrinks, 1);
-    atomic_fetch_add(&gem_stats.marker_wait_shrinks, 1);
 }
 
 /* The intervals since `learn_from` whose kernel was measured alone teach the cost table, once both of their markers
@@ -425,19 +406,10 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
         /* Wait for the marker `depth` back: then at most `depth` intervals of work stay queued. */
         unsigned back = (slot + GEM_INFLIGHT_MARKERS - depth) % GEM_INFLIGHT_MARKERS;
         if (!last_done && REAL(cuEventQuery)(mark(r, back)) == CUDA_ERROR_NOT_READY) {
-            /* The interval about to be waited for is judged below on the GPU's clock if both its markers are timed;
-             * if not (sampled), with the marker before it already done, the wait is a lower bound of that interval
-             * (all its launches were queued before the wait began, and the GPU was already inside it) */
-            unsigned before = (back + GEM_INFLIGHT_MARKERS - 1) % GEM_INFLIGHT_MARKERS;
-            int by_wait = !(r->timed[back] && r->timed[before]) && r->per[back] && r->count > depth &&
-                          REAL(cuEventQuery)(mark(r, before)) == CUDA_SUCCESS;
             int64_t t0 = gem_now_ns();
             REAL(cuEventSynchronize)(mark(r, back));
-            int64_t waited = gem_now_ns() - t0;
             atomic_fetch_add(&gem_stats.marker_waits, 1);
-            atomic_fetch_add(&gem_stats.marker_wait_ns, (unsigned long long)waited);
-            if (by_wait)
-                judge_wait(f, r, back, waited);
+            atomic_fetch_add(&gem_stats.marker_wait_ns, (unsigned long long)(gem_now_ns() - t0));
         }
         if (adapt(f, r, depth))
             r->measured = 1;

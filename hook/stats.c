@@ -55,7 +55,7 @@ static void format_stats(char *buf, size_t len) {
              "board_moves=%llu "
              "gpu_gate_waits=%llu gpu_gate_raises=%llu gpu_gate_failures=%llu kernels_measured=%llu "
              "kernel_costs_learnt=%llu kernel_cost_checks=%llu kernel_cost_remeasures=%llu kernel_cost_learnt_ms=%.3f "
-             "marker_host_ms=%.3f markers_timed=%llu marker_wait_shrinks=%llu "
+             "marker_host_ms=%.3f markers_timed=%llu "
              "syncs=%llu sync_tail_ms=%.3f burst_begin_ms=%.3f watcher_wakes=%llu gaps_timed=%llu gaps_estimated=%llu",
              (unsigned long long)gem_total_launches(), LOAD(grants), LOAD(token_requests), LOAD(waits),
              (double)LOAD(wait_ns) / 1e6, LOAD(expiries), LOAD(early_releases), (double)LOAD(overuse_ns) / 1e6,
@@ -72,7 +72,7 @@ static void format_stats(char *buf, size_t len) {
              (double)LOAD(early_claim_lag_ns) / 1e6, LOAD(flares), LOAD(withdrawals), LOAD(board_moves), LOAD(gpu_gate_waits),
              LOAD(gpu_gate_raises), LOAD(gpu_gate_failures), LOAD(kernels_measured), LOAD(kernel_costs_learnt),
              LOAD(kernel_cost_checks), LOAD(kernel_cost_remeasures), (double)LOAD(kernel_cost_learnt_ns) / 1e6, (double)LOAD(marker_host_ns) / 1e6,
-             LOAD(markers_timed), LOAD(marker_wait_shrinks),
+             LOAD(markers_timed),
              LOAD(syncs), (double)LOAD(sync_tail_ns) / 1e6, (double)LOAD(burst_begin_ns) / 1e6, LOAD(watcher_wakes),
              LOAD(gaps_timed), LOAD(gaps_estimated));
 }

@@ -20,7 +20,7 @@ struct gem_stats {
         marker_sync_shrinks, marker_intervals, marker_interval_ns, idle_ns, group_passes, quick_claim_releases,
         early_claims, early_claim_lag_ns, flares, withdrawals, board_moves, gpu_gate_waits, gpu_gate_raises, gpu_gate_failures,
         kernels_measured, kernel_costs_learnt, kernel_cost_checks, kernel_cost_remeasures, kernel_cost_learnt_ns,
-        marker_host_ns, markers_timed, marker_wait_shrinks,
+        marker_host_ns, markers_timed,
         syncs, sync_tail_ns, burst_begin_ns, watcher_wakes, gaps_timed, gaps_estimated;
 };
 extern struct gem_stats gem_stats;

@@ -88,7 +88,8 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
             # Wait for the shutdown to finish: gRPC removes a Unix listener's socket file when its shutdown
             # completes, so an unfinished one can delete the socket file a restarted kubelet has just made at the
             # same path (1 restart in 200 on the development machine; CI saw it as plugins never registering).
-            self._server.stop(0).wait(10)
+            if not self._server.stop(0).wait(10):
+                raise RuntimeError("the fake kubelet's gRPC server did not shut down within 10 s")
             self._server = None
 
     def restart(self) -> None:
