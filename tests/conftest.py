@@ -40,6 +40,9 @@ UNTIMED_TESTS = frozenset({
     "test_fork_child_exits_cleanly_and_the_parent_keeps_launching",
     "test_in_a_container_the_environment_cannot_switch_the_hook_off",
     "test_pods_get_their_limits_and_only_their_own_group",
+    # 4.3 s of the serial phase at 0.7 s of CPU: its bounds are the hook's own 2 s limits (counted by the hook) and
+    # 9 s for 3 s of work
+    "test_a_claim_whose_end_is_wrong_holds_the_gpu_gate_at_most_two_seconds",
 })
 
 
