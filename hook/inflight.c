@@ -334,8 +334,9 @@ int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64
 
 /* Whether the marker about to be recorded in `slot` (its key, ends_unit and per set) is a timed one. A marker placed
  * every N launches (per set) is timed while N finds its level: from the start until an interval judged at the rate
- * in force first leaves N where it is (`ramped`: sampled from the first measure, N grew eight times slower from one
- * launch a marker), and after a halving until a judgement does not halve it again (`shrunk`: kernels that grew
+ * in force first leaves N where it is (`ramped`, set by a short interval or one its launcher was ahead of: a launcher
+ * never ahead of the GPU, which waits for it anyway, keeps timing them; sampled from the first measure, N grew eight
+ * times slower from one launch a marker), and after a halving until a judgement does not halve it again (`shrunk`: kernels that grew
  * longer halve N at every marker, not every eighth). Otherwise it is sampled: such markers come every quarter to
  * half millisecond of GPU work, a couple of thousand a second on a busy GPU, and each timed one cost an H200 about
  * 2.2 us between kernels (an uncapped trainer beside a configured but idle group, bounded for it, likely lost about

@@ -47,7 +47,8 @@
 #define GEM_INFLIGHT_MARKERS 64
 /* Once a chain has measured an interval (and, for markers placed every N launches, while N holds), one pair of
  * markers in this many is timed (inflight.c: a timed event costs the GPU about 2 us, an untimed one nothing
- * measurable): the queue's depth, and N, follow the kernels' lengths within this many markers. */
+ * measurable): the queue's depth, and N, follow the kernels' lengths within this many markers plus the queue's depth
+ * (an interval is judged when the host waits for its end, `depth` markers after it was recorded). */
 #define GEM_INFLIGHT_TIMED_EVERY 8u
 
 /* One device's marker rate and queue depth. */
@@ -56,7 +57,9 @@ struct gem_inflight {
     atomic_llong interval_ns;           /* GPU time between consecutive markers, last measured */
     /* Markers placed every N launches are timed only while N finds its level (inflight.c, marker_timed): from the
      * start until an interval judged at the rate in force first leaves N where it is (`ramped`), and from a halving
-     * of N until the next interval that does not halve it (`shrunk`). */
+     * of N until the next interval that does not halve it (`shrunk`). Only an interval that kept the GPU busy (its
+     * launcher ahead of it) or was short sets `ramped`: a launcher that is never ahead of the GPU times every marker
+     * (the GPU waits for it anyway). One flag per device: a stream whose interval holds N ends another's halving. */
     atomic_int ramped;
     atomic_int shrunk;
 };
