@@ -47,10 +47,18 @@ struct ring {
      * moment (the host paused and the queue ran dry) the interval also holds the idle time, which says
      * nothing of the kernels' lengths and would shrink the queue just when the host needs it deep. */
     unsigned char behind[GEM_INFLIGHT_MARKERS];
-    /* The marker rate when ev[i] was recorded: the interval before it held about that many launches. The
-     * interval measured is a queue's depth old, and the rate may have changed since: it is scaled to the
-     * current rate, or a rate would keep growing on intervals measured at a lower one. */
+    /* The marker rate set when ev[i] was recorded (adapt runs first, and the gate's mask follows it once the marker
+     * is recorded): the interval after it holds about that many launches. The interval measured is a queue's depth
+     * old, and the rate may have changed since: it is scaled to the current rate, or a rate would keep growing on
+     * intervals measured at a lower one. (Until the twenty-ninth session it was scaled by its end marker's rate: off
+     * by two after each change of N, which then changed again, a queue's depth later; an independent review's model
+     * of one stream at a small depth never settled for 18% of kernel lengths, and `ramped` never came.) */
     uint32_t per[GEM_INFLIGHT_MARKERS];
+    /* The launching thread's launch count (its own counter, which N's markers follow: gate.h) when marker i was
+     * placed, and whose: the launches between two markers of one thread, exactly. After N doubles the next marker
+     * comes at the next multiple of the new N, one or two old N away, so `per` alone can be off by two. */
+    uint64_t launches_at[GEM_INFLIGHT_MARKERS];
+    const struct gem_thread_counter *counter_of[GEM_INFLIGHT_MARKERS];
     /* The GPU-side gate's epoch when ev[i] was recorded (gpugate.h: odd while a claim holds the stream). An
      * interval during which a claim held the stream at its wait holds the claim's time, not this stream's. */
     unsigned epoch[GEM_INFLIGHT_MARKERS];
@@ -201,8 +209,17 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
             gem_kcost_verify_thread();
         return 1;
     }
+    /* The launches in the interval: counted, when one thread placed both markers; else the rate set at its first
+     * (`per`). An interval begun by a costed marker (a latency group was there then) held however many its costs
+     * gave, and says nothing of N. */
+    if (!r->per[prev])
+        return 0;
+    uint64_t held_launches = r->per[prev];
+    if (r->counter_of[prev] && r->counter_of[prev] == r->counter_of[done] &&
+        r->launches_at[done] > r->launches_at[prev])
+        held_launches = r->launches_at[done] - r->launches_at[prev];
     uint64_t n = atomic_load(&f->launches_per_marker);
-    int64_t interval = (int64_t)((double)ms * 1e6 * (double)n / (double)(r->per[done] ? r->per[done] : 1));
+    int64_t interval = (int64_t)((double)ms * 1e6 * (double)n / (double)held_launches);
     /* The interval aims at a quarter to a half of GEMINI_INFLIGHT_MS -- half that while the markers carry the
      * GPU-side gate's waits (a latency group may claim): a claim takes effect at the next wait, and a request
      * waits for the rest of the interval in flight. On the H100 beside an eager ResNet-18 trainer the halved
@@ -246,7 +263,7 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
      * markers were recorded; the launches between them followed the first's) says N holds: an older one is scaled
      * to the new rate, an estimate. */
     atomic_store(&f->shrunk, shrink);
-    if (!grow && !shrink && r->per[prev] == n && r->per[done] == n)
+    if (!grow && !shrink && held_launches == n && r->per[done] == n)
         atomic_store(&f->ramped, 1);
     return 1;
 }
@@ -422,6 +439,8 @@ static int marker_body(struct gem_inflight *f, CUstream stream, int ptsz, int64_
         r->learn_from = slot;   /* a new chain: nothing before it is an interval of it */
     r->behind[slot] = !last_done && REAL(cuEventQuery)(mark(r, last)) == CUDA_ERROR_NOT_READY;
     r->per[slot] = mk && mk->costed ? 0 : (uint32_t)atomic_load(&f->launches_per_marker);
+    r->counter_of[slot] = gem_tls_counter;      /* (the launching thread's: markers are placed on its launch path) */
+    r->launches_at[slot] = gem_tls_counter ? gem_tls_counter->launches : 0;
     r->key[slot] = mk ? mk->key : 0;
     r->unit[slot] = mk ? (unsigned char)mk->unit : 0;
     r->unit_cost[slot] = mk && mk->unit ? mk->unit_cost_ns : 0;
