@@ -501,8 +501,12 @@ def test_a_kernel_whose_cost_was_learnt_too_long_is_measured_again_at_once(sim, 
     log.info("%s: %s", first, {k: st[k] for k in ("launches", "markers", "kernels_measured", "kernel_costs_learnt",
                                                   "kernel_cost_learnt_ms", "kernel_cost_remeasures")})
     assert st["launches"] >= n + 2000 and st["kernel_costs_learnt"] >= 2, st
-    # the long launches have a marker each; after them, one in 20 on a laptop (before: one in 2)
-    assert st["markers"] - n <= (st["launches"] - n) / 8, st
+    # The long launches are measured alone ("620:600": 320-328 of them, beside three CPU hogs too; 14-16 without
+    # gate.h's rule). After them about one marker in 20-26 launches (one in 11 beside three hogs); without kcost.c's
+    # rule "40:2000" had one in 4.5, and without gate.h's "620:600" one in 7, as one make test run had with both
+    # rules (one in 8 was the bound then): a cost learnt too long under a CPU stall places markers just as densely.
+    assert st["kernels_measured"] >= n / 4, st
+    assert st["markers"] - n <= (st["launches"] - n) / 6, st
 
 
 @pytest.mark.parametrize("sync,stream", [("ctx", "legacy"), ("stream", "created"), ("stream", "per-thread")])
