@@ -56,7 +56,7 @@ struct ring {
     uint32_t per[GEM_INFLIGHT_MARKERS];
     /* The launching thread's launch count (its own counter, which N's markers follow: gate.h) when marker i was
      * placed, and whose: the launches between two markers of one thread, exactly. After N doubles the next marker
-     * comes at the next multiple of the new N, one or two old N away, so `per` alone can be off by two. */
+     * comes at the next multiple of the new N, one or two old N away, so `per` alone can be off by two (adapt). */
     uint64_t launches_at[GEM_INFLIGHT_MARKERS];
     const struct gem_thread_counter *counter_of[GEM_INFLIGHT_MARKERS];
     /* The GPU-side gate's epoch when ev[i] was recorded (gpugate.h: odd while a claim holds the stream). An
@@ -209,14 +209,17 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
             gem_kcost_verify_thread();
         return 1;
     }
-    /* The launches in the interval: counted, when one thread placed both markers; else the rate set at its first
-     * (`per`). An interval begun by a costed marker (a latency group was there then) held however many its costs
-     * gave, and says nothing of N. */
+    /* The launches in the interval: the rate set at its first marker (`per`), or fewer, as counted when one thread
+     * placed both markers (after N doubles, the next marker comes at the next multiple of the new N: one old N away
+     * half the time). Not more: a thread that launches on several streams places its markers on each in turn, so the
+     * launches between two of one stream's markers count the other streams' too, and this stream's next markers
+     * come as far apart (the queue's depth is counted in this stream's markers). An interval begun by a costed marker
+     * (a latency group was there then) held however many its costs gave, and says nothing of N. */
     if (!r->per[prev])
         return 0;
     uint64_t held_launches = r->per[prev];
     if (r->counter_of[prev] && r->counter_of[prev] == r->counter_of[done] &&
-        r->launches_at[done] > r->launches_at[prev])
+        r->launches_at[done] > r->launches_at[prev] && r->launches_at[done] - r->launches_at[prev] < held_launches)
         held_launches = r->launches_at[done] - r->launches_at[prev];
     uint64_t n = atomic_load(&f->launches_per_marker);
     int64_t interval = (int64_t)((double)ms * 1e6 * (double)n / (double)held_launches);
