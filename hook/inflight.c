@@ -50,9 +50,8 @@ struct ring {
     /* The marker rate set when ev[i] was recorded (adapt runs first, and the gate's mask follows it once the marker
      * is recorded): the interval after it holds about that many launches. The interval measured is a queue's depth
      * old, and the rate may have changed since: it is scaled to the current rate, or a rate would keep growing on
-     * intervals measured at a lower one. (Until the twenty-ninth session it was scaled by its end marker's rate: off
-     * by two after each change of N, which then changed again, a queue's depth later; an independent review's model
-     * of one stream at a small depth never settled for 18% of kernel lengths, and `ramped` never came.) */
+     * intervals measured at a lower one. (Scaled by its end marker's rate, the estimate was off by two after each
+     * change of N, and N changed again a queue's depth later: docs/benchmarks.md, "Twenty-ninth session".) */
     uint32_t per[GEM_INFLIGHT_MARKERS];
     /* The launching thread's launch count (its own counter, which N's markers follow: gate.h) when marker i was
      * placed, and whose: the launches between two markers of one thread, exactly. After N doubles the next marker
@@ -188,6 +187,10 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
                     r->thread_of[done] == r->thread_of[prev];
     if (costed && ((r->unit[prev] && !long_unit) || held || !r->behind[done]))
         return 1;
+    /* begun by a costed marker (a latency group was there then), it held however many launches its costs gave, and
+     * says nothing of N */
+    if (!costed && !r->per[prev])
+        return 0;
     float ms = 0;
     if (!r->timed[prev] || !r->timed[done])
         return 0;               /* a quick marker's interval: not timed (marker_timed) */
@@ -213,10 +216,7 @@ static int adapt(struct gem_inflight *f, struct ring *r, unsigned back) {
      * placed both markers (after N doubles, the next marker comes at the next multiple of the new N: one old N away
      * half the time). Not more: a thread that launches on several streams places its markers on each in turn, so the
      * launches between two of one stream's markers count the other streams' too, and this stream's next markers
-     * come as far apart (the queue's depth is counted in this stream's markers). An interval begun by a costed marker
-     * (a latency group was there then) held however many its costs gave, and says nothing of N. */
-    if (!r->per[prev])
-        return 0;
+     * come as far apart (the queue's depth is counted in this stream's markers). */
     uint64_t held_launches = r->per[prev];
     if (r->counter_of[prev] && r->counter_of[prev] == r->counter_of[done] &&
         r->launches_at[done] > r->launches_at[prev] && r->launches_at[done] - r->launches_at[prev] < held_launches)
@@ -353,23 +353,22 @@ int gem_inflight_marker(struct gem_inflight *f, CUstream stream, int ptsz, int64
 }
 
 /* Whether the marker about to be recorded in `slot` (its key, ends_unit and per set) is a timed one. A marker placed
- * every N launches (per set) is timed while N finds its level: from the start until an interval judged at the rate
- * in force first leaves N where it is (`ramped`, set by a short interval or one its launcher was ahead of: a launcher
+ * every N launches (per set) is timed while N finds its level: from the start until an interval judged at the rate in
+ * force first leaves N where it is (`ramped`, set by a short interval or one its launcher was ahead of: a launcher
  * never ahead of the GPU, which waits for it anyway, keeps timing them; sampled from the first measure, N grew eight
- * times slower from one launch a marker), and after a halving until a judgement does not halve it again (`shrunk`: kernels that grew
- * longer halve N at every marker, not every eighth). Otherwise it is sampled: such markers come every quarter to
- * half millisecond of GPU work, a couple of thousand a second on a busy GPU, and each timed one cost an H200 about
- * 2.2 us between kernels (an uncapped trainer beside a configured but idle group, bounded for it, likely lost about
- * 3% of its rate with every one timed; docs/benchmarks.md, "Twenty-seventh session"). A new chain (after a
+ * times slower from one launch a marker), and after a halving until a judgement does not halve it again (`shrunk`:
+ * kernels that grew longer halve N at every marker, not every eighth). Otherwise it is sampled: such markers come every
+ * quarter to half millisecond of GPU work, a couple of thousand a second on a busy GPU, and each timed one cost an H200
+ * about 2.2 us between kernels (an uncapped trainer beside a configured but idle group, bounded for it, likely lost
+ * about 3% of its rate with every one timed; docs/benchmarks.md, "Twenty-seventh session"). A new chain (after a
  * synchronisation) keeps N and its interval, but its first two markers are timed: a chain shorter than the queue's
  * depth is judged only at the synchronisation, on its newest timed pair (gem_inflight_synced), and with chains of a
- * fixed length the pair in eight could miss every chain. A costed marker (per 0: beside a latency group, where a
- * marker comes every half millisecond of predicted work and also carries the gate's wait) is timed if it begins a
- * kernel measured alone or ends one (learn; a long unit's interval is adapt's too), and while adapt has judged no
- * interval of its chain yet (`measured`: a new chain learns its depth at once, and a short one measures its last
- * interval at the synchronisation; an interval that held a kernel alone, a claim or idle time is judged without
- * reading its time). Every marker is timed as the first pair of every GEM_INFLIGHT_TIMED_EVERY (adapt: the depth,
- * and N). r->mu held. */
+ * fixed length the pair in eight could miss every chain. A costed marker (per 0: beside a latency group, where a marker
+ * comes every half millisecond of predicted work and also carries the gate's wait) is timed if it begins a kernel
+ * measured alone or ends one (learn; a long unit's interval is adapt's too), and while adapt has judged no interval of
+ * its chain yet (`measured`: a new chain learns its depth at once, and a short one measures its last interval at the
+ * synchronisation; an interval that held a kernel alone, a claim or idle time is judged without reading its time).
+ * Every marker is timed as the first pair of every GEM_INFLIGHT_TIMED_EVERY (adapt: the depth, and N). r->mu held. */
 static int marker_timed(const struct gem_inflight *f, const struct ring *r, unsigned slot) {
     if (!gem_cfg.marker_sampling || r->key[slot] || r->ends_unit[slot] || r->seq % GEM_INFLIGHT_TIMED_EVERY < 2)
         return 1;
