@@ -131,7 +131,8 @@ def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int,
     affinity = os.sched_getaffinity(0)
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=str(REPO)))
+                                env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                    p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)))
     try:
         # (pinned from here, not in a preexec_fn: that is unsafe in a parent with threads, as a test worker has)
         os.sched_setaffinity(proc.pid, {schd_cpu})
