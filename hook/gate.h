@@ -149,8 +149,15 @@ static inline CUresult gem_gate_launch(CUstream stream, int ptsz, int graph, con
     int64_t deadline = atomic_load_explicit(&g->deadline_ns, memory_order_relaxed);
     int64_t claim = __atomic_load_n(atomic_load_explicit(&g->claim_word, memory_order_relaxed), __ATOMIC_RELAXED);
     int64_t c = gem_coarse_ns();
-    /* coarse <= now, so coarse >= claim proves that no claim is running */
-    if (GEM_LIKELY((c + gem_coarse_margin_ns < deadline || gem_now_ns() < deadline) && c >= claim)) {
+    /* coarse <= now, so coarse >= claim proves that no claim is running. Within a tick after a claim's end the
+     * coarse clock may still be short of it (a claim that ran its length stays on the board until its pod manager
+     * takes it off), so the precise clock decides, as for the deadline: the slow path lets a launch through without
+     * the marker logic below, and every launch of that tick went there. A trainer that never synchronises queued
+     * a thousand kernels of 1 ms in that tick, none with a marker or a gate's wait, so the requests of the next
+     * second ran interleaved with them (tests/test_e2e_latency.py, test_a_claim_holds_a_deep_batch_queue_on_the_gpu,
+     * beside CPU hogs: its requests outlasted their 20 ms claims). */
+    if (GEM_LIKELY((c + gem_coarse_margin_ns < deadline || gem_now_ns() < deadline) &&
+                   (c >= claim || gem_now_ns() >= claim))) {
         if (GEM_LIKELY(atomic_load_explicit(&g->in_burst, memory_order_relaxed))) {
             if (GEM_LIKELY(!atomic_load_explicit(&g->tight, memory_order_relaxed) || !gem_cfg.kernel_costs)) {
                 if (GEM_LIKELY((n & atomic_load_explicit(&g->marker_mask, memory_order_relaxed)) != 0 && !graph))

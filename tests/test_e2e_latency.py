@@ -336,7 +336,13 @@ def test_a_claim_holds_a_deep_batch_queue_on_the_gpu(tmp_path, hook_lib, backend
     the kernel already past it does, and whatever came before the claim was written (the request's first kernels
     go ahead of their claim). With the word never raised, 7-8 of the trainer's kernels ran inside each request.
     `launchers` = 4: four threads of the trainer launch on one stream they share (each places its own markers by
-    its own kernels' costs, and a kernel measured alone between one thread's markers may have others' with it)."""
+    its own kernels' costs, and a kernel measured alone between one thread's markers may have others' with it).
+    Three quarters of the requests, not nine tenths: on a starved host (two cores, CI's, beside CPU hogs) a request
+    here and there is not covered by a claim while it runs -- its early claim answered tens of ms after its launch
+    (its flare holds the trainer for 2 ms), or its 20 ms claim run out before the tenant's starved threads had run its
+    kernels -- and up to four of some thirty requests ran with the trainer's kernels. A gate that fails does so in
+    most requests: with the word never raised every request had 7-8 of them, and when the launches of a coarse
+    clock's tick after a claim's end went past the markers (hook/gate.h) a second of requests had 15 each."""
     sim = Sim(tmp_path / "sim", hook_lib, trace=tmp_path / "kernels.trace")
     be = backends([Group("inf", 0.5, 1.0, sched_class="latency"), Group("train", 0.0, 1.0)], quota_ms=100,
                   min_quota_ms=5, window_ms=10_000)
@@ -363,7 +369,7 @@ def test_a_claim_holds_a_deep_batch_queue_on_the_gpu(tmp_path, hook_lib, backend
     spans.append((first, last))
     inside = sorted(sum(1 for t in trained if a < t < b) for a, b in spans)
     assert len(inside) >= 20, inside
-    assert inside[len(inside) // 2] <= 2 and inside[int(len(inside) * 0.9)] <= 3, inside
+    assert inside[len(inside) // 2] <= 2 and inside[int(len(inside) * 0.75)] <= 3, inside
 
 
 def test_without_the_gpu_gate_a_capped_loop_next_to_a_latency_group_keeps_its_queue_tight(tmp_path, hook_lib,
