@@ -67,13 +67,19 @@ def sh(cmd: list | str, timeout: float, cwd: Path = REPO, env: dict | None = Non
     return proc.stdout
 
 
-def step_env(ctx) -> dict:
-    info = {"host": platform.node(), "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+def header() -> dict:
+    """When and on what GPU: the report's title, also for a call whose steps leave `env` out."""
+    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:
         info["gpu"] = sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                          30).strip()
     except Exception as exc:  # noqa: BLE001 -- recorded, not fatal
         info["gpu"] = f"nvidia-smi failed: {exc}"
+    return info
+
+
+def step_env(ctx) -> dict:
+    info = {"host": platform.node(), "python": sys.version.split()[0], **header()}
     for mod in ("torch", "cupy", "jax", "numba", "triton", "zmq", "cffi", "watchdog"):
         try:
             m = __import__(mod)
@@ -432,8 +438,9 @@ def fmt(v, nd=1):
 
 def write_report(ctx, results: dict) -> None:
     r = results
-    lines = [f"# gemini gpu-check — {r.get('env', {}).get('gpu', '?')}", "",
-             f"Date: {r.get('env', {}).get('date')}. Command: `{' '.join(sys.argv)}`.", ""]
+    head = r.get("env") or getattr(ctx, "header", None) or {}
+    lines = [f"# gemini gpu-check — {head.get('gpu', '?')}", "",
+             f"Date: {head.get('date', '?')}. Command: `{' '.join(sys.argv)}`.", ""]
     for name in ALL_STEPS:
         if name not in r:
             continue
@@ -670,6 +677,8 @@ def main(argv=None) -> int:
     ctx.log = ctx.out / "steps.log"
     ctx.durations = {}
     results: dict = {}
+    if "env" not in args.steps.split(","):
+        ctx.header = header()
     for name in args.steps.split(","):
         t0 = time.time()
         print(f"[gpu-check] {name} ...", flush=True)

@@ -88,6 +88,23 @@ def test_gpu_checks_share_line_gives_the_own_gaps_and_the_hooks_time_per_synchro
     assert "synchronisation" not in native, native
 
 
+def test_gpu_checks_report_names_the_gpu_and_date_without_the_env_step(tmp_path, monkeypatch):
+    """A call whose steps leave `env` out (most device calls) still titles its report with the GPU and the date
+    (it read "gpu-check — ?" and "Date: None"); with `env` run, env's own values."""
+    import types
+
+    import bench.gpu_check as gc
+    monkeypatch.setattr(gc, "sh", lambda argv, timeout, log=None: "NVIDIA H200, 580.159.04, 143771 MiB\n")
+    assert gc.main(["--out", str(tmp_path), "--steps", "build"]) in (0, 1)
+    head = (tmp_path / "report.md").read_text().splitlines()[:3]
+    assert head[0] == "# gemini gpu-check — NVIDIA H200, 580.159.04, 143771 MiB", head
+    assert head[2].startswith("Date: 20") and "None" not in head[2], head
+    ctx = types.SimpleNamespace(out=tmp_path, durations={})
+    gc.write_report(ctx, {"env": {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-22 10:00:00"}})
+    head = (tmp_path / "report.md").read_text().splitlines()[:3]
+    assert head[0].endswith("NVIDIA H100 80GB HBM3") and head[2].startswith("Date: 2026-11-22 10:00:00"), head
+
+
 def test_gpu_checks_soak_lines_give_each_variant_its_worst_1_s_window(tmp_path):
     """The soak step runs once per gem-schd variant (--soak-variants ',--frame-turns'); the report names each and
     gives its worst sliding 1 s window beside the 10 s one."""
