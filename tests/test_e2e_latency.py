@@ -262,21 +262,42 @@ def test_a_lone_holder_keeps_its_slot_without_draining(sim, backends):
 
 def test_a_capped_group_with_a_deep_queue_stays_under_its_cap_every_second(tmp_path, hook_lib, backends):
     """MaxUtil 0.05 and 800 kernels of 1 ms queued between synchronisations: without a short queue the first
-    slot's queue alone is 0.8 s of GPU. Every 1 s window (from the simulator's record of every kernel) stays
-    near the cap: the bucket allows 0.05 x 1 s + its depth, and the neighbour's unbounded queue interleaves with
-    the small group's first kernels of each slot (the GPU goal of 0.07 is measured by bench/)."""
+    slot's queue alone is 0.8 s of GPU. The cap's bucket (25 ms) is granted whole, once it has refilled: its slots
+    (each with its drain, a burst of kernels) start at least 400 ms apart (500 ms of refill at 0.05, less what the
+    charges miss of the overlaps with the neighbour at either end of a slot), its share over whole periods at most 0.3
+    points over the cap (and at most a point under: beside CPU hogs its charges ran long, 0.045-0.049), and every 1 s
+    window (from the simulator's record of every kernel) holds two bursts, under
+    the goal of 0.07 (the GPU's is measured by bench/). It starts alone, so that the neighbour joins at its virtual
+    time and it has the least at the neighbour's slot ends: granted there as soon as half a bucket allowed a slot,
+    it ran 16 ms every 316 ms (0.055 over whole periods, 0.068-0.077 in its worst second)."""
     sim = Sim(tmp_path / "sim", hook_lib, trace=tmp_path / "kernels.trace")
     be = backends([Group("small", 0.0, 0.05), Group("other", 0.0, 1.0)], quota_ms=100, min_quota_ms=5,
                   window_ms=10_000)
-    procs = {"small": start(client_argv("workload-linked", "--kernel-us", KERNEL_US, "--json", "--seconds", 5,
-                                        "--sync-every", 800), sim.hooked(be, "small")),
-             "other": start(trainer(5.0), sim.hooked(be, "other"))}
-    results = {g: finish(p) for g, p in procs.items()}
+    small = start(client_argv("workload-linked", "--kernel-us", KERNEL_US, "--json", "--seconds", 5,
+                              "--sync-every", 800), sim.hooked(be, "small"))
+    time.sleep(0.3)
+    other = start(trainer(5.0), sim.hooked(be, "other"))
+    results = {"small": finish(small), "other": finish(other)}
     for r in results.values():
         assert r.rc == 0, r
-    pid = results["small"].json["pid"]
-    kernels = [(r[2], r[3]) for r in native.read_trace(sim.trace) if r[0] == pid and r[4] == "gem_spin"]
+    pid, other_pid = results["small"].json["pid"], results["other"].json["pid"]
+    rows = native.read_trace(sim.trace)
+    kernels = sorted((r[2], r[3]) for r in rows if r[0] == pid and r[4] == "gem_spin")
     assert len(kernels) > 100
+    bursts = [[kernels[0]]]         # a slot and its drain: kernels less than 100 ms apart
+    for k in kernels[1:]:
+        if k[0] - bursts[-1][-1][1] > 100_000_000:
+            bursts.append([k])
+        else:
+            bursts[-1].append(k)
+    # from the neighbour's first kernel on (alone, a capped group is granted half a bucket, as before)
+    joined = min(r[2] for r in rows if r[0] == other_pid and r[4] == "gem_spin")
+    bursts = [b for b in bursts if b[0][0] >= joined]
+    starts = [b[0][0] for b in bursts]
+    periods = [(b - a) / 1e6 for a, b in zip(starts, starts[1:])]
+    assert len(bursts) >= 7 and min(periods) >= 0.8 * DEFAULT_BUCKET_MS / 0.05, periods
+    mean = sum(e - s for b in bursts[:-1] for s, e in b) / (starts[-1] - starts[0])
+    assert 0.04 <= mean <= 0.053, (mean, periods)
     t0, t1 = kernels[0][0], kernels[-1][1]
     worst = 0.0
     t = t0 + 1_000_000_000
@@ -284,7 +305,7 @@ def test_a_capped_group_with_a_deep_queue_stays_under_its_cap_every_second(tmp_p
         busy = sum(max(0, min(e, t) - max(s, t - 1_000_000_000)) for s, e in kernels)
         worst = max(worst, busy / 1e9)
         t += 100_000_000
-    assert worst <= 0.05 + DEFAULT_BUCKET_MS / 1000 + 0.01, worst
+    assert worst <= 0.07, (worst, periods)
 
 
 def _capped_loop_share(tmp_path, hook_lib, backends, neighbour: Group | None, **env) -> tuple[float, dict]:
