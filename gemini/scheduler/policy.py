@@ -19,7 +19,7 @@ within its budget (see below). Three mechanisms decide who gets the next slot an
   `min_frame_quota_ms` (MIN_FRAME_QUOTA_MS by default), an aligned group, and every cap with `cap_frame_ms=0` have a
   continuous token bucket instead: it fills at MaxUtil ms per ms of wall time up to a depth of `bucket_ms`, a slot is
   trimmed so that it is empty, not negative, when the slot ends, a busy group (its last slot ran out) that is the
-  only capped one among the active groups is granted its next slot only when the bucket is full again (its slots
+  only capped one beside active uncapped groups is granted its next slot only when the bucket is full again (its slots
   repeat with the refill period, bucket_ms / MaxUtil), and over any interval a group gets at most MaxUtil x T +
   bucket_ms. Either is charged what the group really used: the
   slot up to its release, minus the part the hooks measured as not theirs (the handoff at its start, at most
