@@ -9,9 +9,10 @@ manager over TCP (a DEALER each: HELLO, then TOKEN_REQUEST, and a TOKEN_RELEASE 
 a slot ends), on another core than gem-schd, which runs with its default flags but `-q`/`-m` (`--quota`), every group
 MinUtil 0 and MaxUtil 1. Two modes per group count:
 * `deadline`: each group holds its slot to its quota (as a busy group's pod manager would), so gem-schd ends every
-  slot at its timer and grants the next waiting group there: gem-schd's CPU per slot, and its own measure of the CPU
-  from the deadline's timer to the grant sent (thread CPU time; the policy, the board and the message, at p50 and
-  p99, from its log line at exit);
+  slot at its timer and grants the next waiting group there: gem-schd's CPU per slot, and its own measures from the
+  deadline to the grant handed to zmq, at p50 and p99, from its log line at exit: the CPU (thread CPU time; with
+  `--decide-ahead`, the default, the decision was made before the deadline and this is the board and the send) and
+  the wall time;
 * `ceiling`: each group releases at once, so a slot is one release, one decision and one grant: slots/s with
   gem-schd's core saturated or nearly, its CPU per slot, and 1 / that (the ceiling on a whole core).
 And one measure of the machine rather than of gem-schd (`bare_send`): the thread CPU of a single ROUTER send from a
@@ -47,7 +48,10 @@ from gemini.wire.sched import (FROM_SCHEDULER, Error, Grant, Heartbeat, Hello, T
                                TokenRequest, Welcome, decode, encode)
 
 LISTEN_LINE = re.compile(r"listening on tcp://127\.0\.0\.1:([0-9]+)")
-CPU_LINE = re.compile(r"CPU from a deadline to its grant sent p50 ([0-9.]+) us, p99 ([0-9.]+) us")
+CPU_LINE = re.compile(r"CPU from a deadline to its grant sent p50 ([0-9.]+) us, p99 ([0-9.]+) us"
+                      r"(?:; wall from the deadline to the grant sent p50 ([0-9.]+) ms, p99 ([0-9.]+) ms)?"
+                      r"(?:; decided ahead ([0-9]+) \(CPU p50 ([0-9.]+) us, p99 ([0-9.]+) us\), at the deadline "
+                      r"([0-9]+))?")
 
 
 async def _load(endpoint: str, groups: list[str], seconds: float, hold: bool, warmup: float,
@@ -159,7 +163,13 @@ def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int,
             "schd_cpu_cores": cpu / span, "schd_cpu_per_slot_ms": per_slot_ms,
             "ceiling_slots_per_s": 1000.0 / per_slot_ms if per_slot_ms else None,
             "deadline_to_grant_cpu_p50_us": float(m.group(1)) if m else None,
-            "deadline_to_grant_cpu_p99_us": float(m.group(2)) if m else None}
+            "deadline_to_grant_cpu_p99_us": float(m.group(2)) if m else None,
+            "deadline_to_grant_wall_p50_ms": float(m.group(3)) if m and m.group(3) else None,
+            "deadline_to_grant_wall_p99_ms": float(m.group(4)) if m and m.group(4) else None,
+            "decided_ahead": int(m.group(5)) if m and m.group(5) else None,
+            "decide_ahead_cpu_p50_us": float(m.group(6)) if m and m.group(6) else None,
+            "decide_ahead_cpu_p99_us": float(m.group(7)) if m and m.group(7) else None,
+            "decided_at_deadline": int(m.group(8)) if m and m.group(8) else None}
 
 
 BARE_SEND_CHILD = r'''

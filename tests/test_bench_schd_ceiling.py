@@ -23,5 +23,8 @@ def test_one_point_of_each_mode_reports_slots_and_cpu(capsys):
     # every slot of the deadline mode ends at gem-schd's timer: its CPU to each grant is measured and logged
     d = rows["deadline"]
     assert d["deadline_to_grant_cpu_p50_us"] is not None and 0 < d["deadline_to_grant_cpu_p50_us"], d
+    assert d["deadline_to_grant_wall_p50_ms"] is not None and 0 < d["deadline_to_grant_wall_p50_ms"], d
+    # decided ahead of the deadlines (gem-schd's default --decide-ahead), the grants sent at them
+    assert d["decided_ahead"] and d["decided_ahead"] > d["decided_at_deadline"] and d["decide_ahead_cpu_p50_us"], d
     # 5 ms slots: at most about 200 a second; releasing at once, many more
     assert d["slots_per_s"] < 260 and rows["ceiling"]["slots_per_s"] > d["slots_per_s"], rows

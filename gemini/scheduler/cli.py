@@ -17,7 +17,8 @@ import click
 from gemini.config import ConfigError, load_config, parse_size
 from gemini.logs import LEVEL_NAMES, level_from_flags, setup_logging
 from gemini.scheduler.capacity import NvmlProbe
-from gemini.scheduler.daemon import DEFAULT_PORT, BindError, SchedulerDaemon
+from gemini.scheduler.daemon import (DEFAULT_DECIDE_AHEAD_MS, DEFAULT_PORT, MAX_DECIDE_AHEAD_MS, BindError,
+                                     SchedulerDaemon)
 from gemini.scheduler.policy import (DEFAULT_BASE_QUOTA_MS, DEFAULT_BUCKET_MS, DEFAULT_CAP_FRAME_MS,
                                      DEFAULT_MIN_QUOTA_MS, DEFAULT_WINDOW_MS, MIN_FRAME_QUOTA_MS)
 from gemini.shutdown import exit_now
@@ -82,6 +83,12 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
                    "caps) as their fair share (MinUtil, or an even part of the rest) of this cycle, taken in turns, "
                    "instead of -q each, so that floors and fair shares hold over windows of whole cycles (100 "
                    "divides 1 s), at the price of a handoff per group and cycle. At most -q. 0: off.")
+@click.option("--decide-ahead", "decide_ahead", type=click.FloatRange(0.0, MAX_DECIDE_AHEAD_MS),
+              default=DEFAULT_DECIDE_AHEAD_MS, show_default=True, metavar="MS",
+              help="Make the decisions due at a slot's deadline (or when a cap lifts) this long before it, and send "
+                   "their grants at it: the next holder's grant leaves at the deadline at the cost of a send. "
+                   "What arrives meanwhile counts as arriving at the deadline. 0: decide at the deadline. Off "
+                   "while unified groups are configured.")
 @click.option("--board", "board", default="", metavar="PATH",
               help="The GPU's board page (claims, continuations); default a new file in /dev/shm; 'none': no "
                    "board.")
@@ -112,9 +119,9 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
               show_default=True, metavar="MS",
               help="While the unified groups do not all fit in --device-memory: the shortest slot of each (longer if "
                    "its swap takes more than a tenth of it), so that a swap is paid by a long slot.")
-def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_frame_quota, fair_cycle, board, limit_file,
-         limit_file_dir, verbose, log_level, metrics_port, trace_path, ipc_dir, device_uuid, device_memory,
-         unified_min_slot):
+def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_frame_quota, fair_cycle, decide_ahead,
+         board, limit_file, limit_file_dir, verbose, log_level, metrics_port, trace_path, ipc_dir, device_uuid,
+         device_memory, unified_min_slot):
     """Schedule GPU time between groups of processes (pod managers connect here)."""
     ctx = click.get_current_context()
     if ipc_dir is not None:
@@ -160,7 +167,8 @@ def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_fra
                              device_uuid=device_uuid, device_memory=capacity,
                              memory_probe=None if capacity is not None else _memory_probe(device_uuid),
                              unified_min_slot_ms=unified_min_slot, frame_turns=frame_turns,
-                             min_frame_quota_ms=min_frame_quota, fair_cycle_ms=fair_cycle)
+                             min_frame_quota_ms=min_frame_quota, fair_cycle_ms=fair_cycle,
+                             decide_ahead_ms=decide_ahead)
 
     async def run() -> int:
         # Handlers first: a signal that arrives as soon as the port is bound must stop us cleanly.
@@ -194,8 +202,11 @@ def main(port, ip, quota, min_quota, window, bucket, frame, frame_turns, min_fra
         stats = daemon.timer_stats()
         if stats.get("count"):
             log.info("grants at deadlines: %d, lateness p50 %.3f ms, p99 %.3f ms; CPU from a deadline to its grant "
-                     "sent p50 %.1f us, p99 %.1f us", stats["count"], stats["p50_ms"], stats["p99_ms"],
-                     stats["cpu_p50_us"], stats["cpu_p99_us"])
+                     "sent p50 %.1f us, p99 %.1f us; wall from the deadline to the grant sent p50 %.3f ms, "
+                     "p99 %.3f ms; decided ahead %d (CPU p50 %.1f us, p99 %.1f us), at the deadline %d",
+                     stats["count"], stats["p50_ms"], stats["p99_ms"], stats["cpu_p50_us"], stats["cpu_p99_us"],
+                     stats["sent_p50_ms"], stats["sent_p99_ms"], stats["decided_ahead"], stats["decide_cpu_p50_us"],
+                     stats["decide_cpu_p99_us"], stats["decided_late"])
         return 0
 
     try:

@@ -31,6 +31,7 @@ import dataclasses
 import errno
 import ipaddress
 import logging
+import math
 import os
 import threading
 import time
@@ -67,6 +68,11 @@ EVICT_BYTES_PER_S = 1e9         # ... plus a second per GB to move (the pod mana
 PROBE_TIMEOUT_S = 10.0          # how long gem-schd's start waits for the card's memory (NVML) at most
 MAX_CLIENTS = 1 << 20
 MEMBERS_SHOWN = 32              # [pid, uid] pairs kept per group for the status reply
+# The policy decides this long (ms) before a timer's time and the grants go out at it (SchedulerDaemon._on_timer):
+# longer than the decision takes after a quiet wake-up (0.1-0.3 ms), short enough that an early release in it
+# (its next grant still waits for the deadline) costs little.
+DEFAULT_DECIDE_AHEAD_MS = 0.5
+MAX_DECIDE_AHEAD_MS = 5.0
 
 
 class PreciseTimer:
@@ -195,8 +201,12 @@ class SchedulerDaemon:
                  hello_timeout_s: float = HELLO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
                  device_memory: Optional[int] = None, evict_timeout_s: float = EVICT_TIMEOUT_S,
                  memory_probe: Optional[DeviceMemoryProbe] = None, unified_min_slot_ms: float = SLOT_FLOOR_MIN_MS,
-                 frame_turns: bool = True, min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS, fair_cycle_ms: float = 0.0):
+                 frame_turns: bool = True, min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS, fair_cycle_ms: float = 0.0,
+                 decide_ahead_ms: float = DEFAULT_DECIDE_AHEAD_MS):
+        if not (math.isfinite(decide_ahead_ms) and 0.0 <= decide_ahead_ms <= MAX_DECIDE_AHEAD_MS):
+            raise ValueError(f"decide_ahead_ms must be within 0..{MAX_DECIDE_AHEAD_MS:g}, got {decide_ahead_ms!r}")
         self.config = config
+        self.decide_ahead_ms = float(decide_ahead_ms)
         self.ip = ip
         self.port = port
         self.ipc_dir = os.path.abspath(ipc_dir) if ipc_dir else None
@@ -245,12 +255,29 @@ class SchedulerDaemon:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._recv_task: Optional[asyncio.Task] = None
         self._timer: Optional[PreciseTimer] = None
-        self._wake_target: Optional[float] = None
+        self._wake_target: Optional[float] = None     # the policy's time (ms) the timer is for
+        self._wake_at: Optional[float] = None         # when it fires (monotonic s): then, or decide_ahead_ms before
+        # Deciding ahead: the policy's time was moved on to `_ahead_until` (ms) before it came, and the grants it made
+        # then wait in `_early` until that time comes (see _on_timer).
+        self._ahead_until: Optional[float] = None
+        self._early: list[GrantDecision] = []
+        self._early_frames: dict[int, tuple[Grant, bytes]] = {}     # their messages, by token_seq
+        self._decide_cpu_ns: collections.deque[int] = collections.deque(maxlen=4096)  # a decision made ahead
+        self._decided_ahead = 0         # grants at timers decided ahead (sent at their time), and on time
+        self._decided_late = 0
         self._sweep_handle: Optional[asyncio.TimerHandle] = None
         self._closed: Optional[asyncio.Event] = None  # created in start(), on the loop
         self._bad_log = _RateLimitedLog()
         self._lateness: collections.deque[float] = collections.deque(maxlen=4096)
         self._grant_cpu_ns: collections.deque[int] = collections.deque(maxlen=4096)   # a deadline to its grant sent
+        self._grant_sent_ms: collections.deque[float] = collections.deque(maxlen=4096)  # (wall time, the same span)
+        # While a timer's decisions are carried out: its CPU clock at the start and its deadline (monotonic s), for
+        # the measure taken as the grant leaves (what comes after the send is not on the next holder's path).
+        self._timer_start: Optional[tuple[int, float]] = None
+        # Observer calls made while decisions are carried out wait until every message has gone out (then run in
+        # the order they were made): a grant at a deadline must not wait for the metrics and trace of the slot
+        # that ended before it.
+        self._deferred: Optional[list[tuple[str, tuple]]] = None
         self._tick_error_log = _RateLimitedLog(per_second=1, what="policy errors at a deadline")
         self.reloader: Optional[Any] = None   # ConfigReloader, imported lazily
         self.endpoint = ""
@@ -670,11 +697,13 @@ class SchedulerDaemon:
 
     # --- sending ----------------------------------------------------------------------------------------------------
 
-    def _send(self, identity: bytes, msg: Message, envelope: Optional[list[bytes]] = None) -> None:
+    def _send(self, identity: bytes, msg: Message, envelope: Optional[list[bytes]] = None,
+              frame: Optional[bytes] = None) -> None:
+        """Send msg (`frame`: msg already encoded)."""
         if self._sock is None or self._sock.closed:
             return
         try:
-            fut: Any = self._sock.send_multipart([identity, *(envelope or []), encode(msg)])
+            fut: Any = self._sock.send_multipart([identity, *(envelope or []), frame or encode(msg)])
         except zmq.ZMQError as exc:
             log.warning("could not send %s to %s: %s", msg.TYPE, self._name(identity), exc)
             return
@@ -687,16 +716,24 @@ class SchedulerDaemon:
         """Carry out the policy's decisions made at `now` (ms; default: now)."""
         if now is None:
             now = self.now_ms()
+        outermost = self._deferred is None
+        if outermost:
+            self._deferred = []
         try:
             self._carry_out(decisions, now)
         finally:
             self._publish_waiting(now)
+            if outermost:
+                deferred, self._deferred = self._deferred or [], None
+                for method, args in deferred:
+                    self._notify(method, *args)
 
     def _publish_waiting(self, now: float) -> None:
         """Tell the holder's hooks on the board whether another group could be granted now (after every
         message and timer, which is when that can change; a capped waiter whose bucket fills up meanwhile is
-        seen at the next one)."""
-        if self.board is None:
+        seen at the next one). Not while decisions made ahead wait for their time: the policy's holder is then
+        the next one, while the hooks of the one before it still run their slot."""
+        if self.board is None or self._ahead_until is not None:
             return
         waiting = self.policy.others_grantable(now)
         if waiting != self._board_waiting:
@@ -707,6 +744,13 @@ class SchedulerDaemon:
         for d in decisions:
             owner = self._owners.get(d.group)
             if isinstance(d, GrantDecision):
+                if self._ahead_until is not None:
+                    # Decided ahead: it goes out when its time comes, built and encoded now (a grant that waited
+                    # for nothing else: its quota is whole).
+                    self._early.append(d)
+                    msg = self._grant_message(d, d.quota_ms)
+                    self._early_frames[d.token_seq] = (msg, encode(msg))
+                    continue
                 if owner is None:
                     # Nobody to tell (its pod manager went away after asking): hand the token straight back.
                     log.warning("group %s was granted the token but has no pod manager; releasing it", d.group)
@@ -726,6 +770,13 @@ class SchedulerDaemon:
                     self._drop_held("the policy moved on to group " + d.group, now)
                 self._send_grant(owner, d)
             elif isinstance(d, SlotEndDecision):
+                early = [e for e in self._early if e.group == d.group and e.token_seq == d.token_seq]
+                if early:
+                    # A grant decided ahead that never went out (its pod manager left, a reload removed its group,
+                    # the daemon stops): it never began, so nobody is told of it or of its end.
+                    self._early.remove(early[0])
+                    self._early_frames.pop(d.token_seq, None)
+                    continue
                 held = self._held
                 if held is not None and held.decision.token_seq == d.token_seq and d.reason != "continued":
                     # Past its deadline (the evictions took longer than its quota) the group asks again; a slot
@@ -749,8 +800,8 @@ class SchedulerDaemon:
         board too: a holder's hooks take a continuation up from the board when their own slot runs out, and one
         that read a voided continuation there would launch until its deadline while another group holds the GPU."""
         slot = self._board_slots.get(d.group)
-        if self.board is None or slot is None:
-            return
+        if self.board is None or slot is None or d.reason == "deadline":
+            return          # (a slot that ran to its deadline ends there on the board already)
         line = self.board.read(slot)
         if line is None:
             return
@@ -765,17 +816,29 @@ class SchedulerDaemon:
         if self.board is not None and slot is not None:
             # First the board (a continuation reaches the holder's hooks there), then the message.
             self.board.publish(slot, d.token_seq, d.prev_seq, self._abs_ns(deadline))
-        quota = d.quota_ms
-        if held and not d.continuation:
-            # What is left of the slot: a grant held back for evictions goes out late, and its clock ran meanwhile.
-            # A pod manager counts a fresh grant's quota from its arrival; the whole of it ran the hooks as long
-            # past gem-schd's deadline as the grant was held, into the next group's slot.
-            quota = min(quota, max(0.0, deadline - self.now_ms()))
-        self._send(owner, Grant(d.group, quota, d.token_seq, d.continuation, d.prev_seq,
-                                self._abs_ns(deadline) / 1e9))
+        early = self._early_frames.pop(d.token_seq, None)
+        if early is not None and not held:
+            self._send(owner, early[0], frame=early[1])
+        else:
+            quota = d.quota_ms
+            if held and not d.continuation:
+                # What is left of the slot: a grant held back for evictions goes out late, and its clock ran
+                # meanwhile. A pod manager counts a fresh grant's quota from its arrival; the whole of it ran the
+                # hooks as long past gem-schd's deadline as the grant was held, into the next group's slot.
+                quota = min(quota, max(0.0, deadline - self.now_ms()))
+            self._send(owner, self._grant_message(d, quota))
+        if self._timer_start is not None:          # the first grant of a timer's decisions has left
+            cpu0, due = self._timer_start
+            self._timer_start = None
+            self._grant_cpu_ns.append(time.thread_time_ns() - cpu0)
+            self._grant_sent_ms.append((time.monotonic() - due) * 1000.0)
         self._notify("on_grant", d.group, d.token_seq, d.quota_ms, d.start_ms, d.wait_ms)
         log.debug("grant %s quota %.3f ms seq %d%s", d.group, d.quota_ms, d.token_seq,
                   " (continued)" if d.continuation else "")
+
+    def _grant_message(self, d: GrantDecision, quota_ms: float) -> Grant:
+        return Grant(d.group, quota_ms, d.token_seq, d.continuation, d.prev_seq,
+                     self._abs_ns(d.start_ms + d.quota_ms) / 1e9)
 
     # --- residency (unified groups) -------------------------------------------------------------------------------
 
@@ -966,37 +1029,77 @@ class SchedulerDaemon:
             self._dispatch(self.policy.request(group, now=now), now)
 
     def _notify(self, method: str, *args) -> None:
+        if self._deferred is not None:
+            self._deferred.append((method, args))
+            return
         for obs in self.observers:
             _call(obs, method, *args)
 
     # --- timers -----------------------------------------------------------------------------------------------------
 
+    def _ahead_s(self) -> float:
+        """How long before a timer's time the policy decides (s). Not with unified groups: a grant of theirs may
+        ask other groups to evict first, and a holder must not be asked before its slot is over."""
+        if self.decide_ahead_ms <= 0 or self.residency.any_unified():
+            return 0.0
+        return self.decide_ahead_ms / 1000.0
+
     def _arm_timer(self) -> None:
         if self._loop is None or self._closed is None or self._closed.is_set():
             return
-        wake = self.policy.next_wakeup(self.now_ms())
         if self._timer is None:
             self._timer = PreciseTimer(self._loop, self._on_timer)
-        if wake == self._wake_target:
+        at: Optional[float]
+        if self._ahead_until is not None:       # grants decided ahead: they go out at their time
+            wake: Optional[float] = self._ahead_until
+            at = self._t0 + self._ahead_until / 1000.0
+        else:
+            wake = self.policy.next_wakeup(self.now_ms())
+            at = None if wake is None else self._t0 + wake / 1000.0 - self._ahead_s()
+        if wake == self._wake_target and at == self._wake_at:
             return
-        self._wake_target = wake
-        self._timer.arm(None if wake is None else self._t0 + wake / 1000.0)
+        self._wake_target, self._wake_at = wake, at
+        self._timer.arm(at)
 
     def _on_timer(self, when: float) -> None:
+        """A timer fired. The policy's decisions at a time T (a slot's deadline, a cap lifting) are made
+        decide_ahead_ms before T, as at T (the policy's clock is moved on to T: what arrives meanwhile counts as
+        arriving at T); their grants wait, and go out at T at the cost of a send. From a deadline to the next
+        holder's grant sent, gem-schd's event loop ran the policy, built the grant and sent it: 226-249 us of CPU
+        at p50 on an H200's host, where what runs after a quiet wake-up is slow (issue 14's goal: 100 us). Late
+        (the loop was busy past T), the timer decides and sends at once."""
         target = self._wake_target
-        if target is None or abs((self._t0 + target / 1000.0) - when) > 1e-9:
+        if target is None or self._wake_at is None or abs(self._wake_at - when) > 1e-9:
             return                              # re-armed or cancelled after this one fired
-        self._wake_target = None
+        self._wake_target = self._wake_at = None
+        if self._ahead_until is not None:
+            self._send_early(target)
+            self._arm_timer()
+            return
         cpu0 = time.thread_time_ns()
         now = self.now_ms()
+        ahead = now < target - 1e-6
+        if ahead:
+            now, self._ahead_until = target, target
+        else:
+            self._timer_start = (cpu0, self._t0 + target / 1000.0)
         try:
             decisions = self.policy.tick(now)
-            granted = target is not None and any(isinstance(d, GrantDecision) for d in decisions)
-            if granted:
+            granted = any(isinstance(d, GrantDecision) for d in decisions)
+            if granted and not ahead:
+                self._decided_late += 1
                 self._lateness.append(now - target)
-            self._dispatch(decisions, now)
-            if granted:
-                self._grant_cpu_ns.append(time.thread_time_ns() - cpu0)
+            if not granted:
+                self._timer_start = None
+            self._dispatch(decisions, now)      # (measured as the grant leaves: _send_grant)
+            if ahead and self._early:
+                self._decide_cpu_ns.append(time.thread_time_ns() - cpu0)
+            elif ahead and self.policy.holder is not None:
+                # Nothing waits for the timer's time, and nobody can be granted before the holder's slot ends (a
+                # later timer). With the GPU free at that time, it is kept: a grant made meanwhile (a request
+                # that finds the GPU free) must not go out while the slot before it runs.
+                self._ahead_until = None
+                self._publish_waiting(now)
         except Exception:  # a bug must not stop the timer: the next deadline would never be decided
             # Retried 10 ms later, not at once: an error that recurs must not spin the event loop, nor fill the
             # log (one traceback a second).
@@ -1005,19 +1108,42 @@ class SchedulerDaemon:
             assert self._loop is not None
             self._loop.call_later(0.01, self._arm_timer)
             return
+        finally:
+            self._timer_start = None
         self._arm_timer()
+
+    def _send_early(self, target: float) -> None:
+        """The time the grants in `_early` were decided for has come: send them (measured as in _on_timer)."""
+        self._timer_start = (time.thread_time_ns(), self._t0 + target / 1000.0)
+        early, self._early, self._ahead_until = self._early, [], None
+        now = self.now_ms()
+        try:
+            if early:
+                self._decided_ahead += 1
+                self._lateness.append(now - target)
+            self._dispatch(list(early), now)
+        except Exception:   # (as in _on_timer: logged, and the timer goes on)
+            self._tick_error_log(logging.ERROR, "internal error while sending grants decided ahead", exc_info=True)
+        finally:
+            self._timer_start = None
+            self._early_frames.clear()      # (those of grants that went nowhere: no pod manager to tell)
 
     def timer_stats(self) -> dict:
         """Grants made at a timer (slot deadlines, caps lifting), the last 4096: count, their lateness (ms) p50,
-        p99 and max, and the loop's CPU time (µs) from the timer to the grant sent, p50 and p99."""
+        p99 and max, and from the timer to the grant sent (the grant's message handed to zmq) the loop's CPU time
+        (µs) and the wall time from the deadline (ms), p50 and p99."""
         values = sorted(self._lateness)
         if not values:
             return {"count": 0}
         pick = lambda v, q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
-        cpu = sorted(self._grant_cpu_ns)
+        cpu, sent, decide = sorted(self._grant_cpu_ns), sorted(self._grant_sent_ms), sorted(self._decide_cpu_ns)
         return {"count": len(values), "p50_ms": pick(values, 0.5), "p99_ms": pick(values, 0.99), "max_ms": values[-1],
                 "cpu_p50_us": pick(cpu, 0.5) / 1000.0 if cpu else 0.0,
-                "cpu_p99_us": pick(cpu, 0.99) / 1000.0 if cpu else 0.0}
+                "cpu_p99_us": pick(cpu, 0.99) / 1000.0 if cpu else 0.0,
+                "sent_p50_ms": pick(sent, 0.5) if sent else 0.0, "sent_p99_ms": pick(sent, 0.99) if sent else 0.0,
+                "decided_ahead": self._decided_ahead, "decided_late": self._decided_late,
+                "decide_cpu_p50_us": pick(decide, 0.5) / 1000.0 if decide else 0.0,
+                "decide_cpu_p99_us": pick(decide, 0.99) / 1000.0 if decide else 0.0}
 
     def _sweep(self) -> None:
         """Every second: pod managers silent for too long are marked disconnected and their requests dropped."""

@@ -1,8 +1,9 @@
 """What gem-schd tells its observers (the trace writer, the metrics server): slots, claims, swaps of unified
 groups' memory, reloads, the stop.
 
-The daemon calls them on its event loop after it has carried out a decision (a grant is sent before anyone is
-told about it). An observer's exception is logged and never reaches the daemon.
+The daemon calls them on its event loop after it has carried out the decisions of one event (every grant and
+message of them is sent before anyone is told about any of them), in the order the decisions were made. An
+observer's exception is logged and never reaches the daemon.
 """
 from __future__ import annotations
 
