@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """gem-schd alone, pinned to one core: its CPU per slot, and the most slots a second it can run, at 2 to 256 groups.
 
-    python bench/bench_schd_ceiling.py [--groups 2,16,64,256] [--seconds 5] [--quota 5] [--out DIR]
+    python bench/bench_schd_ceiling.py [--groups 2,16,64,256] [--seconds 5] [--quota 5] [--schd-arg=--decide-ahead=0
+                                       [--compare]] [--out DIR]
 
 Issue 14's scale goal is about gem-schd's own CPU, which bench_scale.py cannot isolate (its pod managers and load
 share the machine, and its load offers fewer slots than gem-schd could run). Here one process plays every group's pod
@@ -125,13 +126,13 @@ async def _load(endpoint: str, groups: list[str], seconds: float, hold: bool, wa
 
 
 def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int, load_cpu: int,
-              work: Path, warmup: float = 1.0) -> dict:
+              work: Path, warmup: float = 1.0, schd_args: tuple[str, ...] = ()) -> dict:
     groups = [f"g{i}" for i in range(n)]
     config = work / f"rc-{n}-{mode}.txt"
     write_config(config, [Group(g, 0.0, 1.0, "1GiB") for g in groups])
     log = work / f"gem-schd-{n}-{mode}.log"
     argv = [sys.executable, "-m", "gemini.scheduler.cli", "-P", "0", "-f", str(config), "-q", str(quota_ms),
-            "-m", str(min(quota_ms, 5.0)), "--board", str(work / f"board-{n}-{mode}")]
+            "-m", str(min(quota_ms, 5.0)), "--board", str(work / f"board-{n}-{mode}"), *schd_args]
     affinity = os.sched_getaffinity(0)
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
@@ -159,7 +160,8 @@ def run_point(n: int, mode: str, seconds: float, quota_ms: float, schd_cpu: int,
             proc.wait()
     m = CPU_LINE.search(log.read_text())
     per_slot_ms = cpu / slots * 1000 if slots else None
-    return {"groups": n, "mode": mode, "seconds": round(span, 3), "slots": slots, "slots_per_s": slots / span,
+    return {"groups": n, "mode": mode, "schd_args": list(schd_args), "seconds": round(span, 3), "slots": slots,
+            "slots_per_s": slots / span,
             "schd_cpu_cores": cpu / span, "schd_cpu_per_slot_ms": per_slot_ms,
             "ceiling_slots_per_s": 1000.0 / per_slot_ms if per_slot_ms else None,
             "deadline_to_grant_cpu_p50_us": float(m.group(1)) if m else None,
@@ -238,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quota", type=float, default=5.0, help="gem-schd -q (ms): each slot's length in deadline mode")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds before each point's measured span")
     p.add_argument("--bare-sends", type=int, default=300, help="sends in the machine's bare-send measure")
+    p.add_argument("--schd-arg", action="append", default=[], metavar="ARG",
+                   help="a flag for gem-schd (repeat it); with --compare, for the second run of every point")
+    p.add_argument("--compare", action="store_true",
+                   help="run every point twice, with gem-schd's defaults and then with the --schd-arg flags")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
@@ -245,11 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("needs two cores: one for gem-schd, one for the load")
     rows = []
     with tempfile.TemporaryDirectory(prefix="schd-ceiling-") as tmp:
+        variants = [(), tuple(args.schd_arg)] if args.compare else [tuple(args.schd_arg)]
         for n in (int(x) for x in args.groups.split(",")):
             for mode in args.modes.split(","):
-                rows.append(run_point(n, mode, args.seconds, args.quota, cpus[0], cpus[1], Path(tmp),
-                                      args.warmup))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                for extra in variants:
+                    rows.append(run_point(n, mode, args.seconds, args.quota, cpus[0], cpus[1], Path(tmp),
+                                          args.warmup, extra))
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     out = {"quota_ms": args.quota, "seconds": args.seconds, "cpus": {"gem-schd": cpus[0], "load": cpus[1]},
            "rows": rows, "bare_send": bare_send(cpus[0], cpus[1], args.quota, n=args.bare_sends)}
     if args.out:

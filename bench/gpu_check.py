@@ -325,8 +325,10 @@ def step_policy_cost(ctx) -> dict:
     # the whole daemon, messages and board included (issue 14's goal: <= 100 us at p50 at 64 groups); the
     # development machine, a nested VM, is no place for that number (docs/benchmarks.md, "Twenty-eighth session")
     try:    # (its failure keeps the policy's measures above)
+        # (each point with the defaults, then deciding at the deadline: what --decide-ahead gains, side by side)
         res["schd"] = bench(ctx, ["bench/bench_schd_ceiling.py", "--groups", "2,16,64,256",
-                                  "--seconds", "3" if ctx.args.quick else "5"], 300)
+                                  "--seconds", "3" if ctx.args.quick else "5", "--compare",
+                                  "--schd-arg=--decide-ahead=0"], 400)
     except Exception as exc:
         res["schd"] = {"error": f"{type(exc).__name__}: {exc}"[-1500:]}
     return res
@@ -595,11 +597,16 @@ def write_report(ctx, results: dict) -> None:
             if schd.get("error"):
                 lines.append(f"- gem-schd's ceiling bench FAILED: {schd['error'][-300:]}")
             for row in schd.get("rows", []):
-                lines.append(f"- gem-schd, {row['groups']} groups, {row['mode']}: {fmt(row['slots_per_s'])} slots/s, "
-                             f"CPU per slot {fmt(row['schd_cpu_per_slot_ms'], 3)} ms (ceiling "
-                             f"{fmt(row['ceiling_slots_per_s'], 0)} slots/s); deadline to grant sent p50 "
+                flags = " ".join(row.get("schd_args") or []) or "defaults"
+                lines.append(f"- gem-schd ({flags}), {row['groups']} groups, {row['mode']}: "
+                             f"{fmt(row['slots_per_s'])} slots/s, CPU per slot "
+                             f"{fmt(row['schd_cpu_per_slot_ms'], 3)} ms (ceiling "
+                             f"{fmt(row['ceiling_slots_per_s'], 0)} slots/s); deadline to grant sent: CPU p50 "
                              f"{fmt(row['deadline_to_grant_cpu_p50_us'])} us, p99 "
-                             f"{fmt(row['deadline_to_grant_cpu_p99_us'])} us")
+                             f"{fmt(row['deadline_to_grant_cpu_p99_us'])} us, wall p50 "
+                             f"{fmt(row.get('deadline_to_grant_wall_p50_ms'), 3)} ms; decided ahead "
+                             f"{row.get('decided_ahead')} (CPU p50 {fmt(row.get('decide_ahead_cpu_p50_us'))} us), "
+                             f"at the deadline {row.get('decided_at_deadline')}")
             if "bare_send" in schd:
                 b = schd["bare_send"]
                 lines.append(f"- one bare zmq send after {fmt(b['gap_ms'])} ms of quiet (the machine's own cost): "

@@ -378,11 +378,17 @@ def test_gpu_checks_policy_cost_report_gives_gem_schds_own_cpu_and_the_bare_send
     import bench.gpu_check as gc
     ctx = gc.Ctx()
     ctx.out, ctx.durations = tmp_path, {"policy_cost": 12.0}
-    row = {"groups": 64, "mode": "deadline", "slots_per_s": 190.0, "schd_cpu_per_slot_ms": 1.9,
-           "ceiling_slots_per_s": 520.0, "deadline_to_grant_cpu_p50_us": 439.8, "deadline_to_grant_cpu_p99_us": 652.1}
+    row = {"groups": 64, "mode": "deadline", "schd_args": [], "slots_per_s": 190.0, "schd_cpu_per_slot_ms": 1.9,
+           "ceiling_slots_per_s": 520.0, "deadline_to_grant_cpu_p50_us": 139.8, "deadline_to_grant_cpu_p99_us": 252.1,
+           "deadline_to_grant_wall_p50_ms": 0.351, "decided_ahead": 940, "decide_ahead_cpu_p50_us": 201.5,
+           "decided_at_deadline": 6}
+    off = dict(row, schd_args=["--decide-ahead=0"], deadline_to_grant_cpu_p50_us=439.8, decided_ahead=0,
+               decide_ahead_cpu_p50_us=0.0, decided_at_deadline=946)
     gc.write_report(ctx, {"policy_cost": {"groups": {"64": 33.0}, "schd": {
-        "rows": [row], "bare_send": {"gap_ms": 5.0, "sends": 300, "cpu_p50_us": 155.6, "cpu_p99_us": 264.2}}}})
+        "rows": [row, off], "bare_send": {"gap_ms": 5.0, "sends": 300, "cpu_p50_us": 155.6, "cpu_p99_us": 264.2}}}})
     text = (tmp_path / "report.md").read_text()
-    assert "gem-schd, 64 groups, deadline: 190.0 slots/s" in text and "p50 439.8 us, p99 652.1 us" in text, text
+    assert "gem-schd (defaults), 64 groups, deadline: 190.0 slots/s" in text, text
+    assert "CPU p50 139.8 us, p99 252.1 us, wall p50 0.351 ms; decided ahead 940 (CPU p50 201.5 us)" in text, text
+    assert "gem-schd (--decide-ahead=0), 64 groups, deadline" in text and "at the deadline 946" in text, text
     assert "one bare zmq send after 5.0 ms of quiet (the machine's own cost): p50 155.6 us" in text, text
     assert '"groups"' in text, text        # the policy's own measures, as before
