@@ -398,14 +398,20 @@ def _watch_grants(d, events):
 
         def sent(identity, msg, envelope=None, frame=None):
             if isinstance(msg, Grant):
-                events.append(("sent", msg.group, time.monotonic()))
+                events.append(("sent", msg.group, time.monotonic(), msg.deadline_s, msg.quota_ms, msg.continuation))
             send(identity, msg, envelope, frame)
 
         def ticked(now):
-            events.append(("tick", now, d.daemon.now_ms()))
+            events.append(("tick", now, d.daemon.now_ms(), d.daemon.policy.holder_deadline))
             return tick(now)
         d.daemon._send, d.daemon.policy.tick = sent, ticked
     d.call(watch)
+
+
+def _sent_before_their_start(d, events):
+    """Fresh grants sent before the start the policy gave them (their deadline less their quota), beyond 50 us (a
+    continuation goes out continue_lead_ms before the slot it continues ends, by design)."""
+    return [e for e in events if e[0] == "sent" and not e[5] and e[2] < e[3] - e[4] / 1000.0 - 50e-6]
 
 
 def test_a_grant_at_a_deadline_leaves_before_the_observers_hear_of_the_slot_that_ended():
@@ -445,6 +451,9 @@ def test_the_decisions_due_at_a_deadline_are_made_ahead_and_their_grant_leaves_a
         grant = next((e for e in rest if e[0] == "sent"), None)
         assert grant is not None, seen
         assert grant[2] >= t0 + due / 1000.0 - 1e-6, (due, grant, seen)
+    # only the ends of running slots are decided ahead (not the point continue_lead_ms before them)
+    assert all(e[3] is not None and abs(e[1] - e[3]) < 1e-6 for e in seen if e[0] == "tick" and e[1] > e[2]), seen
+    assert not _sent_before_their_start(schd, seen), seen
     stats = schd.call(schd.daemon.timer_stats)
     assert stats["decided_ahead"] >= 1 and stats["decide_cpu_p50_us"] > 0, stats
     assert stats["decided_ahead"] + stats["decided_late"] == stats["count"] >= 4, stats
@@ -503,9 +512,10 @@ def test_a_grant_decided_ahead_whose_pod_manager_leaves_before_it_goes_out_is_ne
     left = [e for e in seen if e[0] == "left"]
     assert len(left) == 1, seen
     gone = left[0][1]
-    assert [x.group for x in left[0][2]] == [gone], seen        # it left while its grant waited for a's deadline
+    assert [x[0].group for x in left[0][2]] == [gone], seen     # it left while its grant waited for a's deadline
     other = ({"b", "c"} - {gone}).pop()
-    assert gone not in [e[1] for e in seen if e[0] == "sent"] and ("on_grant", gone) in seen, seen
+    # never sent, and nobody told of a slot that never began
+    assert gone not in [e[1] for e in seen if e[0] == "sent"] and ("on_grant", gone) not in seen, seen
     sent = next(e for e in seen if e[0] == "sent" and e[1] == other)
     # the other one at a's deadline (as the grant to a group without a pod manager is handed straight back), not
     # after the gone group's slot
@@ -518,9 +528,9 @@ def test_a_request_that_finds_the_gpu_free_at_a_deadline_decided_ahead_waits_for
     once, b's hooks would launch while c's slot still runs)."""
     events = []
     with DaemonThread(CONFIG, base_quota_ms=QUOTA, min_quota_ms=20.0, decide_ahead_ms=MAX_AHEAD) as d:
-        def ask(group):
+        def ask(group, due_ms):
             daemon = d.daemon
-            events.append(("asked", group, time.monotonic(), daemon._ahead_until))
+            events.append(("asked", group, time.monotonic(), daemon._t0 + due_ms / 1000.0))
             t = daemon.now_ms()
             daemon._dispatch(daemon.policy.request(group, now=t), t)
 
@@ -531,7 +541,7 @@ def test_a_request_that_finds_the_gpu_free_at_a_deadline_decided_ahead_waits_for
                 out = tick(now)
                 if now > d.daemon.now_ms() and d.daemon.policy.holder is None \
                         and not [e for e in events if e[0] == "asked"]:
-                    d.loop.call_soon(ask, "b")      # in the window: the GPU is free at the deadline
+                    d.loop.call_soon(ask, "b", now)     # in the window: the GPU is free at the deadline
                 return out
             d.daemon.policy.tick = ticked
         d.call(watch)
@@ -546,8 +556,100 @@ def test_a_request_that_finds_the_gpu_free_at_a_deadline_decided_ahead_waits_for
             seen = d.call(lambda: list(events))
     asked = next(e for e in seen if e[0] == "asked")
     sent = next(e for e in seen if e[0] == "sent" and e[1] == "b")
-    assert asked[2] < grant.deadline_s, (grant.deadline_s, seen)              # asked before c's deadline ...
-    assert sent[2] >= grant.deadline_s - 1e-6, (grant.deadline_s, sent, seen)  # ... granted at it
+    due = asked[3]                  # the deadline of c's slot (its first, or a continuation's) decided ahead
+    assert asked[2] < due, (due, seen)                      # asked before c's deadline ...
+    assert sent[2] >= due - 1e-6, (due, sent, seen)         # ... granted at it
+    assert not _sent_before_their_start(d, seen), seen
+
+
+def _decided_ahead_for_b(d, inject, at_first_tick_ahead=False):
+    """gem-schd deciding 5 ms ahead, groups a and b: a holds, b asks; right after b's grant is decided ahead of a's
+    deadline (before it goes out), or after the first tick made ahead of its time, inject(daemon) runs on the
+    loop. Returns the events (_watch_grants)."""
+    events = []
+
+    def watch():
+        tick = d.daemon.policy.tick
+
+        def ticked(now):
+            out = tick(now)
+            b_granted = any(isinstance(x, GrantDecision) and x.group == "b" for x in out)
+            if now > d.daemon.now_ms() and (b_granted or at_first_tick_ahead) \
+                    and not [e for e in events if e[0] == "injected"]:
+                events.append(("injected", d.daemon.now_ms()))
+                d.loop.call_soon(inject, d.daemon)
+            return out
+        d.daemon.policy.tick = ticked
+    d.call(watch)
+    _watch_grants(d, events)
+    return events
+
+
+TWO = parse_config("[a]\nMaxUtil = 1.0\n[b]\nMaxUtil = 1.0\n", "rc.txt")
+
+
+def test_the_holders_release_while_the_next_grant_waits_for_its_deadline_sends_nothing_early():
+    """a releases (and asks again) right after the first decision made ahead of its time (the policy's clock moved
+    on): b's grant leaves at a's deadline, never before the start the policy gave it. (Deciding ahead of the
+    point continue_lead_ms before a deadline too, and letting the clock run on with the holder in place, sent b's
+    grant at a's release, up to 2.8 ms before its start.)"""
+    with DaemonThread(TWO, base_quota_ms=QUOTA, min_quota_ms=20.0, decide_ahead_ms=MAX_AHEAD) as d:
+        def release(daemon):
+            t = daemon.now_ms()
+            seqs = [x[0].prev_seq for x in daemon._early if x[0].group == "a"] + [daemon._a_seq]
+            daemon._dispatch(daemon.policy.release("a", seqs[0], 0.0, t), t)
+            daemon._dispatch(daemon.policy.request("a", t), t)
+        events = _decided_ahead_for_b(d, release, at_first_tick_ahead=True)
+        with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
+            assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
+            assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
+            grant = pa.request(TokenRequest("a"))
+            d.daemon._a_seq = grant.token_seq
+            pb.send(TokenRequest("b"))
+            assert isinstance(pb.recv(2.0), Grant)
+            time.sleep(0.1)
+            seen = d.call(lambda: list(events))
+    assert [e for e in seen if e[0] == "injected"], seen
+    assert not _sent_before_their_start(d, seen), seen
+
+
+def test_a_grant_decided_ahead_does_not_go_to_a_pod_manager_that_replaced_the_one_that_asked():
+    """b's grant waits for a's deadline; a new pod manager says hello for b meanwhile (the old one's request is
+    dropped): the new one, which never asked, gets no grant, and nobody is told of it."""
+    with DaemonThread(TWO, base_quota_ms=QUOTA, min_quota_ms=20.0, decide_ahead_ms=MAX_AHEAD) as d:
+        events = _decided_ahead_for_b(d, lambda daemon: daemon._on_hello(b"new-b", Hello("b", pid=os.getpid()),
+                                                                         "test", []))
+        with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb, \
+                FakePodManager(d.endpoint, identity=b"new-b") as pb2:
+            assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
+            assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
+            pb2.send(TokenRequest("zz"))        # (connects it: answered with an error)
+            pb2.recv(1.0)
+            pa.request(TokenRequest("a"))
+            pb.send(TokenRequest("b"))
+            time.sleep(0.2)
+            got = [m for m in pb.drain() + pb2.drain() if isinstance(m, Grant)]
+            seen = d.call(lambda: list(events))
+    assert [e for e in seen if e[0] == "injected"], seen
+    assert got == [] and ("on_grant", "b") not in seen, (got, seen)
+
+
+def test_a_grant_decided_ahead_for_a_group_a_reload_removed_is_not_sent_nor_counted():
+    """b's grant waits for a's deadline; a reload removes b meanwhile: the grant goes nowhere, and the observers
+    hear of no grant of b's (told of one, the metrics brought the removed group's series back)."""
+    with DaemonThread(TWO, base_quota_ms=QUOTA, min_quota_ms=20.0, decide_ahead_ms=MAX_AHEAD) as d:
+        only_a = parse_config("[a]\nMaxUtil = 1.0\n", "rc.txt")
+        events = _decided_ahead_for_b(d, lambda daemon: daemon.apply_config(only_a))
+        with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
+            assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
+            assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
+            pa.request(TokenRequest("a"))
+            pb.send(TokenRequest("b"))
+            time.sleep(0.2)
+            got = [m for m in pb.drain() if isinstance(m, Grant)]
+            seen = d.call(lambda: list(events))
+    assert [e for e in seen if e[0] == "injected"], seen
+    assert got == [] and ("on_grant", "b") not in seen, (got, seen)
 
 
 # --- the command line -------------------------------------------------------------------------------------------------

@@ -260,8 +260,10 @@ class SchedulerDaemon:
         # Deciding ahead: the policy's time was moved on to `_ahead_until` (ms) before it came, and the grants it made
         # then wait in `_early` until that time comes (see _on_timer).
         self._ahead_until: Optional[float] = None
-        self._early: list[GrantDecision] = []
+        self._early: list[tuple[GrantDecision, Optional[bytes]]] = []     # (with the pod manager to tell then)
         self._early_frames: dict[int, tuple[Grant, bytes]] = {}     # their messages, by token_seq
+        self._early_by_timer = False    # the timer's own decision made one of them (not a message in the window)
+        self._voided: set[int] = set()  # token_seqs of grants decided ahead that go out nowhere (being released)
         self._decide_cpu_ns: collections.deque[int] = collections.deque(maxlen=4096)  # a decision made ahead
         self._decided_ahead = 0         # grants at timers decided ahead (sent at their time), and on time
         self._decided_late = 0
@@ -746,8 +748,8 @@ class SchedulerDaemon:
             if isinstance(d, GrantDecision):
                 if self._ahead_until is not None:
                     # Decided ahead: it goes out when its time comes, built and encoded now (a grant that waited
-                    # for nothing else: its quota is whole).
-                    self._early.append(d)
+                    # for nothing else: its quota is whole), to the pod manager that speaks for the group now.
+                    self._early.append((d, owner))
                     msg = self._grant_message(d, d.quota_ms)
                     self._early_frames[d.token_seq] = (msg, encode(msg))
                     continue
@@ -770,11 +772,12 @@ class SchedulerDaemon:
                     self._drop_held("the policy moved on to group " + d.group, now)
                 self._send_grant(owner, d)
             elif isinstance(d, SlotEndDecision):
-                early = [e for e in self._early if e.group == d.group and e.token_seq == d.token_seq]
-                if early:
-                    # A grant decided ahead that never went out (its pod manager left, a reload removed its group,
-                    # the daemon stops): it never began, so nobody is told of it or of its end.
-                    self._early.remove(early[0])
+                early = [e for e in self._early if e[0].group == d.group and e[0].token_seq == d.token_seq]
+                if early or d.token_seq in self._voided:
+                    # A grant decided ahead that never went out (the daemon stops, or it is handed back at its time
+                    # for want of its pod manager): it never began, so nobody is told of it or of its end.
+                    if early:
+                        self._early.remove(early[0])
                     self._early_frames.pop(d.token_seq, None)
                     continue
                 held = self._held
@@ -1037,10 +1040,17 @@ class SchedulerDaemon:
 
     # --- timers -----------------------------------------------------------------------------------------------------
 
-    def _ahead_s(self) -> float:
-        """How long before a timer's time the policy decides (s). Not with unified groups: a grant of theirs may
-        ask other groups to evict first, and a holder must not be asked before its slot is over."""
+    def _ahead_s(self, wake: float) -> float:
+        """How long before the policy's time `wake` (ms) it decides (s): decide_ahead_ms when that is the end of
+        the running slot, whose next holder waits for it; 0 for the other times a timer serves (the point
+        continue_lead_ms before a deadline, whose continuation needs no haste; a cap lifting or a claim right
+        coming back on an idle GPU, where moving the clock on would only hold back a request meanwhile). Not with
+        unified groups: a grant of theirs may ask other groups to evict first, and a holder must not be asked
+        before its slot is over."""
         if self.decide_ahead_ms <= 0 or self.residency.any_unified():
+            return 0.0
+        deadline = self.policy.holder_deadline
+        if deadline is None or abs(deadline - wake) > 1e-9:
             return 0.0
         return self.decide_ahead_ms / 1000.0
 
@@ -1055,7 +1065,7 @@ class SchedulerDaemon:
             at = self._t0 + self._ahead_until / 1000.0
         else:
             wake = self.policy.next_wakeup(self.now_ms())
-            at = None if wake is None else self._t0 + wake / 1000.0 - self._ahead_s()
+            at = None if wake is None else self._t0 + wake / 1000.0 - self._ahead_s(wake)
         if wake == self._wake_target and at == self._wake_at:
             return
         self._wake_target, self._wake_at = wake, at
@@ -1078,7 +1088,7 @@ class SchedulerDaemon:
             return
         cpu0 = time.thread_time_ns()
         now = self.now_ms()
-        ahead = now < target - 1e-6
+        ahead = now < target - 1e-6 and self._ahead_s(target) > 0
         if ahead:
             now, self._ahead_until = target, target
         else:
@@ -1092,14 +1102,12 @@ class SchedulerDaemon:
             if not granted:
                 self._timer_start = None
             self._dispatch(decisions, now)      # (measured as the grant leaves: _send_grant)
+            # Ahead, the timer's time is kept even with no grant made: the slot that ended at it still runs until
+            # then, and a grant made meanwhile (a request that finds the GPU free then, or the next one after the
+            # holder's release) must not go out before it.
             if ahead and self._early:
+                self._early_by_timer = True
                 self._decide_cpu_ns.append(time.thread_time_ns() - cpu0)
-            elif ahead and self.policy.holder is not None:
-                # Nothing waits for the timer's time, and nobody can be granted before the holder's slot ends (a
-                # later timer). With the GPU free at that time, it is kept: a grant made meanwhile (a request
-                # that finds the GPU free) must not go out while the slot before it runs.
-                self._ahead_until = None
-                self._publish_waiting(now)
         except Exception:  # a bug must not stop the timer: the next deadline would never be decided
             # Retried 10 ms later, not at once: an error that recurs must not spin the event loop, nor fill the
             # log (one traceback a second).
@@ -1113,20 +1121,39 @@ class SchedulerDaemon:
         self._arm_timer()
 
     def _send_early(self, target: float) -> None:
-        """The time the grants in `_early` were decided for has come: send them (measured as in _on_timer)."""
+        """The time the grants in `_early` were decided for has come: send them (measured as in _on_timer). One
+        whose group has no pod manager now, or another than when it was decided (a new one said hello: it did not
+        ask), or is no longer configured, goes nowhere: it is handed back at once, and nobody is told of it."""
         self._timer_start = (time.thread_time_ns(), self._t0 + target / 1000.0)
         early, self._early, self._ahead_until = self._early, [], None
+        by_timer, self._early_by_timer = self._early_by_timer, False
         now = self.now_ms()
+        names = {g.name for g in self.config.groups}
+        going = [d for d, owner in early if owner is not None and self._owners.get(d.group) == owner
+                 and d.group in names]
         try:
-            if early:
-                self._decided_ahead += 1
+            if going:
+                if by_timer:
+                    self._decided_ahead += 1
                 self._lateness.append(now - target)
-            self._dispatch(list(early), now)
+            self._dispatch(list(going), now)
+            for d, _owner in early:
+                if any(d is x for x in going):
+                    continue
+                log.info("group %s's grant (seq %d), decided ahead, not sent: %s", d.group, d.token_seq,
+                         "its group is no longer configured" if d.group not in names else
+                         "it has no pod manager now" if self._owners.get(d.group) is None else
+                         "another pod manager speaks for it now")
+                self._voided.add(d.token_seq)
+                try:
+                    self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, now), now)
+                finally:
+                    self._voided.discard(d.token_seq)
         except Exception:   # (as in _on_timer: logged, and the timer goes on)
             self._tick_error_log(logging.ERROR, "internal error while sending grants decided ahead", exc_info=True)
         finally:
             self._timer_start = None
-            self._early_frames.clear()      # (those of grants that went nowhere: no pod manager to tell)
+            self._early_frames.clear()
 
     def timer_stats(self) -> dict:
         """Grants made at a timer (slot deadlines, caps lifting), the last 4096: count, their lateness (ms) p50,
