@@ -652,6 +652,58 @@ def test_a_grant_decided_ahead_for_a_group_a_reload_removed_is_not_sent_nor_coun
     assert got == [] and ("on_grant", "b") not in seen, (got, seen)
 
 
+def test_pod_managers_that_release_and_ask_at_random_never_get_a_grant_before_its_slot_starts():
+    """Three groups (one uncapped, two capped) whose pod managers release early or late and ask again at random
+    for 3 s, gem-schd deciding 5 ms ahead so that their messages often fall in the windows: no fresh grant leaves
+    before the start the policy gave it, every group is served, and decisions were made ahead."""
+    import random
+    rng = random.Random(1234)
+    events = []
+    with DaemonThread(CONFIG, base_quota_ms=20.0, min_quota_ms=5.0, decide_ahead_ms=MAX_AHEAD) as d:
+        _watch_grants(d, events)
+        pms = {g: FakePodManager(d.endpoint) for g in ("a", "b", "c")}
+        try:
+            for g, pm in pms.items():
+                assert isinstance(pm.request(Hello(g, pid=os.getpid())), Welcome)
+            holding = {g: None for g in pms}        # (token_seq, when to release)
+            ask_at = {g: time.monotonic() + rng.uniform(0, 0.02) for g in pms}
+            grants = {g: 0 for g in pms}
+            poller = zmq.Poller()
+            for pm in pms.values():
+                poller.register(pm.sock, zmq.POLLIN)
+            stop = time.monotonic() + 3.0
+            while time.monotonic() < stop:
+                ready = dict(poller.poll(1))
+                now = time.monotonic()
+                for g, pm in pms.items():
+                    if pm.sock in ready:
+                        for msg in pm.drain():
+                            if isinstance(msg, Grant):
+                                grants[g] += 1
+                                end = msg.deadline_s + rng.choice([-0.004, -0.001, 0.0003, 0.002]) \
+                                    if msg.continuation or rng.random() < 0.6 else \
+                                    now + rng.uniform(0.0, msg.quota_ms / 1000.0)
+                                holding[g] = (msg.token_seq, end)
+                    held = holding[g]
+                    if held is not None and now >= held[1]:
+                        pm.send(TokenRelease(g, held[0], used_ms=rng.uniform(0.0, 20.0)))
+                        holding[g] = None
+                        ask_at[g] = now + rng.choice([0.0, 0.0, 0.0005, 0.003, 0.02])
+                    if holding[g] is None and ask_at[g] is not None and now >= ask_at[g]:
+                        pm.send(TokenRequest(g))
+                        ask_at[g] = None
+                    if holding[g] is None and ask_at[g] is None and rng.random() < 0.002:
+                        ask_at[g] = now        # (asked again while its request waits: harmless)
+            seen = d.call(lambda: list(events))
+            stats = d.call(d.daemon.timer_stats)
+        finally:
+            for pm in pms.values():
+                pm.close()
+    assert not _sent_before_their_start(d, seen), _sent_before_their_start(d, seen)
+    assert all(n >= 3 for n in grants.values()), grants
+    assert stats["decided_ahead"] >= 10, stats
+
+
 # --- the command line -------------------------------------------------------------------------------------------------
 
 def _run_cli(*args, timeout=10, cwd=None):
