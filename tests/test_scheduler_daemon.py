@@ -652,6 +652,61 @@ def test_a_grant_decided_ahead_for_a_group_a_reload_removed_is_not_sent_nor_coun
     assert got == [] and ("on_grant", "b") not in seen, (got, seen)
 
 
+def test_a_grant_decided_ahead_that_the_policy_continues_in_the_window_still_goes_out_before_its_continuation():
+    """Slots of 2 ms (no longer than continue_lead_ms): the policy continues b's slot, decided ahead of a's deadline,
+    as soon as anything calls it in the window (here a's release of its old slot). b's fresh grant must still go
+    out, before the continuation: a pod manager takes up only a continuation of a slot it was granted, and dropped,
+    b's pod manager (which asks once) waited for good. (Found by a second review.)"""
+    with DaemonThread(TWO, base_quota_ms=2.0, min_quota_ms=1.0, decide_ahead_ms=MAX_AHEAD) as d:
+        def stale_release(daemon):
+            t = daemon.now_ms()
+            daemon._dispatch(daemon.policy.release("a", daemon._a_seq, 0.0, t), t)
+        events = _decided_ahead_for_b(d, stale_release)
+        with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
+            assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
+            assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
+            grant = pa.request(TokenRequest("a"))
+            d.daemon._a_seq = grant.token_seq
+            pb.send(TokenRequest("b"))
+            time.sleep(0.2)
+            got = [m for m in pb.drain() if isinstance(m, Grant)]
+            seen = d.call(lambda: list(events))
+    assert [e for e in seen if e[0] == "injected"], seen
+    assert got and not got[0].continuation, got[:5]
+    # each continuation continues the grant b's pod manager received just before it
+    for before, after in zip(got, got[1:]):
+        assert not after.continuation or after.prev_seq == before.token_seq, got[:8]
+    ends = [e for e in seen if e[0] in ("on_grant", "on_slot_end") and e[1] == "b"]
+    assert ends[0] == ("on_grant", "b"), ends       # its end told after its grant
+
+
+def test_a_grant_decided_ahead_whose_slot_runs_out_before_it_goes_out_is_asked_again():
+    """The loop held up past a's deadline T and past b's whole slot (5 ms) before the grant waiting for T went out,
+    and a message handled first moved the policy's clock past b's deadline: b's slot ran out unsent. b's pod
+    manager asked once: its request goes back in the queue (dropped, it waited for good). (Found by a second
+    review.)"""
+    with DaemonThread(TWO, base_quota_ms=5.0, min_quota_ms=5.0, decide_ahead_ms=MAX_AHEAD) as d:
+        d.call(lambda: setattr(d.daemon.policy, "continuation", False))     # (so that b's slot simply runs out)
+
+        def busy_then_message(daemon):
+            due = daemon._ahead_until + 5.0 + 0.5
+            while daemon.now_ms() < due:        # the loop busy (a long pause) ...
+                pass
+            t = daemon.now_ms()                 # ... then a message handled before the grants waiting for T
+            daemon._dispatch(daemon.policy.release("a", daemon._a_seq, 0.0, t), t)
+        events = _decided_ahead_for_b(d, busy_then_message)
+        with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
+            assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
+            assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
+            grant = pa.request(TokenRequest("a"))
+            d.daemon._a_seq = grant.token_seq
+            pb.send(TokenRequest("b"))
+            got = pb.recv_type(Grant, 2.0)
+            seen = d.call(lambda: list(events))
+    assert [e for e in seen if e[0] == "injected"], seen
+    assert got is not None and not got.continuation, (got, [e for e in seen if e[0] != "tick"][:20])
+
+
 def test_pod_managers_that_release_and_ask_at_random_never_get_a_grant_before_its_slot_starts():
     """Three groups (one uncapped, two capped) whose pod managers release early or late and ask again at random
     for 3 s, gem-schd deciding 5 ms ahead so that their messages often fall in the windows: no fresh grant leaves

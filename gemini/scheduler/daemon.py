@@ -260,7 +260,9 @@ class SchedulerDaemon:
         # Deciding ahead: the policy's time was moved on to `_ahead_until` (ms) before it came, and the grants it made
         # then wait in `_early` until that time comes (see _on_timer).
         self._ahead_until: Optional[float] = None
-        self._early: list[tuple[GrantDecision, Optional[bytes]]] = []     # (with the pod manager to tell then)
+        # (each grant with the pod manager to tell as it was decided; the end of a stashed slot the policy continued
+        # meanwhile follows its grant, with None)
+        self._early: list[tuple[Decision, Optional[bytes]]] = []
         self._early_frames: dict[int, tuple[Grant, bytes]] = {}     # their messages, by token_seq
         self._early_by_timer = False    # the timer's own decision made one of them (not a message in the window)
         self._voided: set[int] = set()  # token_seqs of grants decided ahead that go out nowhere (being released)
@@ -472,6 +474,7 @@ class SchedulerDaemon:
         """Stop serving (idempotent; call on the loop)."""
         if self._closed is None or self._closed.is_set():
             return
+        self._flush_due()
         log.info("gem-schd stopping")
         if self.reloader is not None:
             self.reloader.stop()
@@ -535,6 +538,7 @@ class SchedulerDaemon:
         return text[:80]
 
     def _on_frames(self, frames) -> None:
+        self._flush_due()
         identity = frames[0].bytes
         if len(frames) == 2:
             envelope: list[bytes] = []
@@ -772,13 +776,12 @@ class SchedulerDaemon:
                     self._drop_held("the policy moved on to group " + d.group, now)
                 self._send_grant(owner, d)
             elif isinstance(d, SlotEndDecision):
-                early = [e for e in self._early if e[0].group == d.group and e[0].token_seq == d.token_seq]
-                if early or d.token_seq in self._voided:
-                    # A grant decided ahead that never went out (the daemon stops, or it is handed back at its time
-                    # for want of its pod manager): it never began, so nobody is told of it or of its end.
-                    if early:
-                        self._early.remove(early[0])
-                    self._early_frames.pop(d.token_seq, None)
+                if d.token_seq in self._voided:
+                    continue        # (handed back at its time for want of its pod manager: nobody was told of it)
+                early = [e for e in self._early if isinstance(e[0], GrantDecision) and e[0].group == d.group
+                         and e[0].token_seq == d.token_seq]
+                if early:
+                    self._end_early(d, early[0], now)
                     continue
                 held = self._held
                 if held is not None and held.decision.token_seq == d.token_seq and d.reason != "continued":
@@ -812,6 +815,23 @@ class SchedulerDaemon:
         end_ns = self._abs_ns(d.end_ms)
         if seq == d.token_seq and end_ns < deadline_ns:
             self.board.publish(slot, seq, prev, end_ns)
+
+    def _end_early(self, d: SlotEndDecision, entry: tuple, now: float) -> None:
+        """The policy ended the slot of a grant decided ahead before its time came. Continued (a slot no longer than
+        continue_lead_ms, and something called the policy in the window): the grant still goes out, its end and
+        the continuation after it (a pod manager takes up only a continuation of a slot it was granted). Ended
+        otherwise it never began: nobody is told of it; a stop or the group's own new request needs nothing, but
+        one that ran out meanwhile (the loop held up past the slot's deadline) leaves its pod manager waiting for
+        an answer to the request it made once, so the request goes back in the queue."""
+        if d.reason == "continued":
+            self._early.append((d, None))
+            return
+        self._early.remove(entry)
+        self._early_frames.pop(d.token_seq, None)
+        if d.reason not in ("stop", "release"):
+            log.info("group %s's grant (seq %d), decided ahead, ended (%s) before its time: it asks again", d.group,
+                     d.token_seq, d.reason)
+            self._requeue(d.group, now)
 
     def _send_grant(self, owner: bytes, d: GrantDecision, held: bool = False) -> None:
         deadline = d.start_ms + d.quota_ms
@@ -1040,6 +1060,16 @@ class SchedulerDaemon:
 
     # --- timers -----------------------------------------------------------------------------------------------------
 
+    def _flush_due(self) -> None:
+        """Grants decided ahead whose time has come go out before anything else is handled: the timer's call at
+        that time may still wait behind messages, and a message handled first moves the policy's clock on (past a
+        slot that waits in the stash, if the loop was held up longer than it)."""
+        if self._ahead_until is not None and self.now_ms() >= self._ahead_until:
+            target = self._ahead_until
+            self._wake_target = self._wake_at = None        # (the timer's call, when it comes, finds nothing to do)
+            self._send_early(target)
+            self._arm_timer()
+
     def _ahead_s(self, wake: float) -> float:
         """How long before the policy's time `wake` (ms) it decides (s): decide_ahead_ms when that is the end of
         the running slot, whose next holder waits for it; 0 for the other times a timer serves (the point
@@ -1129,26 +1159,26 @@ class SchedulerDaemon:
         by_timer, self._early_by_timer = self._early_by_timer, False
         now = self.now_ms()
         names = {g.name for g in self.config.groups}
-        going = [d for d, owner in early if owner is not None and self._owners.get(d.group) == owner
-                 and d.group in names]
+        voided = [d for d, owner in early if isinstance(d, GrantDecision)
+                  and (owner is None or self._owners.get(d.group) != owner or d.group not in names)]
+        gone = {d.group for d in voided}
+        going = [d for d, _owner in early if d.group not in gone]
         try:
-            if going:
+            if any(isinstance(d, GrantDecision) for d in going):
                 if by_timer:
                     self._decided_ahead += 1
                 self._lateness.append(now - target)
-            self._dispatch(list(going), now)
-            for d, _owner in early:
-                if any(d is x for x in going):
-                    continue
-                log.info("group %s's grant (seq %d), decided ahead, not sent: %s", d.group, d.token_seq,
-                         "its group is no longer configured" if d.group not in names else
-                         "it has no pod manager now" if self._owners.get(d.group) is None else
-                         "another pod manager speaks for it now")
-                self._voided.add(d.token_seq)
-                try:
+            self._dispatch(going, now)
+            self._voided.update(d.token_seq for d in voided)
+            try:
+                for d in voided:
+                    log.info("group %s's grant (seq %d), decided ahead, not sent: %s", d.group, d.token_seq,
+                             "its group is no longer configured" if d.group not in names else
+                             "it has no pod manager now" if self._owners.get(d.group) is None else
+                             "another pod manager speaks for it now")
                     self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, now), now)
-                finally:
-                    self._voided.discard(d.token_seq)
+            finally:
+                self._voided.clear()
         except Exception:   # (as in _on_timer: logged, and the timer goes on)
             self._tick_error_log(logging.ERROR, "internal error while sending grants decided ahead", exc_info=True)
         finally:
@@ -1175,6 +1205,7 @@ class SchedulerDaemon:
     def _sweep(self) -> None:
         """Every second: pod managers silent for too long are marked disconnected and their requests dropped."""
         assert self._loop is not None
+        self._flush_due()
         now = time.monotonic()
         for identity, peer in list(self._peers.items()):
             if now - peer.last_seen > self.heartbeat_timeout_s:
@@ -1198,6 +1229,7 @@ class SchedulerDaemon:
 
     def apply_config(self, config: Config) -> None:
         """Switch to a new config (from the reloader, on the loop): the policy first, then push the changes."""
+        self._flush_due()
         old = self.config
         diff = diff_configs(old, config)
         self.config = config
