@@ -1,6 +1,7 @@
 """gem-schd over real zmq on an ephemeral port, with fake pod managers (DEALER sockets)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -414,17 +415,27 @@ def _sent_before_their_start(d, events):
     return [e for e in events if e[0] == "sent" and not e[5] and e[2] < e[3] - e[4] / 1000.0 - 50e-6]
 
 
+@contextlib.contextmanager
+def _a_holds_and_b_asks(d):
+    """Pod managers for a and b say hello; a is granted the GPU, then b asks (and is granted at a's deadline). Yields
+    their fake pod managers and a's grant (its token_seq also as d.daemon._a_seq, for injected callbacks)."""
+    with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
+        assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
+        assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
+        grant = pa.request(TokenRequest("a"))
+        assert isinstance(grant, Grant)
+        d.daemon._a_seq = grant.token_seq
+        pb.send(TokenRequest("b"))
+        yield pa, pb, grant
+
+
 def test_a_grant_at_a_deadline_leaves_before_the_observers_hear_of_the_slot_that_ended():
     """The metrics and the trace of the slot that ended at a deadline are not on the next holder's path: deciding at
     the deadline (--decide-ahead 0), they are told after the grant has gone, in the order the decisions were made."""
     events = []
     with DaemonThread(CONFIG, base_quota_ms=QUOTA, min_quota_ms=20.0, decide_ahead_ms=0.0) as d:
         _watch_grants(d, events)
-        with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
-            assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
-            assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
-            pa.request(TokenRequest("a"))
-            pb.send(TokenRequest("b"))
+        with _a_holds_and_b_asks(d) as (pa, pb, _grant):
             assert isinstance(pb.recv(2.0), Grant)          # at a's deadline
             seen = [e[:3] if e[0] != "sent" else e[:2] for e in d.call(lambda: list(events)) if e[0] != "tick"]
     at = seen.index(("on_slot_end", "a", "deadline"))
@@ -480,11 +491,7 @@ def test_with_decide_ahead_off_the_policy_decides_at_the_deadline():
     events = []
     with DaemonThread(CONFIG, base_quota_ms=QUOTA, min_quota_ms=20.0, decide_ahead_ms=0.0) as d:
         _watch_grants(d, events)
-        with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
-            assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
-            assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
-            pa.request(TokenRequest("a"))
-            pb.send(TokenRequest("b"))
+        with _a_holds_and_b_asks(d) as (pa, pb, _grant):
             assert isinstance(pb.recv(2.0), Grant)
         seen = d.call(lambda: list(events))
         stats = d.call(d.daemon.timer_stats)
@@ -614,6 +621,18 @@ def _injected(result):
     return result if [e for e in result[-1] if e[0] == "injected"] else None
 
 
+def _b_grants_when(inject, quota_ms=QUOTA, min_quota_ms=20.0):
+    """One try, groups a and b, deciding 5 ms ahead: inject(daemon) right after b's grant is decided ahead of a's
+    deadline. (b's grants received within 0.2 s, the events) if the injection happened, else None."""
+    with DaemonThread(TWO, base_quota_ms=quota_ms, min_quota_ms=min_quota_ms, decide_ahead_ms=MAX_AHEAD) as d:
+        events = _decided_ahead_for_b(d, inject)
+        with _a_holds_and_b_asks(d) as (_pa, pb, _grant):
+            time.sleep(0.2)
+            got = [m for m in pb.drain() if isinstance(m, Grant)]
+            seen = d.call(lambda: list(events))
+    return _injected((got, seen))
+
+
 TWO = parse_config("[a]\nMaxUtil = 1.0\n[b]\nMaxUtil = 1.0\n", "rc.txt")
 
 
@@ -630,12 +649,7 @@ def test_the_holders_release_while_the_next_grant_waits_for_its_deadline_sends_n
                 daemon._dispatch(daemon.policy.release("a", seqs[0], 0.0, t), t)
                 daemon._dispatch(daemon.policy.request("a", t), t)
             events = _decided_ahead_for_b(d, release, at_first_tick_ahead=True)
-            with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
-                assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
-                assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
-                grant = pa.request(TokenRequest("a"))
-                d.daemon._a_seq = grant.token_seq
-                pb.send(TokenRequest("b"))
+            with _a_holds_and_b_asks(d) as (pa, pb, grant):
                 assert isinstance(pb.recv(2.0), Grant)
                 time.sleep(0.1)
                 seen = d.call(lambda: list(events))
@@ -670,20 +684,8 @@ def test_a_grant_decided_ahead_does_not_go_to_a_pod_manager_that_replaced_the_on
 def test_a_grant_decided_ahead_for_a_group_a_reload_removed_is_not_sent_nor_counted():
     """b's grant waits for a's deadline; a reload removes b meanwhile: the grant goes nowhere, and the observers
     hear of no grant of b's (told of one, the metrics brought the removed group's series back)."""
-    def run():
-        with DaemonThread(TWO, base_quota_ms=QUOTA, min_quota_ms=20.0, decide_ahead_ms=MAX_AHEAD) as d:
-            only_a = parse_config("[a]\nMaxUtil = 1.0\n", "rc.txt")
-            events = _decided_ahead_for_b(d, lambda daemon: daemon.apply_config(only_a))
-            with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
-                assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
-                assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
-                pa.request(TokenRequest("a"))
-                pb.send(TokenRequest("b"))
-                time.sleep(0.2)
-                got = [m for m in pb.drain() if isinstance(m, Grant)]
-                seen = d.call(lambda: list(events))
-        return _injected((got, seen))
-    got, seen = _until_it_happens(run)
+    only_a = parse_config("[a]\nMaxUtil = 1.0\n", "rc.txt")
+    got, seen = _until_it_happens(lambda: _b_grants_when(lambda daemon: daemon.apply_config(only_a)))
     assert got == [] and ("on_grant", "b") not in seen, (got, seen)
 
 
@@ -692,23 +694,10 @@ def test_a_grant_decided_ahead_that_the_policy_continues_in_the_window_still_goe
     as soon as anything calls it in the window (here a's release of its old slot). b's fresh grant must still go
     out, before the continuation: a pod manager takes up only a continuation of a slot it was granted, and dropped,
     b's pod manager (which asks once) waited for good. (Found by a second review.)"""
-    def run():
-        with DaemonThread(TWO, base_quota_ms=2.0, min_quota_ms=1.0, decide_ahead_ms=MAX_AHEAD) as d:
-            def stale_release(daemon):
-                t = daemon.now_ms()
-                daemon._dispatch(daemon.policy.release("a", daemon._a_seq, 0.0, t), t)
-            events = _decided_ahead_for_b(d, stale_release)
-            with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
-                assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
-                assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
-                grant = pa.request(TokenRequest("a"))
-                d.daemon._a_seq = grant.token_seq
-                pb.send(TokenRequest("b"))
-                time.sleep(0.2)
-                got = [m for m in pb.drain() if isinstance(m, Grant)]
-                seen = d.call(lambda: list(events))
-        return _injected((got, seen))
-    got, seen = _until_it_happens(run)
+    def stale_release(daemon):
+        t = daemon.now_ms()
+        daemon._dispatch(daemon.policy.release("a", daemon._a_seq, 0.0, t), t)
+    got, seen = _until_it_happens(lambda: _b_grants_when(stale_release, quota_ms=2.0, min_quota_ms=1.0))
     assert got and not got[0].continuation, got[:5]
     # each continuation continues the grant b's pod manager received just before it
     for before, after in zip(got, got[1:]):
@@ -733,12 +722,7 @@ def test_a_grant_decided_ahead_whose_slot_runs_out_before_it_goes_out_is_asked_a
                 t = daemon.now_ms()                 # ... then a message handled before the grants waiting for T
                 daemon._dispatch(daemon.policy.release("a", daemon._a_seq, 0.0, t), t)
             events = _decided_ahead_for_b(d, busy_then_message)
-            with FakePodManager(d.endpoint) as pa, FakePodManager(d.endpoint) as pb:
-                assert isinstance(pa.request(Hello("a", pid=os.getpid())), Welcome)
-                assert isinstance(pb.request(Hello("b", pid=os.getpid())), Welcome)
-                grant = pa.request(TokenRequest("a"))
-                d.daemon._a_seq = grant.token_seq
-                pb.send(TokenRequest("b"))
+            with _a_holds_and_b_asks(d) as (pa, pb, grant):
                 got = pb.recv_type(Grant, 2.0)
                 seen = d.call(lambda: list(events))
         return _injected((got, seen))
