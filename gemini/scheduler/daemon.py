@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import zmq
 import zmq.asyncio
@@ -262,7 +262,7 @@ class SchedulerDaemon:
         self._ahead_until: Optional[float] = None
         # (each grant with the pod manager to tell as it was decided; the end of a stashed slot the policy continued
         # meanwhile follows its grant, with None)
-        self._early: list[tuple[Decision, Optional[bytes]]] = []
+        self._early: list[tuple[Union[GrantDecision, SlotEndDecision], Optional[bytes]]] = []
         self._early_frames: dict[int, tuple[Grant, bytes]] = {}     # their messages, by token_seq
         self._early_by_timer = False    # the timer's own decision made one of them (not a message in the window)
         self._voided: set[int] = set()  # token_seqs of grants decided ahead that go out nowhere (being released)
@@ -778,8 +778,8 @@ class SchedulerDaemon:
             elif isinstance(d, SlotEndDecision):
                 if d.token_seq in self._voided:
                     continue        # (handed back at its time for want of its pod manager: nobody was told of it)
-                early = [e for e in self._early if isinstance(e[0], GrantDecision) and e[0].group == d.group
-                         and e[0].token_seq == d.token_seq]
+                early = [(e, o) for e, o in self._early if isinstance(e, GrantDecision) and e.group == d.group
+                         and e.token_seq == d.token_seq]
                 if early:
                     self._end_early(d, early[0], now)
                     continue
@@ -816,7 +816,7 @@ class SchedulerDaemon:
         if seq == d.token_seq and end_ns < deadline_ns:
             self.board.publish(slot, seq, prev, end_ns)
 
-    def _end_early(self, d: SlotEndDecision, entry: tuple, now: float) -> None:
+    def _end_early(self, d: SlotEndDecision, entry: tuple[GrantDecision, Optional[bytes]], now: float) -> None:
         """The policy ended the slot of a grant decided ahead before its time came. Continued (a slot no longer than
         continue_lead_ms, and something called the policy in the window): the grant still goes out, its end and
         the continuation after it (a pod manager takes up only a continuation of a slot it was granted). Ended
@@ -828,6 +828,18 @@ class SchedulerDaemon:
             return
         self._early.remove(entry)
         self._early_frames.pop(d.token_seq, None)
+        # A continuation ended before it began: the policy ended the slot it continues then too (_shorten_past),
+        # so a chain still in the stash (its grants and their ends) never began either.
+        prev = entry[0].prev_seq if entry[0].continuation else 0
+        while prev:
+            chain = [e for e in self._early if e[0].group == d.group and e[0].token_seq == prev]
+            if not chain:
+                break
+            for e in chain:
+                self._early.remove(e)
+            self._early_frames.pop(prev, None)
+            grant = next((e[0] for e in chain if isinstance(e[0], GrantDecision)), None)
+            prev = grant.prev_seq if grant is not None and grant.continuation else 0
         if d.reason not in ("stop", "release"):
             log.info("group %s's grant (seq %d), decided ahead, ended (%s) before its time: it asks again", d.group,
                      d.token_seq, d.reason)
@@ -1159,10 +1171,14 @@ class SchedulerDaemon:
         by_timer, self._early_by_timer = self._early_by_timer, False
         now = self.now_ms()
         names = {g.name for g in self.config.groups}
-        voided = [d for d, owner in early if isinstance(d, GrantDecision)
-                  and (owner is None or self._owners.get(d.group) != owner or d.group not in names)]
-        gone = {d.group for d in voided}
-        going = [d for d, _owner in early if d.group not in gone]
+        voided: list[GrantDecision] = []
+        gone: set[int] = set()          # token_seqs voided: a grant for another pod manager, and what continues it
+        for d, owner in early:
+            if isinstance(d, GrantDecision) and (owner is None or self._owners.get(d.group) != owner
+                                                 or d.group not in names or (d.continuation and d.prev_seq in gone)):
+                voided.append(d)
+                gone.add(d.token_seq)
+        going: list[Decision] = [d for d, _owner in early if d.token_seq not in gone]
         try:
             if any(isinstance(d, GrantDecision) for d in going):
                 if by_timer:
