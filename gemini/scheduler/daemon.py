@@ -747,16 +747,20 @@ class SchedulerDaemon:
             self.board.set_groups_waiting(waiting)
 
     def _carry_out(self, decisions: list[Decision], now: float) -> None:
+        if self._ahead_until is not None:
+            # Decided ahead: grants go out when their time comes, built and encoded now (a grant that waited for
+            # nothing else: its quota is whole), to the pod manager that speaks for the group now. All of them
+            # first: a slot no longer than continue_lead_ms is continued in the same decisions, its end (and the
+            # continuation) listed before its grant.
+            for d in decisions:
+                if isinstance(d, GrantDecision):
+                    self._early.append((d, self._owners.get(d.group)))
+                    msg = self._grant_message(d, d.quota_ms)
+                    self._early_frames[d.token_seq] = (msg, encode(msg))
+            decisions = [d for d in decisions if not isinstance(d, GrantDecision)]
         for d in decisions:
             owner = self._owners.get(d.group)
             if isinstance(d, GrantDecision):
-                if self._ahead_until is not None:
-                    # Decided ahead: it goes out when its time comes, built and encoded now (a grant that waited
-                    # for nothing else: its quota is whole), to the pod manager that speaks for the group now.
-                    self._early.append((d, owner))
-                    msg = self._grant_message(d, d.quota_ms)
-                    self._early_frames[d.token_seq] = (msg, encode(msg))
-                    continue
                 if owner is None:
                     # Nobody to tell (its pod manager went away after asking): hand the token straight back.
                     log.warning("group %s was granted the token but has no pod manager; releasing it", d.group)
@@ -820,9 +824,10 @@ class SchedulerDaemon:
         """The policy ended the slot of a grant decided ahead before its time came. Continued (a slot no longer than
         continue_lead_ms, and something called the policy in the window): the grant still goes out, its end and
         the continuation after it (a pod manager takes up only a continuation of a slot it was granted). Ended
-        otherwise it never began: nobody is told of it; a stop or the group's own new request needs nothing, but
-        one that ran out meanwhile (the loop held up past the slot's deadline) leaves its pod manager waiting for
-        an answer to the request it made once, so the request goes back in the queue."""
+        otherwise it never began: nobody is told of it. Unless the daemon stops or the policy queued or granted
+        the group again (its own new request), its pod manager still waits for an answer to the request it made
+        once (the slot ran out meanwhile, the loop held up past its deadline; a release named a seq it was never
+        sent), so the request goes back in the queue."""
         if d.reason == "continued":
             self._early.append((d, None))
             return
@@ -840,7 +845,7 @@ class SchedulerDaemon:
             self._early_frames.pop(prev, None)
             grant = next((e[0] for e in chain if isinstance(e[0], GrantDecision)), None)
             prev = grant.prev_seq if grant is not None and grant.continuation else 0
-        if d.reason not in ("stop", "release"):
+        if d.reason != "stop" and d.group not in self.policy.waiting() and self.policy.holder != d.group:
             log.info("group %s's grant (seq %d), decided ahead, ended (%s) before its time: it asks again", d.group,
                      d.token_seq, d.reason)
             self._requeue(d.group, now)
@@ -1162,12 +1167,25 @@ class SchedulerDaemon:
             self._timer_start = None
         self._arm_timer()
 
+    @staticmethod
+    def _ordered(early: list) -> list:
+        """The stash in the order its grants were made (token_seq), each grant's end (a continued slot) right after
+        it: a pod manager takes up a continuation only after the grant it continues."""
+        grants = sorted((e for e in early if isinstance(e[0], GrantDecision)), key=lambda e: e[0].token_seq)
+        ends = [e for e in early if not isinstance(e[0], GrantDecision)]
+        out = []
+        for g in grants:
+            out.append(g)
+            out += [e for e in ends if e[0].token_seq == g[0].token_seq]
+        seqs = {g[0].token_seq for g in grants}
+        return out + [e for e in ends if e[0].token_seq not in seqs]
+
     def _send_early(self, target: float) -> None:
         """The time the grants in `_early` were decided for has come: send them (measured as in _on_timer). One
         whose group has no pod manager now, or another than when it was decided (a new one said hello: it did not
         ask), or is no longer configured, goes nowhere: it is handed back at once, and nobody is told of it."""
         self._timer_start = (time.thread_time_ns(), self._t0 + target / 1000.0)
-        early, self._early, self._ahead_until = self._early, [], None
+        early, self._early, self._ahead_until = self._ordered(self._early), [], None
         by_timer, self._early_by_timer = self._early_by_timer, False
         now = self.now_ms()
         names = {g.name for g in self.config.groups}
