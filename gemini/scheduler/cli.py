@@ -85,7 +85,7 @@ def _memory_probe(device_uuid: str | None) -> NvmlProbe:
                    "divides 1 s), at the price of a handoff per group and cycle. At most -q. 0: off.")
 @click.option("--decide-ahead", "decide_ahead", type=click.FloatRange(0.0, MAX_DECIDE_AHEAD_MS),
               default=DEFAULT_DECIDE_AHEAD_MS, show_default=True, metavar="MS",
-              help="Make the decisions due at a slot's deadline (or when a cap lifts) this long before it, and send "
+              help="Make the decisions due at the end of the running slot this long before it, and send "
                    "their grants at it: the next holder's grant leaves at the deadline at the cost of a send. "
                    "What arrives meanwhile counts as arriving at the deadline. 0: decide at the deadline. Off "
                    "while unified groups are configured.")

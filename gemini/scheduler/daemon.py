@@ -68,7 +68,7 @@ EVICT_BYTES_PER_S = 1e9         # ... plus a second per GB to move (the pod mana
 PROBE_TIMEOUT_S = 10.0          # how long gem-schd's start waits for the card's memory (NVML) at most
 MAX_CLIENTS = 1 << 20
 MEMBERS_SHOWN = 32              # [pid, uid] pairs kept per group for the status reply
-# The policy decides this long (ms) before a timer's time and the grants go out at it (SchedulerDaemon._on_timer):
+# The policy decides this long (ms) before a running slot's end and the grants go out at it (SchedulerDaemon._on_timer):
 # longer than the decision takes after a quiet wake-up (0.1-0.3 ms), short enough that an early release in it
 # (its next grant still waits for the deadline) costs little.
 DEFAULT_DECIDE_AHEAD_MS = 0.5
@@ -1119,7 +1119,7 @@ class SchedulerDaemon:
         self._timer.arm(at)
 
     def _on_timer(self, when: float) -> None:
-        """A timer fired. The policy's decisions at a time T (a slot's deadline, a cap lifting) are made
+        """A timer fired. The policy's decisions at the end T of the running slot (_ahead_s) are made
         decide_ahead_ms before T, as at T (the policy's clock is moved on to T: what arrives meanwhile counts as
         arriving at T); their grants wait, and go out at T at the cost of a send. From a deadline to the next
         holder's grant sent, gem-schd's event loop ran the policy, built the grant and sent it: 226-249 us of CPU
