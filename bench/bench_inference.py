@@ -57,6 +57,19 @@ START_S = 10.0
 WARMUP_S = 3.0      # the discarded first run of each workload
 
 
+def class_min_util(cls: str, default: float) -> float | None:
+    """The serving group's MinUtil in class `cls` (`batch`, `latency`, or `latency@MU`); None if `cls` is none of
+    those."""
+    name, at, mu = cls.partition("@")
+    if not at:
+        return default if name in ("batch", "latency") else None
+    try:
+        value = float(mu)
+    except ValueError:
+        return None
+    return value if name == "latency" and 0 < value <= 1 else None
+
+
 def planned_seconds(seconds: float, repeats: int, workloads: int, classes: int, variants: int = 0,
                     gemini_only: bool = False, itb_seconds: float = 0.0, alone_seconds: float = 8.0) -> float:
     """About how long a bench_inference run takes, from its arguments: each serving run and each of the trainer's
@@ -179,15 +192,18 @@ def main(argv=None) -> int:
                         "'inflight2:GEMINI_INFLIGHT_MS=2;idle025:GEMINI_CLAIM_IDLE_MS=0.25')")
     p.add_argument("--classes", default="batch,latency",
                    help="the gemini phase's classes for the serving group (`latency` alone saves a quarter of a run "
-                        "whose batch-class p99, the trainer's slot, is known)")
+                        "whose batch-class p99, the trainer's slot, is known); `latency@MU` serves as a latency group "
+                        "with MinUtil MU, its claim budget, instead of --min-util: what a smaller budget trades of "
+                        "the server's p99 for the trainer's steps, in the same interleaved repeats")
     p.add_argument("--timeline", action="store_true",
                    help="time each request's parts on the GPU too (serve.py --timeline; two stamp kernels a request)")
     p.add_argument("--timeline-dir", default="", help="with --timeline, keep each run's request lines here too")
     args = p.parse_args(argv)
     workloads = [tuple(w.split(":")) for w in args.workloads.split(",") if w]
     classes = [c for c in args.classes.split(",") if c]
-    if not classes or any(c not in ("batch", "latency") for c in classes):
-        p.error(f"--classes {args.classes!r}: a comma-separated list of batch and latency")
+    if not classes or any(class_min_util(c, args.min_util) is None for c in classes):
+        p.error(f"--classes {args.classes!r}: a comma-separated list of batch, latency and latency@MU "
+                f"(MU a MinUtil above 0 and at most 1)")
     # --latency-variants, parsed once: {name: the GEMINI_* settings it adds}
     variants: dict[str, dict[str, str]] = {}
     for spec in (v.strip() for v in args.latency_variants.split(";")):
@@ -270,9 +286,10 @@ def main(argv=None) -> int:
     config = work / "resource-config.txt"
 
     def write_config(cls: str) -> None:
+        """The serving group as `cls`: batch, latency, or latency@MU (MinUtil MU instead of --min-util)."""
         tmp = config.with_suffix(".tmp")
-        tmp.write_text(f"[infer]\nMinUtil = {args.min_util}\nMemoryLimit = 40GiB\nClass = {cls}\n"
-                       "[train]\nMinUtil = 0\nMemoryLimit = 40GiB\n")
+        tmp.write_text(f"[infer]\nMinUtil = {class_min_util(cls, args.min_util)}\nMemoryLimit = 40GiB\n"
+                       f"Class = {cls.partition('@')[0]}\n[train]\nMinUtil = 0\nMemoryLimit = 40GiB\n")
         os.replace(tmp, config)
 
     write_config("batch")
@@ -335,7 +352,8 @@ def main(argv=None) -> int:
         itb_alone = next((r["after_idle"] for r in out["runs"]
                           if r["workload"] == key and r["case"] == "alone-itb" and r["after_idle"].get("requests")),
                          None)
-        for case in ("alone", "native", "gemini-batch", "gemini-latency", *variant_cases,
+        budgets = [f"gemini-{c}" for c in classes if "@" in c]     # the latency class at other claim budgets
+        for case in ("alone", "native", "gemini-batch", "gemini-latency", *budgets, *variant_cases,
                      "alone-itb", "native-itb", "gemini-latency-itb"):
             rows = [r for r in out["runs"] if r["workload"] == key and r["case"] == case]
             if not rows:

@@ -652,7 +652,8 @@ def main(argv=None) -> int:
     p.add_argument("--infer-gemini-only", action="store_true",
                    help="bench_inference --gemini-only: no alone or native runs (A/B of hook changes on one machine)")
     p.add_argument("--infer-classes", default="batch,latency",
-                   help="bench_inference --classes: the serving group's classes under gemini (latency alone is faster)")
+                   help="bench_inference --classes: the serving group's classes under gemini (latency alone is faster; "
+                        "latency@MU: the latency class with MinUtil MU, its claim budget, e.g. latency,latency@0.15)")
     p.add_argument("--infer-timeline", action="store_true",
                    help="bench_inference --timeline: where each request's time went (two stamp kernels a request)")
     p.add_argument("--infer-idle-then-busy", default="", metavar="BUSY:IDLE",

@@ -12,10 +12,10 @@ import pytest
 import bench.bench_inference as bi
 
 # What the fake serve.py reports in each case: its p99, and with --idle-gaps the p99 just after the pauses.
-P99 = {"alone": 2.0, "native": 6.0, "gemini-batch": 90.0, "gemini-latency": 4.0}
+P99 = {"alone": 2.0, "native": 6.0, "gemini-batch": 90.0, "gemini-latency": 4.0, "gemini-latency@0.15": 5.0}
 AFTER_IDLE_P99 = {"alone": 1.5, "native": 7.0, "gemini-latency": 6.0}
 # The fake trainer's steps/s over each case's span.
-TRAIN = {"native": 60.0, "native-itb": 62.0, "gemini-batch": 55.0, "gemini-latency": 50.0,
+TRAIN = {"native": 60.0, "native-itb": 62.0, "gemini-batch": 55.0, "gemini-latency": 50.0, "gemini-latency@0.15": 57.0,
          "gemini-latency-itb": 54.0}
 
 
@@ -39,13 +39,18 @@ class FakeWorld:
         self.serve_s += float(argv[at + 4])
         self.starts += 1
         if argv[0] == "launch-command":
-            case = "gemini-" + re.search(r"\[infer\][^[]*Class = (\w+)", self.config.read_text()).group(1)
+            infer = re.search(r"\[infer\]([^[]*)", self.config.read_text()).group(1)
+            case = "gemini-" + re.search(r"Class = (\w+)", infer).group(1)
+            min_util = float(re.search(r"MinUtil = ([0-9.]+)", infer).group(1))
+            if case == "gemini-latency" and min_util != 0.5:    # --min-util's default: a latency@MU class
+                case += f"@{min_util:g}"
         else:
             case = "native" if self.trainers else "alone"
         itb = "--idle-gaps" in argv
         self.last = case + ("-itb" if itb else "")
         self.served.append(self.last)
-        res = {"ok": True, "p50_ms": 1.0, "p99_ms": P99[case], "p999_ms": 2 * P99[case], "mean_ms": 1.0,
+        p99 = P99.get(case, 4.5)
+        res = {"ok": True, "p50_ms": 1.0, "p99_ms": p99, "p999_ms": 2 * p99, "mean_ms": 1.0,
                "requests": 100, "late": 0, "t0": 0.0, "t1": 1.0}
         if itb:
             res["after_idle"] = {"phases": 5, "requests": 50, "p50_ms": 1.0, "p99_ms": AFTER_IDLE_P99[case],
@@ -79,7 +84,7 @@ def world(monkeypatch):
             return 64.0
 
         def rate(self, t0, t1):
-            return TRAIN[w.last]
+            return TRAIN.get(w.last, 52.0)
 
         def stop(self):
             w.trainers -= 1
@@ -159,10 +164,24 @@ def test_classes_latency_alone_skips_the_batch_class_runs(world, capsys):
     assert "mlp:poisson:100 gemini-batch" not in out["summary"]
 
 
-def test_an_unknown_class_is_a_clear_error(world, capsys):
+@pytest.mark.parametrize("classes", ["latency,turbo", "latency@0", "latency@1.5", "batch@0.2", "latency@x"])
+def test_an_unknown_class_is_a_clear_error(world, capsys, classes):
     with pytest.raises(SystemExit):
-        bi.main(["--classes", "latency,turbo"])
+        bi.main(["--classes", classes])
     assert "--classes" in capsys.readouterr().err
+
+
+def test_a_latency_class_at_another_claim_budget_is_served_and_summarised_apart(world, capsys):
+    """`latency@0.15`: the serving group's MinUtil (its claim budget) is 0.15 in those runs, interleaved with the
+    default budget's; each is summarised on its own, with the trainer against native time-slicing."""
+    out = run_bench(capsys, "--classes", "latency,latency@0.15", "--repeats", "2")
+    assert world.served.count("gemini-latency") == 2 and world.served.count("gemini-latency@0.15") == 2
+    at = world.served.index("gemini-latency")
+    assert world.served[at:at + 4] == ["gemini-latency", "gemini-latency@0.15"] * 2     # interleaved
+    small = out["summary"]["mlp:poisson:100 gemini-latency@0.15"]
+    assert small["p99_vs_alone"] == pytest.approx(5.0 / 2.0)
+    assert small["train_vs_native"] == pytest.approx(57.0 / 60.0)
+    assert out["summary"]["mlp:poisson:100 gemini-latency"]["train_vs_native"] == pytest.approx(50.0 / 60.0)
 
 
 @pytest.mark.parametrize("extra,plan", [
@@ -172,6 +191,7 @@ def test_an_unknown_class_is_a_clear_error(world, capsys):
     (("--latency-variants", "a:GEMINI_INFLIGHT_MS=2;b:GEMINI_KERNEL_COSTS=0", "--idle-then-busy", "2:3"),
      dict(classes=2, variants=2, itb_seconds=30.0)),
     (("--gemini-only", "--classes", "latency"), dict(classes=1, gemini_only=True)),
+    (("--classes", "latency,latency@0.2,latency@0.1"), dict(classes=3)),
 ])
 def test_the_plan_counts_what_the_bench_runs(world, capsys, extra, plan):
     """gpu-check refuses a serving step whose plan passes its time limit (a call was lost to a run killed at it):
