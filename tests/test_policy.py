@@ -500,6 +500,19 @@ def test_a_release_of_the_continued_slot_that_arrives_after_the_continuation_beg
     assert [d.group for d in grants(ds)] == ["b"]
 
 
+def test_a_release_naming_seq_0_does_not_end_a_fresh_slot():
+    """Seqs start at 1, so a release naming 0 names no slot (a pod manager that never held one, or a bad one). A
+    fresh slot's prev_seq is 0 too, and the branch for the slot a continuation continued took the release for it:
+    the group's fresh slot ended, and b was granted over it."""
+    p = Policy(config(("a", 0.0, 1.0), ("b", 0.0, 1.0)))
+    [g] = grants(p.request("a", now=0.0))
+    assert not g.continuation and g.prev_seq == 0
+    p.request("b", now=1.0)
+    ds = p.release("a", 0, now=2.0)
+    assert not ends(ds) and not grants(ds)
+    assert p.holder == "a" and p.holder_seq == g.token_seq
+
+
 def test_status_shows_the_holder_while_its_continued_slot_runs_out():
     """In the lead time the running slot's continuation is decided (the policy's holder is the continuation, not
     begun): status still says the group holds the GPU (gem-ctl, gemini_token_holder)."""

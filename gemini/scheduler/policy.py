@@ -653,7 +653,7 @@ class Policy:
             self._apply_overuse(group, overuse_ms, now)
             out += self._end_slot(now, "release", used_ms)
             return out + self._schedule(now)
-        if h is not None and h.group == group and h.prev_seq == token_seq:
+        if h is not None and h.group == group and h.prev_seq and h.prev_seq == token_seq:   # (0: a fresh slot's)
             # The slot it continued, released just before its deadline, the release arriving after the
             # continuation began: the pod manager gave the slot back before the continuation reached it, and
             # ignores it now (protocol.md). Its group is idle: the continuation ends here, not a whole slot later
