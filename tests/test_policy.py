@@ -778,6 +778,27 @@ def test_removed_group_finishes_its_slot_and_its_waiting_request_is_refused():
     assert ends(p.release("a", g.token_seq, now=4.0))[0].end_ms == 4.0
 
 
+def test_a_slot_of_a_group_removed_and_added_again_is_not_continued():
+    """A reload removed the holder's group and a later one added it back: whoever speaks for it now (gem-schd
+    forgot the old pod manager at the removal) was never granted the running slot and ignores a continuation of it;
+    so the slot runs to its deadline, as a removed group's does, and a request is answered with a fresh grant.
+    Before, the slot was continued for nobody, another whole slot with the GPU idle."""
+    p = Policy(config(("a", 0, 1), ("b", 0, 1)), 100, 5, 1000)
+    [g] = grants(p.request("a", now=0.0))
+    p.apply_config(config(("b", 0, 1)), now=10.0)
+    p.apply_config(config(("a", 0, 1), ("b", 0, 1)), now=20.0)
+    ds, now = [], 30.0
+    for _ in range(3):
+        wake = p.next_wakeup(now)
+        if wake is None:
+            break
+        ds, now = ds + p.tick(wake), wake
+    assert not [d for d in grants(ds) if d.continuation]
+    assert [(e.token_seq, e.end_ms, e.reason) for e in ends(ds)] == [(g.token_seq, g.quota_ms, "deadline")]
+    [f] = grants(p.request("a", now=g.quota_ms + 1))     # its pod manager's own request: a fresh grant
+    assert not f.continuation
+
+
 def test_reload_keeps_buckets_and_applies_new_caps_from_the_next_decision():
     p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000, cap_frame_ms=0)
     [g] = grants(p.request("a", now=0.0))

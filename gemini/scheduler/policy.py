@@ -802,6 +802,11 @@ class Policy:
             if name not in new_names:
                 g = self._groups.pop(name)
                 self._forget(name)
+                if self._holder is not None and self._holder.group == name:
+                    # its slot runs to its deadline and is not continued, also if the group is added back
+                    # meanwhile: whoever speaks for it then never had the slot (gem-schd forgets a removed group's
+                    # pod manager), and must ask
+                    self._holder.decided = True
                 if g.waiting is not None:
                     out.append(RefuseDecision(name, ERR_UNKNOWN_GROUP,
                                               f"group {name!r} was removed from {config.path}"))
