@@ -153,6 +153,20 @@ def test_a_release_naming_a_seq_never_sent_does_not_cost_a_waiting_grant():
         assert r.grants(b"pb"), (stale, r.events)
 
 
+def test_the_stash_goes_out_grants_in_seq_order_each_continued_slots_end_after_its_grant():
+    """A decision list that grants a slot no longer than continue_lead_ms and continues it at once can list the
+    continuation before the grant it continues (a fourth review saw the continuation sent first, which gem-pmgr
+    ignores: it takes up only a continuation of a slot it was granted). The stash is sent in token_seq order, each
+    slot's end (continued) right after its grant; an end whose grant is not in the stash goes last."""
+    from gemini.scheduler.policy import GrantDecision, SlotEndDecision
+    g5 = GrantDecision("b", 2.0, 5, 2.0, False, 0, 0.0)
+    e5 = SlotEndDecision("b", 5, 2.0, 2.0, 4.0, 0.0, "continued")
+    g6 = GrantDecision("b", 2.0, 6, 4.0, True, 5, 0.0)
+    e4 = SlotEndDecision("a", 4, 2.0, 0.0, 2.0, 0.0, "continued")
+    stash = [(g6, b"pb"), (g5, b"pb"), (e5, None), (e4, None)]
+    assert SchedulerDaemon._ordered(stash) == [(g5, b"pb"), (e5, None), (g6, b"pb"), (e4, None)]
+
+
 def _random_run(seed: int, quota: float, steps: int = 150) -> list[str]:
     """Three groups' pod managers (one capped) asking, holding to a random point around their deadline and releasing,
     now and then asking again while they wait, naming a stale seq, or replaced by a new pod manager; the clock run
