@@ -260,6 +260,8 @@ def main(argv=None) -> int:
                 (Path(args.timeline_dir) / name).write_text("".join(t.line() + "\n" for t in times))
         if trainer is not None:
             row["train_steps_per_s"] = trainer.rate(res["t0"], res["t1"])
+        if "pid" in res:    # its hook's counters, read at the end (a hooked server's: gemini's cases)
+            row["server_pid"], row["span_s"] = res["pid"], res["t1"] - res["t0"]
         out["runs"].append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
 
@@ -340,6 +342,14 @@ def main(argv=None) -> int:
             finally:
                 trainer.stop()
     out["hook_stats"] = {str(k): v for k, v in read_stats(stats_file).items()}
+    for row in out["runs"]:
+        # What the server's slots or claims held of the GPU over its run, as its hook measured them (from each
+        # slot's first kernel to its drain, idle gaps after a synchronisation taken off): what the trainer could not
+        # have, set beside what the trainer lost
+        used = out["hook_stats"].get(str(row.pop("server_pid", None)), {}).get("used_ms")
+        span = row.pop("span_s", None)
+        if used is not None and span:
+            row["server_used_share"] = used / 1000.0 / span
     # summaries: medians over repeats; ratios against the best alone p99 (an idle GPU's clocks make single alone
     # runs slow at times, and the best one is the strictest yardstick)
     summary: dict = {}
@@ -378,6 +388,9 @@ def main(argv=None) -> int:
                     s["after_idle_p99_vs_alone"] = after[0]["p99_ms"] / base
                 if itb_alone:
                     s["after_idle_p99_vs_alone_itb"] = after[0]["p99_ms"] / itb_alone["p99_ms"]
+            held = [r["server_used_share"] for r in rows if "server_used_share" in r]
+            if held:
+                s["server_used_share"] = statistics.median(held)
             if case not in ("alone", "alone-itb"):
                 s["train_steps_per_s"] = med("train_steps_per_s")
                 alone_rate = out.get("train_alone_native" if case.startswith("native") else "train_alone_gemini")

@@ -522,7 +522,9 @@ def write_report(ctx, results: dict) -> None:
                              f"{fmt(one['p999_ms'], 2)} ms, p99 x{fmt(one.get('p99_vs_alone'), 2)} of alone, "
                              f"p99.9 x{fmt(one.get('p999_vs_alone'), 2)}; trainer "
                              f"{fmt(one.get('train_vs_alone'), 3)} of alone, "
-                             f"{fmt(one.get('train_vs_native'), 3)} of native")
+                             f"{fmt(one.get('train_vs_native'), 3)} of native"
+                             + (f"; the server's slots held {fmt(one['server_used_share'], 3)} of the GPU"
+                                if one.get("server_used_share") is not None else ""))
                 tl = one.get("timeline_tail")
                 if tl:
                     parts = one["timeline"]

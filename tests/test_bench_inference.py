@@ -29,6 +29,7 @@ class FakeWorld:
         self.config = None
         self.last = ""
         self.served: list[str] = []
+        self.pids: dict[str, list[int]] = {}      # each case's serving processes
         # what planned_seconds counts: serving seconds, process starts, the trainers' alone measurements
         self.serve_s = 0.0
         self.starts = 0
@@ -50,8 +51,10 @@ class FakeWorld:
         self.last = case + ("-itb" if itb else "")
         self.served.append(self.last)
         p99 = P99.get(case, 4.5)
+        pid = 1000 + self.starts
+        self.pids.setdefault(self.last, []).append(pid)
         res = {"ok": True, "p50_ms": 1.0, "p99_ms": p99, "p999_ms": 2 * p99, "mean_ms": 1.0,
-               "requests": 100, "late": 0, "t0": 0.0, "t1": 1.0}
+               "requests": 100, "late": 0, "t0": 0.0, "t1": 2.0, "pid": pid}
         if itb:
             res["after_idle"] = {"phases": 5, "requests": 50, "p50_ms": 1.0, "p99_ms": AFTER_IDLE_P99[case],
                                  "max_ms": 9.0, "first_ms": [1.0] * 5}
@@ -162,6 +165,22 @@ def test_classes_latency_alone_skips_the_batch_class_runs(world, capsys):
     out = run_bench(capsys, "--classes", "latency")
     assert "gemini-batch" not in world.served and "gemini-latency" in world.served
     assert "mlp:poisson:100 gemini-batch" not in out["summary"]
+
+
+def test_each_gemini_case_reports_what_its_servers_slots_held_of_the_gpu(world, capsys, monkeypatch):
+    """The serving processes' own hook counters (by pid, in the stats file) give what their slots or claims held of
+    the GPU over each 2 s run: the median per case, beside what the trainer lost. Unhooked servers (alone, native)
+    have no counters and report none."""
+    def stats(path):
+        used = {"gemini-latency": [500.0, 700.0, 600.0], "gemini-batch": [100.0, 100.0, 100.0]}
+        return {pid: {"used_ms": used[case][i]} for case in used for i, pid in enumerate(world.pids[case])}
+    monkeypatch.setattr(bi, "read_stats", stats)
+    out = run_bench(capsys, "--repeats", "3")
+    summary = out["summary"]
+    assert summary["mlp:poisson:100 gemini-latency"]["server_used_share"] == pytest.approx(0.3)
+    assert summary["mlp:poisson:100 gemini-batch"]["server_used_share"] == pytest.approx(0.05)
+    assert "server_used_share" not in summary["mlp:poisson:100 native"]
+    assert not [r for r in out["runs"] if "server_pid" in r or "span_s" in r]
 
 
 @pytest.mark.parametrize("classes", ["latency,turbo", "latency@0", "latency@1.5", "batch@0.2", "latency@x"])

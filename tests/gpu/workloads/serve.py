@@ -16,6 +16,7 @@ CLOCK_MONOTONIC seconds of the measured span (for the trainer's rate over the sa
 """
 import argparse
 import json
+import os
 import random
 import time
 
@@ -171,7 +172,8 @@ def pick(values, q):
 
 out = {"ok": True, "model": model_name, "arrival": arrival, "rate": rate, "requests": len(lat),
        "p50_ms": pick(lat, 0.5), "p99_ms": pick(lat, 0.99), "p999_ms": pick(lat, 0.999), "max_ms": max(lat) * 1e3,
-       "mean_ms": sum(lat) / len(lat) * 1e3, "late": late, "t0": t0, "t1": t1}
+       "mean_ms": sum(lat) / len(lat) * 1e3, "late": late, "t0": t0, "t1": t1,
+       "pid": os.getpid()}       # (its hook's counters, GEMINI_STATS_FILE, are by pid)
 if args.timeline:
     out["timeline_file"] = args.timeline
 if busy_s:
