@@ -799,6 +799,41 @@ def test_a_slot_of_a_group_removed_and_added_again_is_not_continued():
     assert not f.continuation
 
 
+def test_a_group_removed_while_it_holds_and_added_back_is_the_same_group_again():
+    """a is removed while it holds the GPU and added back before its slot ends; its new pod manager asks later, as
+    does b whenever its slot runs out. The group added back is the one removed (its virtual time kept), so the two
+    take turns. Before, a fresh group (virtual time 0) took the running slot's settling by name and skipped the
+    catch-up to b's virtual time: a held the GPU for seven slots in a row while b waited (an independent review)."""
+    p = Policy(config(("a", 0, 1), ("b", 0, 1)), 100, 5, 1000)
+    now = 0.0
+    p.request("b", now=now)
+    while now < 1000:                               # b alone for a second: its virtual time runs ahead
+        now = p.next_wakeup(now)
+        p.tick(now)
+    p.request("a", now=1000.0)                      # a catches up, and is granted next
+    while p.holder != "a":
+        now = p.next_wakeup(now)
+        p.tick(now)
+    p.request("b", now=1205.0)
+    p.apply_config(config(("b", 0, 1)), now=1210.0)
+    p.apply_config(config(("a", 0, 1), ("b", 0, 1)), now=1220.0)
+    held: list[str] = []
+    asked, now = False, 1220.0
+    while now < 2600:
+        wake = p.next_wakeup(now)
+        if not asked and (wake is None or wake > 1398.0):
+            ds, now, asked = p.request("a", now=1398.0), 1398.0, True     # a's new pod manager asks
+        else:
+            now = wake
+            ds = p.tick(now)
+            for e in ends(ds):                      # a busy group asks again as its slot runs out
+                if e.reason == "deadline" and (e.group == "b" or asked):
+                    ds += p.request(e.group, now=now)
+        held += [g.group for g in grants(ds) if g.start_ms >= 1400.0]
+    run = max(len(r) for r in "".join(held).replace("ab", "a b").replace("ba", "b a").split())
+    assert run <= 2 and held.count("a") >= 4 and held.count("b") >= 4, held
+
+
 def test_reload_keeps_buckets_and_applies_new_caps_from_the_next_decision():
     p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000, cap_frame_ms=0)
     [g] = grants(p.request("a", now=0.0))

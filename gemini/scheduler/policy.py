@@ -479,6 +479,10 @@ class Policy:
         self.config = config
         self._groups: dict[str, _Group] = {}
         self._holder: Optional[_Slot] = None
+        # The group a reload removed while it held the GPU, kept until that slot ends: a reload that adds the group
+        # back meanwhile gets it back (apply_config), so that everything the policy keys by a group's name -- the
+        # holder's, its slot's settling, the catch-up of a group back from idle -- still means one group.
+        self._orphan: Optional[_Group] = None
         self._past: deque[_Past] = deque()
         self._claims: deque[tuple[str, float, float]] = deque()   # (group, start, end) reported, for a window
         self._seq = 0
@@ -807,11 +811,21 @@ class Policy:
                     # meanwhile: whoever speaks for it then never had the slot (gem-schd forgets a removed group's
                     # pod manager), and must ask
                     self._holder.decided = True
+                    self._orphan = g
                 if g.waiting is not None:
+                    g.waiting = None
                     out.append(RefuseDecision(name, ERR_UNKNOWN_GROUP,
                                               f"group {name!r} was removed from {config.path}"))
         for gc in config.groups:
             old = self._groups.get(gc.name)
+            h = self._holder
+            if old is None and self._orphan is not None and h is not None and h.group == gc.name:
+                # Added back while the slot it held when removed still runs: the same group again (its virtual
+                # time, bucket and history), changed as any reload changes a group. A fresh one (virtual time 0)
+                # was taken for the holder by name: the old slot was settled on it, its catch-up to the others'
+                # virtual time skipped, and it held the GPU for seven slots in a row (an independent review).
+                old, self._orphan = self._orphan, None
+                self._groups[gc.name] = old
             if old is None:
                 self._groups[gc.name] = self._new_group(gc, now)
                 if gc.latency:
@@ -1344,7 +1358,7 @@ class Policy:
         (on the buckets at `now`)."""
         h = self._holder
         assert h is not None
-        self._holder = None
+        self._holder, self._orphan = None, None
         if h.group in self._groups:
             self._refresh(h.group, self._groups[h.group])
         end = min(max(now if at is None else at, h.start), h.deadline)
