@@ -834,6 +834,24 @@ def test_a_group_removed_while_it_holds_and_added_back_is_the_same_group_again()
     assert run <= 2 and held.count("a") >= 4 and held.count("b") >= 4, held
 
 
+@pytest.mark.parametrize("how", ["removed", "cancelled"])
+def test_a_continuation_whose_group_goes_before_it_begins_is_voided(how):
+    """a is continued at its lead point; before the continuation begins a reload removes a, or its pod manager goes
+    (cancel: a sweep of a silent one, nobody to ask again). Nobody will run the continuation: it ends at its start,
+    zero long, and b, waiting, goes when a's slot runs out -- not before, since a runs to it. Before, b waited a
+    whole slot more while the GPU idled (an independent review's fuzzing of reloads)."""
+    p = Policy(config(("a", 0, 1), ("b", 0, 1)), 100, 5, 1000)
+    [g] = grants(p.request("a", now=0.0))
+    [c] = grants(p.tick(98.0))
+    assert c.continuation and c.start_ms == 100.0
+    ds = p.apply_config(config(("b", 0, 1)), 99.0) if how == "removed" else p.cancel("a", 99.0)
+    assert [(e.token_seq, e.start_ms, e.end_ms) for e in ends(ds)] == [(c.token_seq, 100.0, 100.0)]
+    assert not grants(p.request("b", now=99.5))         # a's slot still runs
+    assert p.next_wakeup(99.5) == pytest.approx(100.0)
+    [b] = grants(p.tick(100.0))
+    assert (b.group, b.start_ms, b.continuation) == ("b", 100.0, False)
+
+
 def test_reload_keeps_buckets_and_applies_new_caps_from_the_next_decision():
     p = Policy(config(("a", 0, 0.5)), 100, 5, 10_000, cap_frame_ms=0)
     [g] = grants(p.request("a", now=0.0))

@@ -187,6 +187,30 @@ def test_a_voided_continuation_is_withdrawn_from_the_board(schd, pmgrs):
         (deadline_ns, cont.deadline_s)
 
 
+def test_a_continuation_of_a_group_removed_in_its_lead_time_is_voided(schd, pmgrs):
+    """a is continued (nobody waits at its lead point); b asks, and a reload removes a before the continuation
+    begins. Nobody will run it: it is voided, withdrawn from the board (a's old hooks take a continuation up from
+    there), and b is granted when a's slot runs out. Before, b waited a whole slot more at an idle GPU (found by an
+    independent review's fuzzing of reloads). The lead is 40 ms here (2 ms by default) so that the reload surely
+    lands in it."""
+    schd.daemon.policy.continue_lead_ms = 40.0
+    pa, pb = pmgrs("a"), pmgrs("b")
+    g1 = pa.request(TokenRequest("a"))
+    cont = pa.recv_type(Grant, 1.0)
+    assert isinstance(cont, Grant) and cont.continuation and cont.prev_seq == g1.token_seq, cont
+    slot = schd.call(lambda: schd.daemon._board_slots["a"])
+    pb.send(TokenRequest("b"))
+    no_a = parse_config("[b]\nMinUtil = 0.2\nMaxUtil = 0.9\nMemoryLimit = 2GiB\n[c]\nMaxUtil = 0.5\n", "rc.txt")
+    schd.call(lambda: schd.daemon.apply_config(no_a))
+    cont_start = cont.deadline_s - cont.quota_ms / 1000.0
+    assert time.monotonic() < cont_start, "the reload came after the continuation began: the case did not arise"
+    gb = pb.recv_type(Grant, 1.0)
+    assert isinstance(gb, Grant) and gb.group == "b" and not gb.continuation, gb
+    assert gb.deadline_s - gb.quota_ms / 1000.0 <= cont_start + 0.01, (gb, cont)   # at a's deadline
+    seq, prev, deadline_ns = schd.call(lambda: schd.daemon.board.read(slot))
+    assert (seq, prev) == (cont.token_seq, g1.token_seq) and deadline_ns <= int(cont_start * 1e9) + 1000
+
+
 def test_bad_frames_are_dropped_and_the_daemon_keeps_running(schd, pmgrs):
     p = pmgrs("a")
     bad_frames = [b"", b"garbage", b"\xff\xfe", b"[]", b"null", b'{"type": "nope"}', b'{"no": "type"}',

@@ -247,6 +247,7 @@ class SchedulerDaemon:
         self.board: Optional[Board] = None
         self._board_waiting = False     # what the board's groups_waiting says
         self._board_slots: dict[str, int] = {}
+        self._gone_slots: dict[str, int] = {}     # during a reload's dispatch: its removed groups' board lines
         self._peers: dict[bytes, _Peer] = {}
         self._owners: dict[str, bytes] = {}
         self._info: dict[str, _GroupInfo] = {g.name: _GroupInfo() for g in config.groups}
@@ -809,7 +810,7 @@ class SchedulerDaemon:
         """A slot that ended before its deadline (released, or a continuation voided before it began) ends on the
         board too: a holder's hooks take a continuation up from the board when their own slot runs out, and one
         that read a voided continuation there would launch until its deadline while another group holds the GPU."""
-        slot = self._board_slots.get(d.group)
+        slot = self._board_slots.get(d.group, self._gone_slots.get(d.group))
         if self.board is None or slot is None or d.reason == "deadline":
             return          # (a slot that ran to its deadline ends there on the board already)
         line = self.board.read(slot)
@@ -1267,6 +1268,8 @@ class SchedulerDaemon:
         old = self.config
         diff = diff_configs(old, config)
         self.config = config
+        # (a removed group's board line, for the reload's own decisions: a continuation of its voided there)
+        self._gone_slots = {n: i for n, i in self._board_slots.items() if config.group(n) is None}
         self._assign_board_slots(config)
         self.residency.configure({g.name: g.unified for g in config.groups})
         if self._held is not None:
@@ -1281,7 +1284,10 @@ class SchedulerDaemon:
         now = self.now_ms()
         decisions = self.policy.apply_config(config, now)
         # Refusals go to the owners of removed groups: dispatch them before forgetting those owners.
-        self._dispatch(decisions, now)
+        try:
+            self._dispatch(decisions, now)
+        finally:
+            self._gone_slots = {}
         for name in diff.added:
             self._info.setdefault(name, _GroupInfo())
         # The changed groups, and every group when the number of groups changed (each is told its neighbours).

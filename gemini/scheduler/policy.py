@@ -483,6 +483,9 @@ class Policy:
         # back meanwhile gets it back (apply_config), so that everything the policy keys by a group's name -- the
         # holder's, its slot's settling, the catch-up of a group back from idle -- still means one group.
         self._orphan: Optional[_Group] = None
+        # The end of the slot a continuation voided before it began continued (_void_unbegun): nothing is granted
+        # before it, since that slot's holder runs to it.
+        self._idle_until: Optional[float] = None
         self._past: deque[_Past] = deque()
         self._claims: deque[tuple[str, float, float]] = deque()   # (group, start, end) reported, for a window
         self._seq = 0
@@ -681,9 +684,24 @@ class Policy:
         if g is not None and g.waiting is not None:
             self._clear_waiting(group, g)
         h = self._holder
+        out: list[Decision] = []
         if h is not None and h.group == group:
             h.decided = True
-        return self._schedule(now)
+            out += self._void_unbegun(now)
+        return out + self._schedule(now)
+
+    def _void_unbegun(self, now: float) -> list[Decision]:
+        """The holder is a continuation not yet begun whose group was removed or whose pod manager went: nobody
+        will run it (kept, the GPU idled through a whole slot while others waited: an independent review's fuzzing
+        of reloads). It ends at its start, zero long (gem-schd withdraws it from the board, where the old hooks
+        would take it up), and the next group goes when the slot it continued runs out."""
+        h = self._holder
+        if h is None or not h.prev_seq or h.start <= now + EPS:
+            return []
+        start = h.start
+        out = self._end_slot(now, "release")        # (ends at its start: max(now, start))
+        self._idle_until = start
+        return out
 
     def claim_span(self, start_ms: float, end_ms: float, now: float) -> Optional[tuple[float, float]]:
         """The part of a reported claim the policy takes: not in the future, nor longer than its bound plus a
@@ -773,6 +791,8 @@ class Policy:
                 best = max(now, h.deadline - self.continue_lead_ms)
             else:
                 best = max(now, h.deadline)
+        elif self._idle_until is not None and now < self._idle_until - EPS and self._waiting:
+            best = self._idle_until     # (_void_unbegun: the slot it continued still runs)
         else:
             # (only while the GPU is idle: every waiting group is held back by its cap or swap pacing) The parked
             # ones in the order of their lower bounds, only while one could still come first.
@@ -804,6 +824,8 @@ class Policy:
         new_names = set(config.names)
         for name in list(self._groups):
             if name not in new_names:
+                if self._holder is not None and self._holder.group == name:
+                    out += self._void_unbegun(now)      # (settled on the group before it goes)
                 g = self._groups.pop(name)
                 self._forget(name)
                 if self._holder is not None and self._holder.group == name:
@@ -1690,6 +1712,10 @@ class Policy:
     def _schedule(self, now: float) -> list[Decision]:
         out: list[Decision] = []
         h = self._holder
+        if h is None and self._idle_until is not None:
+            if now < self._idle_until - EPS:
+                return out          # the slot a voided continuation continued still runs
+            self._idle_until = None
         if h is not None:
             if now < h.deadline - self.continue_lead_ms - EPS or (h.decided and now < h.deadline):
                 return out
