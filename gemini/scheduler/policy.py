@@ -66,6 +66,7 @@ EPS = 1e-6  # ms; tolerance of eligibility tests against float rounding
 DEFAULT_BASE_QUOTA_MS = 100.0
 DEFAULT_MIN_QUOTA_MS = 5.0
 DEFAULT_WINDOW_MS = 10_000.0
+MIN_WEIGHT = 1e-3     # an inactive group's weight, and an active one's whose target is 0 (_weight)
 DEFAULT_BUCKET_MS = 25.0
 DEFAULT_CAP_FRAME_MS = 100.0  # divides 1 s and 10 s: a window holds whole frames (0: continuous buckets)
 MIN_FRAME_QUOTA_MS = 20.0     # a cap whose frame's quota is smaller keeps the continuous bucket (_retune_bucket)
@@ -378,6 +379,8 @@ class _Group:
     order: int = 0                      # its place in the config: the order of Policy._groups
     wstamp: int = 0                     # its live entry in Policy._wheap or Policy._held (older entries are stale)
     ran_out: bool = False               # its last slot ran to its deadline (busy): --frame-turns is among such
+    crowded: bool = False               # charged at the least weight (1e-3) since its virtual time was last
+    #                                     brought back (_uncrowd): a debt that no share it has now would run up
 
 
 def fair_targets(caps: dict[str, float], floors: Optional[dict[str, float]] = None) -> dict[str, float]:
@@ -486,6 +489,7 @@ class Policy:
         # The end of the slot a continuation voided before it began continued (_void_unbegun): nothing is granted
         # before it, since that slot's holder runs to it.
         self._idle_until: Optional[float] = None
+        self._idle_slot: Optional[tuple[str, int, int]] = None   # then: (group, the voided seq, the running one's)
         self._past: deque[_Past] = deque()
         self._claims: deque[tuple[str, float, float]] = deque()   # (group, start, end) reported, for a window
         self._seq = 0
@@ -672,6 +676,16 @@ class Policy:
             self._apply_used(group, used_ms, now, token_seq)
             out += self._end_slot(now, "release")
             return out + self._schedule(now)
+        gap = self._idle_slot
+        if h is None and gap is not None and gap[0] == group and token_seq in gap[1:] and token_seq:
+            # Released in the gap after a voided continuation (_void_unbegun): the slot it continued ends now, as
+            # at a release before a continuation begins, and the next group goes now, not at that slot's deadline
+            # (an independent review).
+            self._end_idle_gap()
+            out += self._shorten_past(gap[2], now)
+            self._apply_overuse(group, overuse_ms, now)
+            self._apply_used(group, used_ms, now, gap[2])
+            return out + self._schedule(now)
         if group not in self._groups and not any(p.group == group for p in self._past):
             return [self._unknown(group)]
         self._apply_overuse(group, overuse_ms, now)
@@ -703,8 +717,13 @@ class Policy:
             return []
         start = h.start
         out = self._end_slot(now, "release")        # (ends at its start: max(now, start))
-        self._idle_until = start
+        self._idle_until, self._idle_slot = start, (h.group, h.token_seq, h.prev_seq)
         return out
+
+    def _end_idle_gap(self) -> None:
+        self._idle_until = self._idle_slot = None
+        if self._holder is None:
+            self._orphan = None     # (a removed group's slot has run out: a group added back now is a new one)
 
     def claim_span(self, start_ms: float, end_ms: float, now: float) -> Optional[tuple[float, float]]:
         """The part of a reported claim the policy takes: not in the future, nor longer than its bound plus a
@@ -830,6 +849,8 @@ class Policy:
                 if self._holder is not None and self._holder.group == name:
                     out += self._void_unbegun(now)      # (settled on the group before it goes)
                 g = self._groups.pop(name)
+                if self._holder is None and self._idle_slot is not None and self._idle_slot[0] == name:
+                    self._orphan = g        # (its slot still runs, to the voided continuation's start)
                 self._forget(name)
                 if self._holder is not None and self._holder.group == name:
                     # its slot runs to its deadline and is not continued, also if the group is added back
@@ -844,7 +865,8 @@ class Policy:
         for gc in config.groups:
             old = self._groups.get(gc.name)
             h = self._holder
-            if old is None and self._orphan is not None and h is not None and h.group == gc.name:
+            running = h.group if h is not None else self._idle_slot[0] if self._idle_slot is not None else None
+            if old is None and self._orphan is not None and running == gc.name:
                 # Added back while the slot it held when removed still runs: the same group again (its virtual
                 # time, bucket and history), changed as any reload changes a group. A fresh one (virtual time 0)
                 # was taken for the holder by name: the old slot was settled on it, its catch-up to the others'
@@ -1023,6 +1045,11 @@ class Policy:
                 g.vtime = floor
                 self._rekey(g)
             self._invalidate_targets()
+            if g.crowded:
+                # nor a debt run up while the others' floors crowded it out (_uncrowd), which a group idle
+                # meanwhile would otherwise bring back with it (only that: a unified group's long slot, say, is
+                # still paid for)
+                self._uncrowded.add(g.cfg.name)
         self._touch(g, now)
 
     def _vtime_now(self, name: str, g: _Group, now: float) -> float:
@@ -1347,13 +1374,16 @@ class Policy:
         return self._targets
 
     def _weight(self, name: str, now: float) -> float:
-        return max(self._current_targets(now).get(name, 0.0), 1e-3)
+        return max(self._current_targets(now).get(name, 0.0), MIN_WEIGHT)
 
     def _charge(self, g: _Group, ms: float, now: float) -> None:
         """Charge (ms > 0) or refund (ms < 0) GPU time to a group's cap bucket and virtual time."""
         if g.bucket is not None:
             g.bucket.add(ms, now)
-        g.vtime += ms / self._weight(g.cfg.name, now)
+        weight = self._weight(g.cfg.name, now)
+        g.vtime += ms / weight
+        if ms > 0 and weight <= MIN_WEIGHT + EPS:
+            g.crowded = True
         self._rekey(g)
 
     # --- internals: slots ----------------------------------------------------------------------------------------
@@ -1722,9 +1752,17 @@ class Policy:
         fuzzing). Its virtual time is brought back to within one base slot, at its new weight, of the least of the
         other active groups'."""
         targets = self._current_targets(now)
+        h = self._holder
         names, self._uncrowded = self._uncrowded, set()
         for name in self._in_order(n for n in names if n in self._groups and targets.get(n, 0.0) > EPS):
+            if h is not None and h.group == name:
+                # Not while it holds: its virtual time carries the slot's reservation, undone at its end at the
+                # weight of the grant (1e-3): clamped now, what the slot leaves unused came back 1000-fold as
+                # credit, and it held the GPU for 10 s while the other waited (an independent review). After.
+                self._uncrowded.add(name)
+                continue
             g = self._groups[name]
+            g.crowded = False
             least = self._min_active_vtime(now, exclude=g)
             if least is not None and g.vtime > least + self.base_quota_ms / targets[name]:
                 g.vtime = least + self.base_quota_ms / targets[name]
@@ -1740,7 +1778,7 @@ class Policy:
         if h is None and self._idle_until is not None:
             if now < self._idle_until - EPS:
                 return out          # the slot a voided continuation continued still runs
-            self._idle_until = None
+            self._end_idle_gap()
         if h is not None:
             if now < h.deadline - self.continue_lead_ms - EPS or (h.decided and now < h.deadline):
                 return out
