@@ -930,6 +930,34 @@ def test_a_crowded_out_group_idle_meanwhile_gets_its_share_when_it_comes_back():
     assert abs(sum(1 for name, _ in late if name == "b") - sum(1 for name, _ in late if name == "c")) <= 4, late
 
 
+def test_a_group_whose_target_was_0_a_while_keeps_what_it_owes():
+    """a floor group that asks and goes puts a's and b's targets at 0 a while; a, charged nothing at that weight (its
+    2 s slot, a unified group's floor, was reserved at weight 1), owes its slot as before: b runs about a second
+    before a goes again. The catch-up of a crowded-out group (_uncrowd) brought a back to 0.2 s (a review)."""
+    p = Policy(config(("a", 0, 1), ("b", 0, 1), ("f", 1.0, 1)), 100, 5, 10_000)
+    p.quota_floor["a"] = 2000.0
+    [g] = grants(p.request("a", now=0.0))
+    assert g.quota_ms == 2000.0
+    p.request("b", now=1.0)
+    p.request("f", now=100.0)
+    p.cancel("f", 101.0)                            # f inactive from 600: a and b at 0.5 again
+    p.tick(700.0)
+    held = []
+
+    def answer(ds, now):
+        held.extend((d.group, d.start_ms, d.quota_ms) for d in grants(ds))
+        for e in ends(ds):
+            if e.reason == "deadline":
+                answer(p.request(e.group, now=now), now)
+    now = 1998.0
+    answer(p.tick(now), now)
+    while now < 4000:
+        now = p.next_wakeup(now)
+        answer(p.tick(now), now)
+    first_a = next(i for i, (n, start, _) in enumerate(held) if n == "a" and start > 2000)
+    assert sum(q for n, _, q in held[:first_a] if n == "b") >= 900, held
+
+
 def test_a_release_in_the_gap_after_a_voided_continuation_hands_over_at_once():
     """a's continuation is voided before it begins (its pod manager went); then a's slot is released (the seq of the
     slot or of the voided continuation): the slot ends there and b, waiting, goes at once, as at any release before

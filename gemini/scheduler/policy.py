@@ -1755,6 +1755,9 @@ class Policy:
         h = self._holder
         names, self._uncrowded = self._uncrowded, set()
         for name in self._in_order(n for n in names if n in self._groups and targets.get(n, 0.0) > EPS):
+            if not self._groups[name].crowded:
+                continue        # (its target was 0 a while, but nothing was charged at that weight: what it owes
+                #                  it owes; a unified group's 2 s slot came back as 0.2 s: an independent review)
             if h is not None and h.group == name:
                 # Not while it holds: its virtual time carries the slot's reservation, undone at its end at the
                 # weight of the grant (1e-3): clamped now, what the slot leaves unused came back 1000-fold as
