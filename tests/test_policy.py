@@ -958,6 +958,18 @@ def test_a_group_whose_target_was_0_a_while_keeps_what_it_owes():
     assert sum(q for n, _, q in held[:first_a] if n == "b") >= 900, held
 
 
+def test_a_late_starter_beside_a_light_group_does_not_take_the_busy_groups_share():
+    """A light group (2 ms every 50 ms) stays active while using far less than its share, so its virtual time fell
+    behind the busy group's without bound; c, starting at 60 s, caught up only to the least active virtual time,
+    the light group's, and had 0.96 of the GPU over its first 10 s against a's 0.01 (0.80 / 0.17 starting at 10 s;
+    an independent review's fuzzing). A group granted far behind the next waiting one keeps at most two slots of
+    credit: c and a share the GPU from the start."""
+    m = Model([("a", 0, 1), ("l", 0, 1), ("c", 0, 1)],
+              {"a": Busy(), "l": Requests(2.0, 50.0), "c": Busy(start_ms=60_000.0)}).run(72_000.0)
+    a, c = m.share("a", 61_000.0, 71_000.0), m.share("c", 61_000.0, 71_000.0)
+    assert abs(a - c) < 0.1, (a, c)
+
+
 def test_a_release_in_the_gap_after_a_voided_continuation_hands_over_at_once():
     """a's continuation is voided before it begins (its pod manager went); then a's slot is released (the seq of the
     slot or of the voided continuation): the slot ends there and b, waiting, goes at once, as at any release before
