@@ -56,7 +56,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Union
+from typing import Iterable, NamedTuple, Optional, Union
 
 from gemini.config import Config, GroupConfig
 from gemini.wire.sched import ERR_UNKNOWN_GROUP, MAX_CLAIM_AHEAD_MS
@@ -314,6 +314,14 @@ class _Slot:
         return self.start + self.quota
 
 
+class _Gap(NamedTuple):
+    """After a continuation voided before it began (Policy._void_unbegun): the slot it continued still runs."""
+    group: str
+    voided_seq: int     # the continuation's
+    running_seq: int    # the slot it continued
+    until: float        # that slot's deadline (the continuation's start): nothing is granted before it
+
+
 @dataclass
 class _Past:
     """A finished slot, kept for a window: late overuse, measured use and claim credits still apply to it."""
@@ -486,10 +494,7 @@ class Policy:
         # back meanwhile gets it back (apply_config), so that everything the policy keys by a group's name -- the
         # holder's, its slot's settling, the catch-up of a group back from idle -- still means one group.
         self._orphan: Optional[_Group] = None
-        # The end of the slot a continuation voided before it began continued (_void_unbegun): nothing is granted
-        # before it, since that slot's holder runs to it.
-        self._idle_until: Optional[float] = None
-        self._idle_slot: Optional[tuple[str, int, int]] = None   # then: (group, the voided seq, the running one's)
+        self._gap: Optional[_Gap] = None
         self._past: deque[_Past] = deque()
         self._claims: deque[tuple[str, float, float]] = deque()   # (group, start, end) reported, for a window
         self._seq = 0
@@ -676,15 +681,15 @@ class Policy:
             self._apply_used(group, used_ms, now, token_seq)
             out += self._end_slot(now, "release")
             return out + self._schedule(now)
-        gap = self._idle_slot
-        if h is None and gap is not None and gap[0] == group and token_seq in gap[1:] and token_seq:
+        gap = self._gap
+        if h is None and gap is not None and gap.group == group and token_seq in (gap.voided_seq, gap.running_seq):
             # Released in the gap after a voided continuation (_void_unbegun): the slot it continued ends now, as
             # at a release before a continuation begins, and the next group goes now, not at that slot's deadline
             # (an independent review).
             self._end_idle_gap()
-            out += self._shorten_past(gap[2], now)
+            out += self._shorten_past(gap.running_seq, now)
             self._apply_overuse(group, overuse_ms, now)
-            self._apply_used(group, used_ms, now, gap[2])
+            self._apply_used(group, used_ms, now, gap.running_seq)
             return out + self._schedule(now)
         if group not in self._groups and not any(p.group == group for p in self._past):
             return [self._unknown(group)]
@@ -717,11 +722,11 @@ class Policy:
             return []
         start = h.start
         out = self._end_slot(now, "release")        # (ends at its start: max(now, start))
-        self._idle_until, self._idle_slot = start, (h.group, h.token_seq, h.prev_seq)
+        self._gap = _Gap(h.group, h.token_seq, h.prev_seq, start)
         return out
 
     def _end_idle_gap(self) -> None:
-        self._idle_until = self._idle_slot = None
+        self._gap = None
         if self._holder is None:
             self._orphan = None     # (a removed group's slot has run out: a group added back now is a new one)
 
@@ -813,8 +818,8 @@ class Policy:
                 best = max(now, h.deadline - self.continue_lead_ms)
             else:
                 best = max(now, h.deadline)
-        elif self._idle_until is not None and now < self._idle_until - EPS and self._waiting:
-            best = self._idle_until     # (_void_unbegun: the slot it continued still runs)
+        elif self._gap is not None and now < self._gap.until - EPS and self._waiting:
+            best = self._gap.until      # (_void_unbegun: the slot it continued still runs)
         else:
             # (only while the GPU is idle: every waiting group is held back by its cap or swap pacing) The parked
             # ones in the order of their lower bounds, only while one could still come first.
@@ -849,7 +854,7 @@ class Policy:
                 if self._holder is not None and self._holder.group == name:
                     out += self._void_unbegun(now)      # (settled on the group before it goes)
                 g = self._groups.pop(name)
-                if self._holder is None and self._idle_slot is not None and self._idle_slot[0] == name:
+                if self._holder is None and self._gap is not None and self._gap.group == name:
                     self._orphan = g        # (its slot still runs, to the voided continuation's start)
                 self._forget(name)
                 if self._holder is not None and self._holder.group == name:
@@ -865,7 +870,7 @@ class Policy:
         for gc in config.groups:
             old = self._groups.get(gc.name)
             h = self._holder
-            running = h.group if h is not None else self._idle_slot[0] if self._idle_slot is not None else None
+            running = h.group if h is not None else self._gap.group if self._gap is not None else None
             if old is None and self._orphan is not None and running == gc.name:
                 # Added back while the slot it held when removed still runs: the same group again (its virtual
                 # time, bucket and history), changed as any reload changes a group. A fresh one (virtual time 0)
@@ -1778,8 +1783,8 @@ class Policy:
             if self._uncrowded:
                 self._uncrowd(now)
         h = self._holder
-        if h is None and self._idle_until is not None:
-            if now < self._idle_until - EPS:
+        if h is None and self._gap is not None:
+            if now < self._gap.until - EPS:
                 return out          # the slot a voided continuation continued still runs
             self._end_idle_gap()
         if h is not None:
