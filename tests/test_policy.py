@@ -222,6 +222,22 @@ def test_uncapped_slots_are_not_cut_for_a_capped_group_that_its_fair_share_holds
     assert (per_s <= 15) == cap_bound_only, per_s
 
 
+@pytest.mark.parametrize("behind_too", [True, False])
+def test_uncapped_slots_make_way_for_a_framed_group_behind_them_that_its_fair_share_holds_below_its_cap(behind_too,
+                                                                                                      monkeypatch):
+    """Three busy groups capped at 0.4 / 0.5 / 1 are owed a third each. The capped two are held below their caps
+    by the others' shares, but their frames (40 and 50 ms of every 100) hold little more than a third: the uncapped
+    group's 100 ms slots covered every other frame of theirs, and they got 0.209 / 0.289 / 0.499. An uncapped slot
+    now ends before a boundary would take the rest of the frame of such a group while it is behind the holder in
+    virtual time (the `False` case: only the groups whose share is their cap, as before)."""
+    if not behind_too:
+        monkeypatch.setattr(Policy, "_overflow_walk", lambda self, holder, active: list(self._cap_bound.items()))
+    m = busy_model([("a", 0.0, 0.4), ("b", 0.0, 0.5), ("c", 0.0, 1.0)], until=12_000.0, cap_frame_ms=100.0)
+    shares = {name: m.share(name, 2000, m.now) for name in "abc"}
+    assert all(abs(v - 1 / 3) <= 0.01 for v in shares.values()) == behind_too, shares
+    assert m.handoffs(2000, m.now) / 10.0 <= 30
+
+
 def test_what_a_slot_runs_past_its_frames_boundary_is_paid_from_the_next_frame():
     """A framed group (MaxUtil 0.5: 50 ms a 100 ms frame) granted its frame's 50 ms 40 ms before the boundary: the
     slot is its frame's rest, not that and the next frame's quota too; the 10 ms it runs past the boundary come out
