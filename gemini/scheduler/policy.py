@@ -1941,12 +1941,13 @@ class Policy:
         """End the slot by the time an active capped group's bucket is full: past that its refill would be lost,
         and a group capped at 0.3 next to an uncapped one waiting out 100 ms slots got 0.26 (0.5: 0.33) instead of
         the target its cap allows. Active, not only waiting: a busy group's next request is usually still on its
-        way when the slot after its own is granted. Never shorter than a useful slot (min_quota_ms). Only an
-        uncapped holder's slot is cut: a capped one's is already its bucket's worth, and between capped groups
+        way when the slot after its own is granted. Never shorter than a useful slot (min_quota_ms). Only the slot
+        of a holder that can spare it is cut (_yields): an uncapped one, or one that the others' shares hold at or
+        under half its cap; a capped one nearer its cap has a slot of its bucket's worth, and between capped groups
         whose caps add up to 1 or more the buckets cannot all be kept from filling (cutting there only splintered
         the slots: six times the handoffs at 0.4 / 0.6 in tests/policy_sim.py)."""
         holder = self._groups.get(name)
-        if holder is None or holder.bucket is not None:
+        if holder is None or not self._yields(name, holder, start):
             return quota
         limit = quota
         window = math.inf
@@ -1962,11 +1963,10 @@ class Policy:
                 window = min(window, period - (start + self.clock_origin_ms) % period)
         useful = min(quota, self.min_quota_ms)
         self._current_targets(start)        # (and _cap_bound with them)
-        # The active capped groups whose fair share is their cap (_cap_bound: one that the others' shares hold
-        # below its cap loses its refill whatever is cut for it, and cutting for it splintered the uncapped slots
-        # into the shortest ones). Once the limit is down to a useful slot the others cannot change the answer, so
-        # the walk stops there (a waiting group whose bucket is full already, the usual case when many groups are
-        # busy, ends it at once).
+        # The active capped groups whose fair share is their cap, and the framed ones behind the holder that a
+        # skipped frame would keep from their share (_overflow_walk). Once the limit is down to a useful slot the
+        # others cannot change the answer, so the walk stops there (a waiting group whose bucket is full already,
+        # the usual case when many groups are busy, ends it at once).
         for other, cg in self._overflow_walk(holder, active):
             if cg is None or other == name or cg.cfg.max_util <= 0 or other not in active:
                 continue
@@ -1984,6 +1984,19 @@ class Policy:
                 break
         return min(max(useful, limit), max(window, EPS))
 
+    def _yields(self, name: str, g: _Group, at: float) -> bool:
+        """Whether the holder's slot may be cut to make way for the others' budgets (_before_overflow): an uncapped
+        group's, or a capped one's that the others' shares hold at or under half its cap (not aligned: its windows
+        are its peers' on the other GPUs). Such a group reaches its share even if it skips every other frame, so a
+        shorter slot costs it nothing; a capped group's 0.7 and 0.8 slots (its frame's budget) covered every other
+        frame of the others at 0.4 / 0.6 / 0.8 (0.239 / 0.339 / 0.419 instead of a third each, and 0.25 / 0.25 / 0.25
+        / 0.7: 0.202 each and 0.389, in tests/policy_sim.py)."""
+        if g.bucket is None:
+            return True
+        if g.cfg.aligned:
+            return False
+        return self._current_targets(at).get(name, 0.0) <= 0.5 * g.cfg.max_util + EPS
+
     def _overflow_walk(self, holder: _Group, active: Collection[str]) -> list[tuple[str, _Group]]:
         """The groups whose budgets _before_overflow keeps an uncapped holder's slot from wasting: the capped groups
         whose fair share is their cap (_cap_bound), and a framed group that the others' shares hold below its cap
@@ -1991,9 +2004,10 @@ class Policy:
         group's frames (MaxUtil x the frame) hold little more than its share of them: three busy groups capped at
         0.4 / 0.5 / 1 (a third each) got 0.209 / 0.289 / 0.499 in tests/policy_sim.py, the uncapped one's 100 ms slots
         covering every other frame of the other two. Only where its cap is under twice its share (_frame_tight: with
-        more, every other frame is enough) and while it is behind: cut for every such group, the uncapped slots
-        splintered (45 handoffs a second instead of 10 at 0.5 / 1 / 1, where the 0.5 group reaches its third
-        uncut: test_uncapped_slots_are_not_cut_for_a_capped_group_that_its_fair_share_holds_below_its_cap). With
+        more, every other frame is enough) and while it is behind: at 0.5 / 1 / 1 the 0.5 group is such a group
+        (0.5 < 2 / 3), but cut for it whenever it was in that set, the uncapped slots splintered (45 handoffs a second
+        instead of 10, where it reaches its third uncut:
+        test_uncapped_slots_are_not_cut_for_a_capped_group_that_its_fair_share_holds_below_its_cap). With
         --fair-cycle such a group takes its share of each cycle instead (_cycle_of). The set is kept with the
         targets, so a decision does not look at every capped group (tests/test_policy_scale.py)."""
         walk = list(self._cap_bound.items())
