@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gemini.config import parse_config
-from gemini.scheduler.policy import (DEFAULT_BUCKET_MS, ClaimRightDecision, GrantDecision, Policy, RefuseDecision,
-                                     SlotEndDecision, _FrameBucket, diff_configs, fair_targets)
+from gemini.scheduler.policy import (DEFAULT_BUCKET_MS, MIN_WEIGHT, ClaimRightDecision, GrantDecision, Policy,
+                                     RefuseDecision, SlotEndDecision, _FrameBucket, diff_configs, fair_targets)
 from gemini.wire.sched import ERR_UNKNOWN_GROUP
 from tests.policy_sim import Busy, Model, Requests, config, percentile
 
@@ -1162,6 +1162,20 @@ def test_a_long_slot_released_early_is_settled_at_the_weight_of_its_grant():
     assert gc.group == "c"                # c has waited longest and not run: it goes before a runs again
     st = p.status(1860.0)
     assert st["a"].grants == 1 and st["c"].grants == 1
+
+
+def test_a_refund_after_the_groups_target_fell_to_0_goes_back_at_the_weight_of_its_slot():
+    """A finished slot's charge is shrunk by what its hooks measured (here 4 ms: the credit) after the group's target
+    fell to 0 (a floor of 1 came): refunded at the weight of now (1e-3), those 4 ms were 4 s of virtual time, a
+    credit no slot of its had earned. Now they go back at the weight the slot was charged at."""
+    p = Policy(config(("a", 0.0, 1.0), ("c", 1.0, 1.0)), 100.0, 5.0, 10_000.0)
+    [ga] = grants(p.request("a", now=0.0))
+    p.release("a", ga.token_seq, now=50.0)          # 50 ms at weight 1 (alone)
+    before = p._groups["a"].vtime
+    assert grants(p.request("c", now=51.0))         # c's floor of 1: a's target is 0
+    assert p._weight("a", 52.0) == pytest.approx(MIN_WEIGHT)
+    assert not grants(p.request("a", now=52.0, used_ms=40.0))     # measured 40 of its 50: 4 ms back (the credit)
+    assert before - p._groups["a"].vtime == pytest.approx(4.0)
 
 
 def test_others_grantable_says_whether_releasing_now_would_let_another_group_run():

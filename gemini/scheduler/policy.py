@@ -335,6 +335,7 @@ class _Past:
     tail_shared: float = 0.0    # how long its own overrun shared the next holder's start
     forfeit: float = 0.0        # a framed cap's rest of the frame it gave up (_Slot.forfeit), if still to be given
     forfeit_until: float = 0.0  # back when the slot turns out to have ended before that boundary
+    weight: float = 1.0         # the weight it was charged at (_Slot.reserved_weight): refunds go back at it
 
 
 class _Usage:
@@ -795,7 +796,7 @@ class Policy:
                 p.charge -= overlap
                 pg = self._groups.get(p.group)
                 if pg is not None:
-                    self._charge(pg, -overlap, now)
+                    self._refund(pg, p, overlap, now)
                     pg.usage.add(max(credit_start, p.start), min(end_ms, p.end), -overlap)
         out = self._update_claim_right(g, now)
         return out + self._schedule(now)
@@ -1397,6 +1398,16 @@ class Policy:
             g.crowded = True
         self._rekey(g)
 
+    def _refund(self, g: _Group, p: _Past, ms: float, now: float) -> None:
+        """Give back `ms` of a finished slot's charge, to the cap bucket and to virtual time at the weight the slot
+        was charged at. At the weight of now, a refund made after the group's target had fallen to 0 (another
+        group's floor came, a reload) was a thousandfold credit: 4 ms of measured use moved its virtual time by
+        4 s."""
+        if g.bucket is not None:
+            g.bucket.add(-ms, now)
+        g.vtime -= ms / max(p.weight, MIN_WEIGHT)
+        self._rekey(g)
+
     # --- internals: slots ----------------------------------------------------------------------------------------
 
     def _continues(self, h: _Slot, token_seq: int) -> bool:
@@ -1413,7 +1424,7 @@ class Policy:
                     p.charge -= cut
                     g = self._groups.get(p.group)
                     if g is not None:
-                        self._charge(g, -cut, end)
+                        self._refund(g, p, cut, end)
                         g.usage.add(p.end, p.end + cut, -cut)
                         if p.forfeit > 0 and p.end < p.forfeit_until - EPS and isinstance(g.bucket, _FrameBucket):
                             g.bucket.add(-p.forfeit, end)   # it ended before the boundary after all (a voided
@@ -1456,7 +1467,8 @@ class Policy:
         if span > 0 or not h.prev_seq:
             late = h.forfeit > 0 and end >= h.forfeit_until - EPS     # (ended before the boundary: given back above)
             self._past.append(_Past(h.group, h.token_seq, h.start, end, charge, used=used, head_shared=head,
-                                    forfeit=h.forfeit if late else 0.0, forfeit_until=h.forfeit_until))
+                                    forfeit=h.forfeit if late else 0.0, forfeit_until=h.forfeit_until,
+                                    weight=h.reserved_weight))
         # (a continuation voided before it began never ran: no report can name it, and kept, it sat in _past
         # out of time order, where a later overrun's search for the slot it ran into met it first)
         self._prune(now)
@@ -1496,7 +1508,7 @@ class Policy:
                 nxt.charge -= refund
                 ng = self._groups.get(nxt.group)
                 if ng is not None and refund > 0:
-                    self._charge(ng, -refund, now)
+                    self._refund(ng, nxt, refund, now)
                     ng.usage.add(nxt.start, nxt.start + shared, -refund)
         overuse -= max(0.0, shared) / 2.0
         last.tail_shared = max(last.tail_shared, max(0.0, shared))
@@ -1521,7 +1533,7 @@ class Policy:
                     p.charge = new
                     g = self._groups.get(group)
                     if g is not None:
-                        self._charge(g, -refund, now)
+                        self._refund(g, p, refund, now)
                         g.usage.add(p.start, p.end, -refund)
                 return
 
