@@ -257,6 +257,32 @@ def test_a_capped_holder_far_under_its_cap_makes_way_for_the_others_frames(group
     assert m.handoffs(2000, m.now) / 10.0 <= 10.5 * len(groups)
 
 
+def test_a_full_frames_budget_does_not_splinter_the_others_slots():
+    """Five busy groups capped at 0.6 / 0.5 / 0.45 / 0.2 / 0.6 (a fifth each; the 0.2 group's share is its cap).
+    The 0.2 group starts every frame with a full budget, and a full one was taken as lost at once: every holder's
+    slot was cut to a useful one (5 ms) while that group, ahead in virtual time, was not chosen -- 118 handoffs a
+    second against 23 before the capped holders yielded too (an independent review). A frame's budget is lost at
+    its boundary, not before."""
+    groups = [(f"g{j}", 0.0, cap) for j, cap in enumerate([0.6, 0.5, 0.45, 0.2, 0.6])]
+    m = busy_model(groups, until=12_000.0)
+    for name, *_ in groups:
+        assert abs(m.share(name, 2000, m.now) - 0.2) <= 0.01, name
+    assert m.handoffs(2000, m.now) / 10.0 <= 35
+
+
+def test_a_light_group_with_a_frame_to_spare_does_not_cut_the_busy_ones_slots():
+    """A latency group capped at 0.3 that sends 3 ms every 20 ms beside busy groups capped at 0.5 / 0.5 / 0.7: its
+    cap is under twice the quarter it is owed, so it counts as a framed group a skipped frame could keep from its
+    share, and it is always behind in virtual time -- but it never uses its frame, which stays nearly full. Cut for
+    it, every busy holder ended its slot 30 ms before each boundary: 52 handoffs a second against 30 (an independent
+    review). Only a busy group (its last slot ran out) is made way for."""
+    groups = [("t", 0.0, 0.3, "latency"), ("a", 0.0, 0.5), ("b", 0.0, 0.5), ("c", 0.0, 0.7)]
+    m = Model(groups, {"t": Requests(3.0, 20.0), "a": Busy(), "b": Busy(), "c": Busy()}, seed=3).run(12_000.0)
+    for name in "abc":
+        assert abs(m.share(name, 2000, m.now) - 0.3) <= 0.01, name
+    assert m.handoffs(2000, m.now) / 10.0 <= 36
+
+
 def test_what_a_slot_runs_past_its_frames_boundary_is_paid_from_the_next_frame():
     """A framed group (MaxUtil 0.5: 50 ms a 100 ms frame) granted its frame's 50 ms 40 ms before the boundary: the
     slot is its frame's rest, not that and the next frame's quota too; the 10 ms it runs past the boundary come out
