@@ -540,7 +540,11 @@ def test_a_kernel_whose_cost_was_learnt_too_long_is_measured_again_at_once(sim, 
     # rule "40:2000" had one in 4.5, and without gate.h's "620:600" one in 7, as one make test run had with both
     # rules (one in 8 was the bound then): a cost learnt too long under a CPU stall places markers just as densely.
     assert st["kernels_measured"] >= n / 4, st
-    assert st["markers"] - n <= (st["launches"] - n) / 6, st
+    # In a second the program gets about 1000 markers (700-1100 in 13000-17700 launches; without kcost.c's rule
+    # "40:2000" about 3300): on a starved machine the simulator's kernels and the launches slow down, the markers
+    # do not (thirty-third session's make test: 1012 markers in 5606 launches, one in 5.5), so the bound per launch
+    # gives way to a second's usual markers there.
+    assert st["markers"] - n <= max((st["launches"] - n) / 6, 1200), st
 
 
 @pytest.mark.parametrize("sync,stream", [("ctx", "legacy"), ("stream", "created"), ("stream", "per-thread")])
