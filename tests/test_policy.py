@@ -18,7 +18,7 @@ from gemini.config import parse_config
 from gemini.scheduler.policy import (DEFAULT_BUCKET_MS, MIN_WEIGHT, ClaimRightDecision, GrantDecision, Policy,
                                      RefuseDecision, SlotEndDecision, _FrameBucket, diff_configs, fair_targets)
 from gemini.wire.sched import ERR_UNKNOWN_GROUP
-from tests.policy_sim import Busy, Model, Requests, config, percentile
+from tests.policy_sim import Busy, Model, Requests, _Tenant, config, percentile
 
 
 def grants(decisions):
@@ -1029,6 +1029,30 @@ def test_a_late_starter_beside_a_light_group_does_not_take_the_busy_groups_share
               {"a": Busy(), "l": Requests(2.0, 50.0), "c": Busy(start_ms=60_000.0)}).run(72_000.0)
     a, c = m.share("a", 61_000.0, 71_000.0), m.share("c", 61_000.0, 71_000.0)
     assert abs(a - c) < 0.1, (a, c)
+
+
+def test_a_group_added_beside_a_light_one_does_not_keep_the_gpu_by_continuations():
+    """A reload adds c (MinUtil 0.6) beside a busy b and a light latency group L: c starts at the least virtual time
+    of the active groups, L's, far behind b's. c's first grant came while b's next request was on its way, so the
+    bound on its lag (_bound_lag) saw nobody behind it, and its continuations, decided without that bound, kept the
+    GPU for the whole 6 s while b waited (a fuzzer's seed 5042 in the thirty-third session). Now a continuation is
+    bounded too: c's first run is a few slots."""
+    first = [("b", 0.5, 1), ("L", 0.2, 1, "latency")]
+    second = [("b", 0, 1), ("c", 0.6, 1), ("L", 0.2, 1, "latency")]
+    m = Model(first, {"b": Busy(), "L": Requests(1.5, 20.0, poisson=True)}, seed=1).run(9000.0)
+    m.apply(m.policy.apply_config(config(*second), 9000.0), 9000.0)
+    m.tenants["c"] = _Tenant("c", Busy())
+    m.push(9001.0, "want", "c")
+    m.run(15_000.0)
+    runs: list[list] = []
+    for g, s, e in m.gpu:
+        if s >= 9000.0 and g != "L":
+            if runs and runs[-1][0] == g and s - runs[-1][2] < 5.0:
+                runs[-1][2] = e
+            else:
+                runs.append([g, s, e])
+    assert max(e - s for g, s, e in runs if g == "c") <= 1000.0, runs[:4]
+    assert m.share("b", 11_000.0, 15_000.0) >= 0.18
 
 
 def test_a_release_in_the_gap_after_a_voided_continuation_hands_over_at_once():

@@ -1940,6 +1940,10 @@ class Policy:
         choice = self._choose(h.deadline, now, holder=h.group)
         if choice is None or choice[0] != h.group:
             return []
+        # As at a fresh grant (_schedule): continued, a group that came in far behind the others kept all of its lag
+        # (a group added by a reload beside a light one, with a floor of 0.6, held the GPU 5.6 s while a busy group
+        # owed 0.2 waited: its first grant came before that group had asked again)
+        self._bound_lag(h.group, g, now)
         quota = self._before_overflow(h.group, h.deadline, choice[1])
         # Continue: the old slot ends at its deadline, the new one starts there.
         deadline = h.deadline
