@@ -175,6 +175,10 @@ SHARE_RUNS = [
     ("gemini-floor-0.7-cycle100", ["--mode", "gemini", "--caps", "1.0,1.0", "--mins", "0.7,0",
                                    "--schd-arg=--fair-cycle=100"], None),
     ("gemini-3", ["--mode", "gemini", "--caps", "0.2,0.3,0.5"], "gemini, MaxUtil 0.2 / 0.3 / 0.5"),
+    # framed caps that the others' shares hold below them, by less than half: a third each (the thirty-third
+    # session's _overflow_walk and _yields; in the model 0.209 / 0.289 / 0.499 and 0.239 / 0.339 / 0.419 before)
+    ("gemini-below-0.4-0.5-1", ["--mode", "gemini", "--caps", "0.4,0.5,1.0"], None),
+    ("gemini-below-0.4-0.6-0.8", ["--mode", "gemini", "--caps", "0.4,0.6,0.8"], None),
     ("gemini-3-frame100", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=100"], None),
     ("gemini-3-frame0", ["--mode", "gemini", "--caps", "0.2,0.3,0.5", "--schd-arg=--frame=0"], None),
     ("gemini-0.4-0.6-frame100", ["--mode", "gemini", "--caps", "0.4,0.6", "--schd-arg=--frame=100"], None),
