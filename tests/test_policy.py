@@ -1228,6 +1228,24 @@ def test_a_refund_after_the_groups_target_fell_to_0_goes_back_at_the_weight_of_i
     assert before - p._groups["a"].vtime == pytest.approx(4.0)
 
 
+def test_a_refund_after_a_crowded_out_groups_debt_was_forgiven_is_no_thousandfold_credit():
+    """a is charged a slot at the least weight (c's floor of 1 crowds it out); a reload lifts the floor, and its
+    virtual time is brought back beside c's (_uncrowd). Then its hooks' measurement shrinks that slot's charge:
+    refunded at the weight the slot was charged at (1e-3), the 15 ms were 15 s of credit on a debt already forgiven
+    (an independent review of the refunds at a slot's weight; in the model a 1 ms claim's overlap let a busy group
+    hold the GPU 300 ms). A refund goes back at the greater of the slot's weight and the weight of now."""
+    p = Policy(config(("a", 0, 1), ("c", 1, 1)), 100.0, 5.0, 10_000.0)
+    [gc] = grants(p.request("c", now=0.0))
+    p.request("a", now=1.0)
+    [ga] = grants(p.release("c", gc.token_seq, now=50.0))       # a's slot at the least weight
+    assert ga.group == "a"
+    p.request("c", now=60.0)
+    p.release("a", ga.token_seq, now=150.0)
+    p.apply_config(config(("a", 0, 1), ("c", 0, 1)), 151.0)     # the floor gone: a's debt forgiven
+    p.request("a", now=152.0, used_ms=85.0)                     # 15 ms of the slot measured as not a's
+    assert p._groups["c"].vtime - p._groups["a"].vtime <= 100.0
+
+
 def test_others_grantable_says_whether_releasing_now_would_let_another_group_run():
     """What gem-schd publishes on the board (groups_waiting): a waiting group other than the holder whose cap
     and swap pacing allow a slot now. Not the holder itself, not a capped group whose bucket is empty, not one

@@ -1399,13 +1399,15 @@ class Policy:
         self._rekey(g)
 
     def _refund(self, g: _Group, p: _Past, ms: float, now: float) -> None:
-        """Give back `ms` of a finished slot's charge, to the cap bucket and to virtual time at the weight the slot
-        was charged at. At the weight of now, a refund made after the group's target had fallen to 0 (another
-        group's floor came, a reload) was a thousandfold credit: 4 ms of measured use moved its virtual time by
-        4 s."""
+        """Give back `ms` of a finished slot's charge, to the cap bucket and to virtual time at the greater of the
+        weight the slot was charged at and the weight of now: never more credit than either gives. At the weight of
+        now, a refund made after the group's target had fallen to 0 (another group's floor came, a reload) was a
+        thousandfold credit: 4 ms of measured use moved its virtual time by 4 s. At the slot's alone, so was one of
+        a slot charged at the least weight whose debt _uncrowd had since forgiven (a 1 ms claim's overlap let a busy
+        group hold the GPU 300 ms: an independent review)."""
         if g.bucket is not None:
             g.bucket.add(-ms, now)
-        g.vtime -= ms / max(p.weight, MIN_WEIGHT)
+        g.vtime -= ms / max(p.weight, self._weight(g.cfg.name, now))
         self._rekey(g)
 
     # --- internals: slots ----------------------------------------------------------------------------------------
