@@ -283,6 +283,18 @@ def test_a_light_group_with_a_frame_to_spare_does_not_cut_the_busy_ones_slots():
     assert m.handoffs(2000, m.now) / 10.0 <= 36
 
 
+def test_a_slot_makes_way_for_the_next_frames_budget_of_a_group_in_debt():
+    """A group whose floor is its cap (0.35) beside busy groups capped at 0.39 and uncapped, and a light group asking
+    1.5 ms every 20 ms. Its slots end a fraction of a millisecond in debt, so at the next boundary its bucket stays
+    under its depth and counted as full only at the boundary after: nothing was cut for it, an uncapped 100 ms slot
+    covered all of its next frame, and every third frame was skipped -- 0.285 instead of 0.35 (an independent
+    review). A slot now also ends by the time the next frame's budget would no longer fit before that frame ends."""
+    groups = [("l", 0.0, 0.21), ("g1", 0.0, 0.39), ("g2", 0.0, 0.42), ("g3", 0.0, 1.0), ("n", 0.35, 0.35)]
+    m = Model(groups, {"l": Requests(1.5, 20.0, poisson=True), "g1": Busy(), "g2": Requests(2.0, 50.0), "g3": Busy(),
+                       "n": Busy()}, seed=116).run(14_000.0)
+    assert m.share("n", 2000, m.now) >= 0.33
+
+
 def test_what_a_slot_runs_past_its_frames_boundary_is_paid_from_the_next_frame():
     """A framed group (MaxUtil 0.5: 50 ms a 100 ms frame) granted its frame's 50 ms 40 ms before the boundary: the
     slot is its frame's rest, not that and the next frame's quota too; the 10 ms it runs past the boundary come out
