@@ -1258,6 +1258,23 @@ def test_a_refund_after_a_crowded_out_groups_debt_was_forgiven_is_no_thousandfol
     assert p._groups["c"].vtime - p._groups["a"].vtime <= 100.0
 
 
+def test_a_refund_after_a_forgiven_debt_and_a_new_floor_is_no_thousandfold_credit():
+    """As above, but the floor comes back before the refund: a's target is 0 again, and the slot was charged at
+    the least weight too, so the greater of the two was still 1e-3 (a second review)."""
+    p = Policy(config(("a", 0, 1), ("c", 1, 1)), 100.0, 5.0, 10_000.0)
+    [gc] = grants(p.request("c", now=0.0))
+    p.request("a", now=1.0)
+    [ga] = grants(p.release("c", gc.token_seq, now=50.0))
+    p.request("c", now=60.0)
+    p.release("a", ga.token_seq, now=150.0)
+    p.apply_config(config(("a", 0, 1), ("c", 0, 1)), 151.0)
+    p.tick(151.5)                                               # a's debt forgiven
+    p.apply_config(config(("a", 0, 1), ("c", 1, 1)), 152.0)
+    p.tick(152.5)                                               # a's target 0 again
+    p.request("a", now=153.0, used_ms=85.0)
+    assert p._groups["c"].vtime - p._groups["a"].vtime <= 100.0
+
+
 def test_others_grantable_says_whether_releasing_now_would_let_another_group_run():
     """What gem-schd publishes on the board (groups_waiting): a waiting group other than the holder whose cap
     and swap pacing allow a slot now. Not the holder itself, not a capped group whose bucket is empty, not one

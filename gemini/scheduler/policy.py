@@ -1795,6 +1795,12 @@ class Policy:
             if least is not None and g.vtime > least + self.base_quota_ms / targets[name]:
                 g.vtime = least + self.base_quota_ms / targets[name]
                 self._rekey(g)
+            # Its finished slots' debt is forgiven: a refund of them goes back at its weight now at least, also if
+            # its target falls to 0 again before the refund (at the least weight, 4 ms measured were 4 s of credit
+            # on a debt no longer owed: an independent review)
+            for p in self._past:
+                if p.group == name and p.weight < targets[name]:
+                    p.weight = targets[name]
 
     def _schedule(self, now: float) -> list[Decision]:
         out: list[Decision] = []
