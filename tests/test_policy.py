@@ -295,6 +295,17 @@ def test_a_slot_makes_way_for_the_next_frames_budget_of_a_group_in_debt():
     assert m.share("n", 2000, m.now) >= 0.33
 
 
+def test_a_slot_granted_at_a_boundary_makes_way_for_a_busy_framed_group_whose_request_is_on_its_way():
+    """b (MaxUtil 0.25, its share its cap) and a (0.8, held to 0.375 by the targets, so it yields) busy, and a light
+    latency group. At a frame's boundary b's budget is full again while its next request is still on its way; a
+    full bucket of a group not asking was skipped as idle, so a's slot granted there ran until b's whole frame no
+    longer fitted, b's slot crossed the next boundary and paid for it from the next frame: 0.193 (a review's
+    sweep). A busy framed group is made way for there too."""
+    groups = [("a", 0.0, 0.8), ("b", 0.0, 0.25), ("c", 0.05, 0.5, "latency")]
+    m = Model(groups, {"a": Busy(), "b": Busy(), "c": Requests(2.0, 50.0)}, seed=1).run(20_000.0)
+    assert m.share("b", 2000, m.now) >= 0.24
+
+
 def test_what_a_slot_runs_past_its_frames_boundary_is_paid_from_the_next_frame():
     """A framed group (MaxUtil 0.5: 50 ms a 100 ms frame) granted its frame's 50 ms 40 ms before the boundary: the
     slot is its frame's rest, not that and the next frame's quota too; the 10 ms it runs past the boundary come out

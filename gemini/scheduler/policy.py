@@ -1996,8 +1996,13 @@ class Policy:
                 continue
             assert cg.bucket is not None
             full = cg.bucket.time_to_reach(cg.bucket.depth, start)
-            if full <= start + EPS and cg.waiting is None:
-                continue        # full already and not asking: it has nothing to lose by waiting (idle now)
+            framed = isinstance(cg.bucket, _FrameBucket)
+            if full <= start + EPS and cg.waiting is None and not (framed and cg.ran_out):
+                # full already and not asking: it has nothing to lose by waiting (idle now). Not a busy framed
+                # group, whose bucket is full at every boundary while its next request is on its way: skipped
+                # there, a holder granted at the boundary ran over the time that group's frame needed, its slot
+                # crossed the next boundary, and a group capped at 0.25 got 0.193 beside one at 0.8 (a review)
+                continue
             if isinstance(cg.bucket, _FrameBucket):
                 # what is left of its frame is lost at the boundary unless a slot of its starts before it (room);
                 # full or not, nothing is lost before then (taken as lost at once, a full frame's budget cut every
