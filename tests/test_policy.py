@@ -306,6 +306,17 @@ def test_a_slot_granted_at_a_boundary_makes_way_for_a_busy_framed_group_whose_re
     assert m.share("b", 2000, m.now) >= 0.24
 
 
+def test_a_framed_group_that_stopped_asking_after_its_burst_does_not_splinter_the_others_slots():
+    """b (MaxUtil 0.25) runs a 50 ms burst every 500 ms: its last slot of a burst runs out, then it asks nothing
+    until the next one. Taken to have a request on its way for as long as it counted as active (500 ms), it had
+    every holder cut to 5 ms slots before each boundary: a's 10 grants a second became 64 (a second review). Only
+    just after its slot ran out does a group count as asking."""
+    m = Model([("a", 0.0, 1.0), ("b", 0.0, 0.25)], {"a": Busy(), "b": Requests(50.0, 500.0)}, seed=1).run(12_000.0)
+    grants_of_a = sum(1 for d in m.decisions if isinstance(d, GrantDecision) and d.group == "a" and d.start_ms >= 2000)
+    assert grants_of_a / 10.0 <= 15, grants_of_a
+    assert m.share("a", 2000, m.now) >= 0.88
+
+
 def test_what_a_slot_runs_past_its_frames_boundary_is_paid_from_the_next_frame():
     """A framed group (MaxUtil 0.5: 50 ms a 100 ms frame) granted its frame's 50 ms 40 ms before the boundary: the
     slot is its frame's rest, not that and the next frame's quota too; the 10 ms it runs past the boundary come out

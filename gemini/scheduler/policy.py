@@ -75,6 +75,9 @@ DEFAULT_MAX_CLAIM_MS = 20.0
 DEFAULT_CONTINUE_LEAD_MS = 2.0
 MAX_CREDIT_FRACTION = 0.15
 CLAIM_MIN_CHARGE = 0.25     # a claim is charged at least this part of its span
+# A busy group asks again within its drain and a round trip of its slot's end: how long after it ran out a group not
+# asking yet is taken to have its request on its way (_before_overflow)
+REQUEST_ON_ITS_WAY_MS = 10.0
 
 
 # --- decisions --------------------------------------------------------------------------------------------------
@@ -1996,12 +1999,16 @@ class Policy:
                 continue
             assert cg.bucket is not None
             full = cg.bucket.time_to_reach(cg.bucket.depth, start)
-            framed = isinstance(cg.bucket, _FrameBucket)
-            if full <= start + EPS and cg.waiting is None and not (framed and cg.ran_out):
+            on_its_way = isinstance(cg.bucket, _FrameBucket) and cg.ran_out and \
+                start - cg.last_active <= REQUEST_ON_ITS_WAY_MS
+            if full <= start + EPS and cg.waiting is None and not on_its_way:
                 # full already and not asking: it has nothing to lose by waiting (idle now). Not a busy framed
-                # group, whose bucket is full at every boundary while its next request is on its way: skipped
-                # there, a holder granted at the boundary ran over the time that group's frame needed, its slot
-                # crossed the next boundary, and a group capped at 0.25 got 0.193 beside one at 0.8 (a review)
+                # group whose slot just ran out, whose bucket is full at a boundary while its next request is on its
+                # way: skipped there, a holder granted at the boundary ran over the time that group's frame needed,
+                # its slot crossed the next boundary, and a group capped at 0.25 got 0.193 beside one at 0.8 (a
+                # review). Only just after: a group whose last slot ran out and that then stopped asking (a burst's
+                # end) cut every holder to 5 ms slots until it was inactive, 64 grants a second instead of 10 (a
+                # second review)
                 continue
             if isinstance(cg.bucket, _FrameBucket):
                 # what is left of its frame is lost at the boundary unless a slot of its starts before it (room);
