@@ -231,7 +231,7 @@ def test_uncapped_slots_make_way_for_a_framed_group_behind_them_that_its_fair_sh
     now ends before a boundary would take the rest of the frame of such a group while it is behind the holder in
     virtual time (the `False` case: only the groups whose share is their cap, as before)."""
     if not behind_too:
-        monkeypatch.setattr(Policy, "_overflow_walk", lambda self, holder, active: list(self._cap_bound.items()))
+        monkeypatch.setattr(Policy, "_overflow_walk", lambda self, holder: list(self._cap_bound.items()))
     m = busy_model([("a", 0.0, 0.4), ("b", 0.0, 0.5), ("c", 0.0, 1.0)], until=12_000.0, cap_frame_ms=100.0)
     shares = {name: m.share(name, 2000, m.now) for name in "abc"}
     assert all(abs(v - 1 / 3) <= 0.01 for v in shares.values()) == behind_too, shares

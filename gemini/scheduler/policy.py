@@ -56,7 +56,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, NamedTuple, Optional, Union
+from typing import Iterable, NamedTuple, Optional, Union
 
 from gemini.config import Config, GroupConfig
 from gemini.wire.sched import ERR_UNKNOWN_GROUP, MAX_CLAIM_AHEAD_MS
@@ -338,7 +338,8 @@ class _Past:
     tail_shared: float = 0.0    # how long its own overrun shared the next holder's start
     forfeit: float = 0.0        # a framed cap's rest of the frame it gave up (_Slot.forfeit), if still to be given
     forfeit_until: float = 0.0  # back when the slot turns out to have ended before that boundary
-    weight: float = 1.0         # the weight it was charged at (_Slot.reserved_weight): refunds go back at it
+    weight: float = 1.0         # the weight it was charged at (_Slot.reserved_weight): refunds go back at it at
+    #                             least (_refund), and at the new weight once _uncrowd forgave its debt
 
 
 class _Usage:
@@ -1994,7 +1995,7 @@ class Policy:
         # skipped frame would keep from their share (_overflow_walk). Once the limit is down to a useful slot the
         # others cannot change the answer, so the walk stops there (a waiting group whose bucket is full already,
         # the usual case when many groups are busy, ends it at once).
-        for other, cg in self._overflow_walk(holder, active):
+        for other, cg in self._overflow_walk(holder):
             if cg is None or other == name or cg.cfg.max_util <= 0 or other not in active:
                 continue
             assert cg.bucket is not None
@@ -2046,8 +2047,8 @@ class Policy:
             return False
         return self._current_targets(at).get(name, 0.0) <= 0.5 * g.cfg.max_util + EPS
 
-    def _overflow_walk(self, holder: _Group, active: Collection[str]) -> list[tuple[str, _Group]]:
-        """The groups whose budgets _before_overflow keeps an uncapped holder's slot from wasting: the capped groups
+    def _overflow_walk(self, holder: _Group) -> list[tuple[str, _Group]]:
+        """The groups whose budgets _before_overflow keeps a yielding holder's slot from wasting: the capped groups
         whose fair share is their cap (_cap_bound), and a framed group that the others' shares hold below its cap
         while it is behind the holder in virtual time. What is left of a frame is lost at its boundary, and such a
         group's frames (MaxUtil x the frame) hold little more than its share of them: three busy groups capped at
@@ -2062,10 +2063,10 @@ class Policy:
         walk = list(self._cap_bound.items())
         if self.fair_cycle_ms > 0:
             return walk
-        for other, cg in self._frame_tight.items():
+        for other, cg in self._frame_tight.items():     # (active ones, as of the targets; never aligned)
             # (busy: its last slot ran out; a light group's frame stays nearly full whatever the others do, and cut
             # for it, a latency group at 0.3 beside 0.5 / 0.5 / 0.7 cost 52 handoffs a second instead of 30)
-            if other in active and not cg.cfg.aligned and cg.ran_out and cg.vtime < holder.vtime:
+            if cg.ran_out and cg.vtime < holder.vtime:
                 walk.append((other, cg))
         return walk
 
