@@ -249,7 +249,7 @@ def test_a_capped_holder_far_under_its_cap_makes_way_for_the_others_frames(group
     0.419, and 0.202 each against its 0.389. Such a holder can spare its slot's end, as an uncapped one can (the
     `False` case: only uncapped holders' slots are cut, as before)."""
     if not capped_yield:
-        monkeypatch.setattr(Policy, "_yields", lambda self, name, g, at: g.bucket is None)
+        monkeypatch.setattr(Policy, "_spare", lambda self, name, g, at: math.inf if g.bucket is None else 0.0)
     owed = fair_targets({g[0]: g[2] for g in groups})
     m = busy_model(groups, until=12_000.0, cap_frame_ms=100.0)
     shares = {name: m.share(name, 2000, m.now) for name in owed}

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Optional, Union
 
 from gemini.config import Config, GroupConfig
+from gemini.scheduler.demand import Demand
 from gemini.wire.sched import ERR_UNKNOWN_GROUP, MAX_CLAIM_AHEAD_MS
 
 EPS = 1e-6  # ms; tolerance of eligibility tests against float rounding
@@ -394,6 +395,7 @@ class _Group:
     ran_out: bool = False               # its last slot ran to its deadline (busy): --frame-turns is among such
     crowded: bool = False               # charged at the least weight (1e-3) since its virtual time was last
     #                                     brought back (_uncrowd): a debt that no share it has now would run up
+    demand: Demand = field(default_factory=Demand)  # how much it asks for: light groups' targets (demand.py)
 
 
 def fair_targets(caps: dict[str, float], floors: Optional[dict[str, float]] = None) -> dict[str, float]:
@@ -426,6 +428,21 @@ def fair_targets(caps: dict[str, float], floors: Optional[dict[str, float]] = No
     return {n: min(max(level, lo[n]), c) for n, c in caps.items()}
 
 
+def demand_targets(caps: dict[str, float], floors: dict[str, float], limits: dict[str, float]) -> dict[str, float]:
+    """The targets with light groups' demand (gemini/scheduler/demand.py): every group not in `limits` gets its
+    fair share of what the limited groups leave (fair_targets with each limited group's cap and floor lowered to
+    its limit); a limited group keeps its fair share as if it wanted all of it (fair_targets), the weight its
+    virtual time runs at, so that it stays as far ahead in the order as before and, should it turn busy, owes
+    nothing for the slots it ran while limited."""
+    full = fair_targets(caps, floors)
+    limits = {n: v for n, v in limits.items() if n in caps and v < full[n] - EPS}
+    if not limits:
+        return full
+    lowered = {n: min(c, limits[n]) if n in limits else c for n, c in caps.items()}
+    aware = fair_targets(lowered, {n: min(floors.get(n, 0.0), lowered[n]) for n in caps})
+    return {n: full[n] if n in limits else aware[n] for n in caps}
+
+
 class Policy:
     """gem-schd's scheduling policy. See the module docstring.
 
@@ -443,7 +460,8 @@ class Policy:
                  continue_lead_ms: float = DEFAULT_CONTINUE_LEAD_MS, active_ms: Optional[float] = None,
                  cap_slot_fraction: float = 0.5, continuation: bool = True, clock_origin_ms: float = 0.0,
                  cap_frame_ms: float = DEFAULT_CAP_FRAME_MS, frame_turns: bool = True,
-                 min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS, fair_cycle_ms: float = 0.0):
+                 min_frame_quota_ms: float = MIN_FRAME_QUOTA_MS, fair_cycle_ms: float = 0.0,
+                 demand_limits: bool = True):
         for name, value in (("base_quota_ms", base_quota_ms), ("min_quota_ms", min_quota_ms),
                             ("window_ms", window_ms), ("bucket_ms", bucket_ms), ("claim_burst_ms", claim_burst_ms),
                             ("max_claim_ms", max_claim_ms)):
@@ -483,6 +501,7 @@ class Policy:
         self.continue_lead_ms = float(continue_lead_ms)
         self.cap_slot_fraction = min(1.0, max(0.0, float(cap_slot_fraction)))
         self.continuation = bool(continuation)   # off only to show what it is for (tests)
+        self.demand_limits = bool(demand_limits)  # likewise: light groups' demand in the targets (demand.py)
         # The host's monotonic clock (ms) at this policy's time 0: `Slots = aligned` groups' grid is laid on the
         # host's clock, so that every gem-schd of the host (one per GPU) lays the same grid.
         self.clock_origin_ms = float(clock_origin_ms)
@@ -649,6 +668,8 @@ class Policy:
             self._apply_used(group, used_ms, now)
         burst = burst_ms if (math.isfinite(burst_ms) and burst_ms > 0) else 0.0
         if g.waiting is None:
+            g.demand.asked(now)
+            self._update_demand(g, now)
             self._set_waiting(group, g, _Waiting(now, burst))
         else:  # a re-sent request (e.g. after a pod manager re-registered): keep its place in the queue
             g.waiting.burst = burst
@@ -713,6 +734,8 @@ class Policy:
             self._clear_waiting(group, g)
         h = self._holder
         out: list[Decision] = []
+        if g is not None and (h is None or h.group != group):
+            g.demand.went_idle(now)
         if h is not None and h.group == group:
             h.decided = True
             out += self._void_unbegun(now)
@@ -1322,6 +1345,20 @@ class Policy:
                 self._rekey(g)      # parked: its cap or class may have changed, so it is looked at again
         self._invalidate_targets()
 
+    def _update_demand(self, g: _Group, now: float) -> None:
+        """Re-decide a group's demand limit at one of its events (demand.py); the targets follow a change. A
+        latency group's targets are never limited (its claims, not its slots, are its demand); its limit tells
+        only _before_overflow that it is light."""
+        old = g.demand.limit
+        if not (self.demand_limits and g.demand.update(now)) or g.cfg.latency:
+            return
+        # Only a limit under the group's target now changes the targets (demand_targets): a busy group among many,
+        # with a small share, has a limit far above it, and recomputing the targets at its every slot made each
+        # decision's cost grow with the groups (tests/test_policy_scale.py).
+        target = self._targets.get(g.cfg.name)
+        if target is not None and any(v is not None and v < target - EPS for v in (old, g.demand.limit)):
+            self._invalidate_targets()
+
     def _invalidate_targets(self) -> None:
         self._targets_key = None
         self._key_diff = 0
@@ -1338,8 +1375,14 @@ class Policy:
             # differ from one process to the next (PYTHONHASHSEED): the same events gave other decisions.
             ordered = self._in_order(active)
             before = self._targets
-            self._targets = fair_targets({n: self._groups[n].cfg.max_util for n in ordered},
-                                         {n: self._groups[n].cfg.min_util for n in ordered})
+            groups = self._groups
+            limits: dict[str, float] = {}
+            for name in ordered:
+                limit = groups[name].demand.limit
+                if limit is not None and self.demand_limits and not groups[name].cfg.latency:
+                    limits[name] = limit
+            self._targets = demand_targets({n: groups[n].cfg.max_util for n in ordered},
+                                           {n: groups[n].cfg.min_util for n in ordered}, limits)
             self._uncrowded |= {n for n, t in self._targets.items() if t > EPS and before.get(n, 1.0) <= EPS}
             # the active capped groups whose fair share is their cap: only their buckets can overflow while they
             # wait (one held back by the others' shares gets less than its cap whatever the slots around it)
@@ -1470,6 +1513,8 @@ class Policy:
             self._rekey(g)
             g.usage.add(h.start, end, charge)
             self._touch(g, now)
+            g.demand.slot_ended(h.start, end, idle=reason != "continued" and g.waiting is None, ran_out=g.ran_out)
+            self._update_demand(g, end)
         if span > 0 or not h.prev_seq:
             late = h.forfeit > 0 and end >= h.forfeit_until - EPS     # (ended before the boundary: given back above)
             self._past.append(_Past(h.group, h.token_seq, h.start, end, charge, used=used, head_shared=head,
@@ -1970,12 +2015,16 @@ class Policy:
         and a group capped at 0.3 next to an uncapped one waiting out 100 ms slots got 0.26 (0.5: 0.33) instead of
         the target its cap allows. Active, not only waiting: a busy group's next request is usually still on its
         way when the slot after its own is granted. Never shorter than a useful slot (min_quota_ms). Only the slot
-        of a holder that can spare it is cut (_yields): an uncapped one, or one that the others' shares hold at or
-        under half its cap; a capped one nearer its cap has a slot of its bucket's worth, and between capped groups
+        of a holder that can spare it is cut (_spare): an uncapped one, or one that the others' shares hold at or
+        under half its cap, or a framed one nearer its cap by what its frame holds over its share; a capped one at
+        its cap has a slot of its bucket's worth, and between capped groups
         whose caps add up to 1 or more the buckets cannot all be kept from filling (cutting there only splintered
         the slots: six times the handoffs at 0.4 / 0.6 in tests/policy_sim.py)."""
         holder = self._groups.get(name)
-        if holder is None or not self._yields(name, holder, start):
+        if holder is None:
+            return quota
+        spare = self._spare(name, holder, start)
+        if spare <= 0:
             return quota
         limit = quota
         window = math.inf
@@ -2000,16 +2049,7 @@ class Policy:
                 continue
             assert cg.bucket is not None
             full = cg.bucket.time_to_reach(cg.bucket.depth, start)
-            on_its_way = isinstance(cg.bucket, _FrameBucket) and cg.ran_out and \
-                start - cg.last_active <= REQUEST_ON_ITS_WAY_MS
-            if full <= start + EPS and cg.waiting is None and not on_its_way:
-                # full already and not asking: it has nothing to lose by waiting (idle now). Not a busy framed
-                # group whose slot just ran out, whose bucket is full at a boundary while its next request is on its
-                # way: skipped there, a holder granted at the boundary ran over the time that group's frame needed,
-                # its slot crossed the next boundary, and a group capped at 0.25 got 0.193 beside one at 0.8 (a
-                # review). Only just after: a group whose last slot ran out and that then stopped asking (a burst's
-                # end) cut every holder to 5 ms slots until it was inactive, 64 grants a second instead of 10 (a
-                # second review)
+            if self._makes_no_way(other, cg, start, full):
                 continue
             if isinstance(cg.bucket, _FrameBucket):
                 # what is left of its frame is lost at the boundary unless a slot of its starts before it (room);
@@ -2032,20 +2072,58 @@ class Policy:
             limit = min(limit, full - start)
             if limit <= useful:
                 break
-        return min(max(useful, limit), max(window, EPS))
+        cut = min(max(useful, limit), max(window, EPS))
+        return cut if quota - cut <= spare + EPS else quota
 
-    def _yields(self, name: str, g: _Group, at: float) -> bool:
-        """Whether the holder's slot may be cut to make way for the others' budgets (_before_overflow): an uncapped
-        group's, or a capped one's that the others' shares hold at or under half its cap (not aligned: its windows
-        are its peers' on the other GPUs). Such a group reaches its share even if it skips every other frame, so a
-        shorter slot costs it nothing; a capped group's 0.7 and 0.8 slots (its frame's budget) covered every other
-        frame of the others at 0.4 / 0.6 / 0.8 (0.239 / 0.339 / 0.419 instead of a third each, and 0.25 / 0.25 / 0.25
-        / 0.7: 0.202 each and 0.389, in tests/policy_sim.py)."""
-        if g.bucket is None:
-            return True
-        if g.cfg.aligned:
+    def _makes_no_way(self, name: str, g: _Group, start: float, full: float) -> bool:
+        """Whether a holder's slot granted at `start` is not cut for capped group `name`'s budget, which is full by
+        `full` (_before_overflow): the group is not asking, and
+        - its bucket is full already: it has nothing to lose by waiting (idle now). Not a busy framed group whose
+          slot just ran out, whose bucket is full at a boundary while its next request is on its way: skipped there,
+          a holder granted at the boundary ran over the time that group's frame needed, its slot crossed the next
+          boundary, and a group capped at 0.25 got 0.193 beside one at 0.8 (a review). Only just after
+          (REQUEST_ON_ITS_WAY_MS): a group whose last slot ran out and that then stopped asking (a burst's end) cut
+          every holder to 5 ms slots until it was inactive, 64 grants a second instead of 10 (a second review);
+        - or it is framed, and walked only as busy (_frame_tight's, not at its cap), and its burst ended: its next
+          frame's budget cut every holder to 5 ms slots up to the boundary, 9 a second where light groups' demand had
+          raised a busy group's target over half its cap (a sweep of tests/policy_sim.py);
+        - or it is framed and light, its demand (demand.py) under half its cap: what is left of its frame it leaves
+          anyway, and cut for it, holders ran 5 ms slots up to its boundaries, 10 a second beside a group asking 2 ms
+          every 20 ms and capped at 0.21, 20 a second beside such a latency group. A cap-bound group asking nearer
+          its cap keeps its frames: a latency group asking 5 ms every 20 ms, capped at 0.29 (its claims spent), got
+          0.11 instead of 0.16 without them."""
+        if g.waiting is not None:
             return False
-        return self._current_targets(at).get(name, 0.0) <= 0.5 * g.cfg.max_util + EPS
+        framed = isinstance(g.bucket, _FrameBucket)
+        if framed and g.ran_out and start - g.last_active <= REQUEST_ON_ITS_WAY_MS:
+            return False                            # its next request is on its way
+        if full <= start + EPS:
+            return True
+        if not framed:
+            return False
+        light = g.demand.limit is not None and g.demand.limit <= 0.5 * g.cfg.max_util + EPS
+        return name not in self._cap_bound or light
+
+    def _spare(self, name: str, g: _Group, at: float) -> float:
+        """How much of the holder's slot may be cut to make way for the others' budgets (_before_overflow): all of an
+        uncapped group's, or of a capped one's that the others' shares hold at or under half its cap (not aligned:
+        its windows are its peers' on the other GPUs). Such a group reaches its share even if it skips every other
+        frame, so a shorter slot costs it nothing; a capped group's 0.7 and 0.8 slots (its frame's budget) covered
+        every other frame of the others at 0.4 / 0.6 / 0.8 (0.239 / 0.339 / 0.419 instead of a third each, and 0.25 /
+        0.25 / 0.25 / 0.7: 0.202 each and 0.389, in tests/policy_sim.py). A framed one nearer its cap can spare what
+        its frame holds over its share: with light groups' demand in the targets, a group capped at 0.84 and owed
+        0.61 did not yield, its 84 ms slots covered a frame of a group capped at 0.22 now and then, and that one got
+        0.16 (a sweep of tests/policy_sim.py). 0: it keeps its slot."""
+        if g.bucket is None:
+            return math.inf
+        if g.cfg.aligned:
+            return 0.0
+        target = self._current_targets(at).get(name, 0.0)
+        if target <= 0.5 * g.cfg.max_util + EPS:
+            return math.inf
+        if isinstance(g.bucket, _FrameBucket):
+            return max(0.0, (g.cfg.max_util - target) * g.bucket.frame)
+        return 0.0
 
     def _overflow_walk(self, holder: _Group) -> list[tuple[str, _Group]]:
         """The groups whose budgets _before_overflow keeps a yielding holder's slot from wasting: the capped groups
