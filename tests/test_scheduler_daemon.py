@@ -711,6 +711,24 @@ def test_a_grant_decided_ahead_does_not_go_to_a_pod_manager_that_replaced_the_on
     assert got == [] and ("on_grant", "b") not in seen, (got, seen)
 
 
+def test_a_grant_for_a_group_without_a_pod_manager_is_handed_back_and_nobody_is_told_of_it():
+    """Deciding at the deadline (--decide-ahead 0): b asked, then its pod manager is gone before a's deadline (the
+    policy not told: the race the hand-back is for). b's grant goes nowhere and is handed back at once, and the
+    observers hear of neither it nor its end, as for a grant decided ahead (told of it, the metrics counted a grant
+    nobody got and the trace drew a slot of no length)."""
+    events = []
+    with DaemonThread(TWO, base_quota_ms=QUOTA, min_quota_ms=20.0, decide_ahead_ms=0.0) as d:
+        _watch_grants(d, events)
+        with _a_holds_and_b_asks(d) as (pa, pb, _grant):
+            time.sleep(0.05)
+            d.call(lambda: d.daemon._owners.pop("b"))
+            pa.send(TokenRequest("a"))                      # a asks again: granted once b's grant is handed back
+            assert isinstance(pa.recv_type(Grant, 3.0), Grant)
+            seen = d.call(lambda: list(events))
+            assert pb.drain() == []
+    assert not [e for e in seen if e[0] in ("on_grant", "on_slot_end") and e[1] == "b"], seen
+
+
 def test_a_grant_decided_ahead_for_a_group_a_reload_removed_is_not_sent_nor_counted():
     """b's grant waits for a's deadline; a reload removes b meanwhile: the grant goes nowhere, and the observers
     hear of no grant of b's (told of one, the metrics brought the removed group's series back)."""

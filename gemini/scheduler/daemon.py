@@ -266,7 +266,7 @@ class SchedulerDaemon:
         self._early: list[tuple[Union[GrantDecision, SlotEndDecision], Optional[bytes]]] = []
         self._early_frames: dict[int, tuple[Grant, bytes]] = {}     # their messages, by token_seq
         self._early_by_timer = False    # the timer's own decision made one of them (not a message in the window)
-        self._voided: set[int] = set()  # token_seqs of grants decided ahead that go out nowhere (being released)
+        self._voided: set[int] = set()  # token_seqs of grants that go out nowhere (being released)
         self._decide_cpu_ns: collections.deque[int] = collections.deque(maxlen=4096)  # a decision made ahead
         self._decided_ahead = 0         # grants at timers decided ahead (sent at their time), and on time
         self._decided_late = 0
@@ -763,10 +763,15 @@ class SchedulerDaemon:
             owner = self._owners.get(d.group)
             if isinstance(d, GrantDecision):
                 if owner is None:
-                    # Nobody to tell (its pod manager went away after asking): hand the token straight back.
+                    # Nobody to tell (its pod manager went away after asking): hand the token straight back, and
+                    # tell the observers of neither the grant nor its end, as for a grant decided ahead that goes
+                    # nowhere (_send_early; told, the metrics counted a grant nobody got)
                     log.warning("group %s was granted the token but has no pod manager; releasing it", d.group)
-                    self._notify("on_grant", d.group, d.token_seq, d.quota_ms, d.start_ms, d.wait_ms)
-                    self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, now), now)
+                    self._voided.add(d.token_seq)
+                    try:
+                        self._dispatch(self.policy.release(d.group, d.token_seq, 0.0, now), now)
+                    finally:
+                        self._voided.discard(d.token_seq)
                     continue
                 held = self._held
                 if d.continuation and held is not None and held.decision.token_seq == d.prev_seq:
