@@ -29,7 +29,8 @@ within its budget (see below). Three mechanisms decide who gets the next slot an
 * **Floors (MinUtil) and fair shares are weighted virtual time.** Each active group (one that is waiting,
   holding, or used the GPU in the last `active_ms`) gets a target share by water-filling: every group gets at
   least its MinUtil and at most its MaxUtil, and what is left is split evenly (this is where Gemini's
-  "MinUtil first, then least usage" converges). Its virtual time advances by its charges divided by that
+  "MinUtil first, then least usage" converges), a light group counting for about 1.25 times what it uses
+  (gemini/scheduler/demand.py, demand_targets). Its virtual time advances by its charges divided by that
   target; the waiting group with the least virtual time goes next. So two busy groups with MinUtil 0.7 and 0
   get 0.7 and 0.3, and equal groups alternate. A group that comes back after being idle starts at the least
   virtual time of the others: idle time is not banked.
