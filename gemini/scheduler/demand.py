@@ -14,14 +14,20 @@ The estimate is the fraction of the time a group held the GPU, decayed over TAU_
 prompter service would let it use (a light group made to wait behind a busy one's slot is not told apart from one
 that asks for less). That is enough because a limit changes only the others' targets: the limited group's own
 weight, and with it its place in the order, stay what its fair share gives (policy.demand_targets). Its limit is
-that fraction times MARGIN, rounded up to a STEP (so that the targets, which are recomputed when a limit changes,
-are not recomputed at every event); a limit rises at once and falls only by more than a STEP. A group whose last
+that fraction times MARGIN, rounded up to a LEVEL (powers of 2 ** 0.25 from MIN_LIMIT: so that the targets, which
+are recomputed when a limit changes, are not recomputed at every event); a limit rises at once and falls only by
+more than one level (following every level, a group holding 1.6 ms every 20 ms changed its limit at every event,
+and the targets were recomputed at 0.44 of the grants: an independent review). A group whose last
 BUSY_RUNS slots ran out (it had work to their end), with no pause between them but brief ones, is not limited at
 all, whatever its history: a light group that turns busy gives the others their usual targets back within two
 slots (a pause shorter than BRIEF_IDLE_MS is a busy group's next request on its way). Pauses alone do not tell: a
 light group made to wait behind 100 ms slots finds requests waiting when it is done, and asks again at once; and a
-time of running out would not do either: among many busy groups a group's slots are far apart. Nor is a group seen
-for less than TAU_MS / 2 limited.
+time of running out would not do either: among many busy groups a group's slots are far apart. A pause is
+counted from the end of the drain its request reports (overuse: 4-16 ms on an H200), not from its deadline. Nor is
+a group limited until it has been seen for TAU_MS / 2 -- from its first event, or from its return after it counted
+as inactive (the policy starts a new estimate then: counting the idle time as low demand, a busy floor group of
+0.7 that came back after a second's pause got 0.50 over its first second back, its limit raising the others'
+targets until two of its slots had run out; an independent review).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from typing import Optional
 
 TAU_MS = 1000.0         # the estimate's memory: several periods of a light group (20-500 ms)
 MARGIN = 1.25           # a group limited to its demand gets a quarter more than it used: room for it to grow
-STEP = 0.05             # limits are multiples of it
+LEVEL = 2 ** 0.25       # limits are powers of it ...
+MIN_LIMIT = 2.0 ** -8   # ... from this one (0.004: a light group among dozens still counts for what it uses)
 BUSY_RUNS = 2           # slots run out in a row: busy (one can be a light group's backlog after a long wait)
 BRIEF_IDLE_MS = 10.0    # a pause this short is a busy group's next request on its way (policy.REQUEST_ON_ITS_WAY_MS)
 
@@ -39,7 +46,7 @@ BRIEF_IDLE_MS = 10.0    # a pause this short is a busy group's next request on i
 class Demand:
     """One group's demand estimate (module docstring). Times in ms, on the policy's clock."""
 
-    __slots__ = ("held", "at", "first", "idle_from", "runs", "limit")
+    __slots__ = ("held", "at", "first", "idle_from", "runs", "use", "limit")
 
     def __init__(self) -> None:
         self.held = 0.0             # ms held, decayed to `at`
@@ -47,16 +54,18 @@ class Demand:
         self.first = math.inf       # its first event
         self.idle_from: Optional[float] = None  # asking for nothing since (None: waiting or holding)
         self.runs = 0               # its last slots that ran out, in a row (brief pauses between)
+        self.use: Optional[float] = None        # the fraction of the time it held slots (None: busy, or not known)
         self.limit: Optional[float] = None      # the share it is limited to (None: not limited)
 
     def _decayed(self, now: float) -> float:
         return self.held * math.exp(-(now - self.at) / TAU_MS) if now > self.at else self.held
 
-    def asked(self, now: float) -> None:
-        """The group asks for the GPU with no request waiting and no slot held."""
+    def asked(self, now: float, drain_ms: float = 0.0) -> None:
+        """The group asks for the GPU with no request waiting and no slot held; `drain_ms`: how long its last slot's
+        queued work ran past its end (the overuse its request reports), which is no pause."""
         self.first = min(self.first, now)
         if self.idle_from is not None:
-            if now - self.idle_from >= BRIEF_IDLE_MS:
+            if now - self.idle_from - max(0.0, drain_ms) >= BRIEF_IDLE_MS:
                 self.runs = 0           # a pause ends the run (a brief one: its next request, on its way)
             self.idle_from = None
 
@@ -79,17 +88,21 @@ class Demand:
         """Re-decide the limit at one of the group's events. True if it changed."""
         limit = self._limit(now)
         old = self.limit
-        if limit is None or old is None or limit > old or limit < old - STEP + 1e-9:
+        if limit is None or old is None or limit > old or limit < old / LEVEL ** 1.5:
             self.limit = limit
         return self.limit != old
 
     def _limit(self, now: float) -> Optional[float]:
+        self.use = None
         if self.runs >= BUSY_RUNS:
             return None
         seen = now - self.first
         if not seen >= TAU_MS / 2:
             return None
         # the decayed time held over the decayed time elapsed since its first event
-        raw = MARGIN * self._decayed(now) / (TAU_MS * -math.expm1(-seen / TAU_MS))
-        limit = max(STEP, math.ceil(raw / STEP - 1e-9) * STEP)
-        return None if limit >= 1.0 - 1e-9 else limit
+        self.use = self._decayed(now) / (TAU_MS * -math.expm1(-seen / TAU_MS))
+        raw = MARGIN * self.use
+        if raw >= 1.0:
+            return None
+        level = max(MIN_LIMIT, LEVEL ** math.ceil(math.log(max(raw, 1e-12), LEVEL) - 1e-9))
+        return None if level >= 1.0 - 1e-9 else level

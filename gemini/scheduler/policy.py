@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Optional, Union
 
 from gemini.config import Config, GroupConfig
-from gemini.scheduler.demand import Demand
+from gemini.scheduler.demand import MARGIN, Demand
 from gemini.wire.sched import ERR_UNKNOWN_GROUP, MAX_CLAIM_AHEAD_MS
 
 EPS = 1e-6  # ms; tolerance of eligibility tests against float rounding
@@ -429,19 +429,21 @@ def fair_targets(caps: dict[str, float], floors: Optional[dict[str, float]] = No
     return {n: min(max(level, lo[n]), c) for n, c in caps.items()}
 
 
-def demand_targets(caps: dict[str, float], floors: dict[str, float], limits: dict[str, float]) -> dict[str, float]:
-    """The targets with light groups' demand (gemini/scheduler/demand.py): every group not in `limits` gets its
-    fair share of what the limited groups leave (fair_targets with each limited group's cap and floor lowered to
-    its limit); a limited group keeps its fair share as if it wanted all of it (fair_targets), the weight its
-    virtual time runs at, so that it stays as far ahead in the order as before and, should it turn busy, owes
-    nothing for the slots it ran while limited."""
+def demand_targets(caps: dict[str, float], floors: dict[str, float], limits: dict[str, float]) \
+        -> tuple[dict[str, float], dict[str, float], frozenset[str]]:
+    """The targets with light groups' demand (gemini/scheduler/demand.py): (weights, shares, the limited groups).
+    Shares: fair_targets with each limited group's cap and floor lowered to its limit where that is under its fair
+    share (those are the limited groups), so that every other group gets its fair share of what they leave; they
+    add up to 1 (or to the caps). Weights, what virtual time runs at: the shares, but a limited group's is its fair
+    share as if it wanted all of it (fair_targets), so that it stays as far ahead in the order as before and,
+    should it turn busy, owes nothing for the slots it ran while limited."""
     full = fair_targets(caps, floors)
     limits = {n: v for n, v in limits.items() if n in caps and v < full[n] - EPS}
     if not limits:
-        return full
+        return full, full, frozenset()
     lowered = {n: min(c, limits[n]) if n in limits else c for n, c in caps.items()}
-    aware = fair_targets(lowered, {n: min(floors.get(n, 0.0), lowered[n]) for n in caps})
-    return {n: full[n] if n in limits else aware[n] for n in caps}
+    shares = fair_targets(lowered, {n: min(floors.get(n, 0.0), lowered[n]) for n in caps})
+    return {n: full[n] if n in limits else shares[n] for n in caps}, shares, frozenset(limits)
 
 
 class Policy:
@@ -526,7 +528,9 @@ class Policy:
         self._started = False
         self._last_now = self.start_ms
         self._targets_key: Optional[frozenset] = None
-        self._targets: dict[str, float] = {}
+        self._targets: dict[str, float] = {}     # the active groups' weights (demand_targets)
+        self._shares: dict[str, float] = {}      # and their shares: what status reports, --fair-cycle's slots
+        self._limited: frozenset[str] = frozenset()  # the groups held to their demand there
         # Active groups whose target went from 0 (the others' floors took the whole GPU) to a share: their virtual
         # time is brought back within a slot of the others' before the next choice (_schedule, _uncrowd)
         self._uncrowded: set[str] = set()
@@ -669,7 +673,7 @@ class Policy:
             self._apply_used(group, used_ms, now)
         burst = burst_ms if (math.isfinite(burst_ms) and burst_ms > 0) else 0.0
         if g.waiting is None:
-            g.demand.asked(now)
+            g.demand.asked(now, overuse_ms if math.isfinite(overuse_ms) else 0.0)
             self._update_demand(g, now)
             self._set_waiting(group, g, _Waiting(now, burst))
         else:  # a re-sent request (e.g. after a pod manager re-registered): keep its place in the queue
@@ -965,7 +969,8 @@ class Policy:
 
     def status(self, now: float) -> dict[str, GroupStatus]:
         now = self._now(now)
-        targets = self._current_targets(now)
+        self._current_targets(now)
+        targets = self._shares
         out = {}
         for name, g in self._groups.items():
             h = self._holder
@@ -1080,6 +1085,7 @@ class Policy:
                 g.vtime = floor
                 self._rekey(g)
             self._invalidate_targets()
+            self._demand_afresh(g)
             if g.crowded:
                 # nor a debt run up while the others' floors crowded it out (_uncrowd), which a group idle
                 # meanwhile would otherwise bring back with it (only that: a unified group's long slot, say, is
@@ -1346,10 +1352,16 @@ class Policy:
                 self._rekey(g)      # parked: its cap or class may have changed, so it is looked at again
         self._invalidate_targets()
 
+    def _demand_afresh(self, g: _Group) -> None:
+        """A group back from being inactive has its demand estimated afresh: counting the time it was inactive as
+        low demand, its limit raised the others' targets until two of its slots had run out (a busy floor group of
+        0.7 back after a second's pause got 0.50 over its first second: an independent review)."""
+        g.demand = Demand()
+
     def _update_demand(self, g: _Group, now: float) -> None:
         """Re-decide a group's demand limit at one of its events (demand.py); the targets follow a change. A
         latency group's targets are never limited (its claims, not its slots, are its demand); its limit tells
-        only _before_overflow that it is light."""
+        only _makes_no_way that it is light."""
         old = g.demand.limit
         if not (self.demand_limits and g.demand.update(now)) or g.cfg.latency:
             return
@@ -1382,8 +1394,8 @@ class Policy:
                 limit = groups[name].demand.limit
                 if limit is not None and self.demand_limits and not groups[name].cfg.latency:
                     limits[name] = limit
-            self._targets = demand_targets({n: groups[n].cfg.max_util for n in ordered},
-                                           {n: groups[n].cfg.min_util for n in ordered}, limits)
+            self._targets, self._shares, self._limited = demand_targets(
+                {n: groups[n].cfg.max_util for n in ordered}, {n: groups[n].cfg.min_util for n in ordered}, limits)
             self._uncrowded |= {n for n, t in self._targets.items() if t > EPS and before.get(n, 1.0) <= EPS}
             # the active capped groups whose fair share is their cap: only their buckets can overflow while they
             # wait (one held back by the others' shares gets less than its cap whatever the slots around it)
@@ -1674,10 +1686,16 @@ class Policy:
     def _cycle_of(self, g: _Group, at: float) -> Optional[float]:
         """`--fair-cycle`: the cycle's length (_cycle_length) if the group takes part in it, a batch group whose fair
         share is not its cap (an uncapped one, or one the others' shares hold under its cap), with a share to take;
-        else None (a group at its cap keeps its frame's budget)."""
+        else None (a group at its cap keeps its frame's budget; a light one, held to its demand, takes slots by
+        virtual time as it asks: given its share of the cycle, the light groups' unused slots shrank the cycle and a
+        floor group's turns no longer fitted its frames, 0.36 of a floor of 0.35's 0.375 beside two light groups: an
+        independent review)."""
         if g.cfg.latency or g.cfg.name in self.not_before:
             return None
-        share = self._current_targets(at).get(g.cfg.name, 0.0)
+        self._current_targets(at)
+        if g.cfg.name in self._limited:
+            return None
+        share = self._shares.get(g.cfg.name, 0.0)
         if share > 0 and (g.bucket is None or share < g.cfg.max_util - EPS):
             return self._cycle_length(at)
         return None
@@ -1688,8 +1706,9 @@ class Policy:
         virtual time, slots of -q). Rounding a small share's slot up to -m instead lengthened the cycle behind the
         others' backs: a floor of 0.9 beside three groups owed 0.033 got 0.856 (90 ms of every 105: an independent
         review)."""
-        targets = self._current_targets(at)
-        shares = [t for n, t in targets.items() if t > 0 and n in self._groups and not self._groups[n].cfg.latency]
+        self._current_targets(at)
+        shares = [t for n, t in self._shares.items() if t > 0 and n in self._groups and not self._groups[n].cfg.latency
+                  and n not in self._limited]
         if not shares:
             return None
         length = max(self.fair_cycle_ms, self.min_quota_ms / min(shares))
@@ -1702,7 +1721,8 @@ class Policy:
         (Correcting the length by how far a group's virtual time lagged the others' was tried: the holder's reserved
         slot always counts ahead of the group that follows it, and the slots grew to 93 / 40 ms at 0.7 / 0.3, a
         cycle that does not divide 1 s.)"""
-        share = self._current_targets(at).get(g.cfg.name, 0.0)
+        self._current_targets(at)
+        share = self._shares.get(g.cfg.name, 0.0)
         return max(self.min_quota_ms, self.quota_floor.get(g.cfg.name, 0.0), min(longest, share * length))
 
     def _eligible_at(self, g: _Group, now: float) -> float:
@@ -2088,11 +2108,11 @@ class Policy:
         - or it is framed, and walked only as busy (_frame_tight's, not at its cap), and its burst ended: its next
           frame's budget cut every holder to 5 ms slots up to the boundary, 9 a second where light groups' demand had
           raised a busy group's target over half its cap (a sweep of tests/policy_sim.py);
-        - or it is framed and light, its demand (demand.py) under half its cap: what is left of its frame it leaves
-          anyway, and cut for it, holders ran 5 ms slots up to its boundaries, 10 a second beside a group asking 2 ms
-          every 20 ms and capped at 0.21, 20 a second beside such a latency group. A cap-bound group asking nearer
-          its cap keeps its frames: a latency group asking 5 ms every 20 ms, capped at 0.29 (its claims spent), got
-          0.11 instead of 0.16 without them."""
+        - or it is framed and light, its use (demand.py) with the margin under half its cap: what is left of its
+          frame it leaves anyway, and cut for it, holders ran 5 ms slots up to its boundaries, 16 a second beside a
+          group asking 2 ms every 20 ms and capped at 0.21, 20 a second beside such a latency group. The price: a
+          latency group whose claims are spent, asking 5 ms every 20 ms and capped at 0.29, queued behind the others'
+          whole slots, got 0.11 instead of 0.16 (for 44 handoffs a second instead of 62)."""
         if g.waiting is not None:
             return False
         framed = isinstance(g.bucket, _FrameBucket)
@@ -2102,7 +2122,7 @@ class Policy:
             return True
         if not framed:
             return False
-        light = g.demand.limit is not None and g.demand.limit <= 0.5 * g.cfg.max_util + EPS
+        light = g.demand.use is not None and MARGIN * g.demand.use <= 0.5 * g.cfg.max_util + EPS
         return name not in self._cap_bound or light
 
     def _spare(self, name: str, g: _Group, at: float) -> float:
