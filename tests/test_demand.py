@@ -247,3 +247,15 @@ def test_a_busy_floor_group_back_from_a_pause_has_its_floor_at_once(afresh, monk
     m.run(t)
     first = min(m.share("r", a, a + 1000.0) for a in back)
     assert (first >= 0.68) == afresh, first
+
+
+def test_with_fair_cycles_light_groups_take_no_turns_and_the_floor_holds():
+    """--fair-cycle 100 beside two light groups: given their shares of the cycle, the light groups' unused slots
+    shrank it, the floor group's turns no longer fitted its frames, and it got 0.36 against the uncapped group's
+    0.51 (an independent review of 3ab085a). Light groups now take slots by virtual time as they ask, and the busy
+    ones' turns are their shares of the cycle."""
+    groups = [("f", 0.35, 0.6), ("u", 0.0, 1.0), ("l1", 0.0, 1.0), ("l2", 0.0, 1.0)]
+    m = Model(groups, {"f": Busy(), "u": Busy(), "l1": Requests(1.5, 20.0), "l2": Requests(2.0, 50.0)},
+              fair_cycle_ms=100.0).run(12_000.0)
+    f, u = m.share("f", 3000, m.now), m.share("u", 3000, m.now)
+    assert f >= 0.38 and u <= 0.5, (f, u)
