@@ -129,10 +129,11 @@ def test_a_floor_beside_a_light_group_is_its_floor_and_the_rest_even(on):
 
 
 @pytest.mark.parametrize("busy_override", [True, False])
-def test_a_light_floor_group_that_turns_busy_has_its_floor_over_every_second(busy_override, monkeypatch):
+def test_a_light_floor_group_that_turns_busy_has_its_floor_at_once(busy_override, monkeypatch):
     """A floor group that was light and turns busy: the others' targets come back once two of its slots ran out in
-    a row. Counted as light until its use showed otherwise (the `False` case), the others'
-    targets stayed high for a second and its worst 1 s window was 0.43 of its floor's 0.5."""
+    a row. Counted as light until its use showed otherwise (the `False` case), the others' targets stayed high for
+    a second or two and its worst 2 s window was 0.41 of its floor's 0.5 (0.40 over its second second). (Over 1 s
+    windows its 200 ms turns swing it 0.43-0.57 either way.)"""
     if not busy_override:
         monkeypatch.setattr(demand, "BUSY_RUNS", math.inf)
     groups = [("l", 0.5, 1.0), ("a", 0.0, 1.0), ("b", 0.0, 1.0)]
@@ -147,8 +148,8 @@ def test_a_light_floor_group_that_turns_busy_has_its_floor_over_every_second(bus
     m.run(12_000.0)
     if busy_override:
         assert m.policy._groups["l"].demand.limit is None
-    worst = min(m.window_shares("l", 1000.0, 100.0, 6000.0, 12_000.0))
-    assert (worst >= 0.5 - 0.03) == busy_override, worst
+    worst = min(m.window_shares("l", 2000.0, 100.0, 6000.0, 12_000.0))
+    assert (worst >= 0.5 - 0.02) == busy_override, worst
 
 
 def test_a_latency_groups_demand_does_not_limit_its_target():
@@ -227,18 +228,18 @@ def test_a_capped_holder_nearer_its_cap_spares_what_its_frame_holds_over_its_sha
 
 @pytest.mark.parametrize("afresh", [True, False])
 def test_a_busy_floor_group_back_from_a_pause_has_its_floor_at_once(afresh, monkeypatch):
-    """A group with MinUtil 0.7 beside three busy ones runs 4 s, pauses 1 s (longer than active_ms), and so on. Its
+    """A group with MinUtil 0.7 beside three busy ones runs 4 s, pauses 2 s (longer than active_ms), and so on. Its
     demand is estimated afresh when it comes back; counting the pause as low demand (the `False` case), its limit
     raised the others' targets until two of its slots had run out, and it got 0.50 over its first second back (an
-    independent review)."""
+    independent review found it with 1 s pauses and the estimate's first memory of 1 s; 0.40 after 3 s pauses)."""
     if not afresh:
         monkeypatch.setattr(Policy, "_demand_afresh", lambda self, g: None)
     groups = [("r", 0.7, 1.0)] + [(f"b{i}", 0.0, 1.0) for i in range(3)]
     m = Model(groups, {"r": Busy(stop_ms=4000.0), **{f"b{i}": Busy() for i in range(3)}})
     t, back = 4000.0, []
-    while t < 20_000.0:
-        m.run(t + 1000.0)
-        t += 1000.0
+    while t < 24_000.0:
+        m.run(t + 2000.0)
+        t += 2000.0
         m.tenants["r"].kind = Busy()
         m.push(t, "want", "r")
         m.push(t + 4000.0, "quit", "r")
@@ -259,3 +260,19 @@ def test_with_fair_cycles_light_groups_take_no_turns_and_the_floor_holds():
               fair_cycle_ms=100.0).run(12_000.0)
     f, u = m.share("f", 3000, m.now), m.share("u", 3000, m.now)
     assert f >= 0.38 and u <= 0.5, (f, u)
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_sparse_light_group_keeps_its_limit_across_its_pauses(kept, monkeypatch):
+    """Two light groups asking 4 ms every 250 ms on average (Poisson) beside a floor of 0.35 and an uncapped group:
+    their pauses often pass active_ms. Started afresh at every return (the `False` case: as for a busy group), each
+    counted as wanting its whole share half the time, and the floor group got 0.507 against 0.465 (a second
+    independent review); kept, what they leave is shared evenly."""
+    if not kept:
+        monkeypatch.setattr(Policy, "_demand_afresh", lambda self, g: setattr(g, "demand", Demand()))
+    groups = [("f", 0.35, 0.6), ("u", 0.0, 1.0), ("l1", 0.0, 1.0), ("l2", 0.0, 1.0)]
+    kinds = {"f": Busy(), "u": Busy(), "l1": Requests(4.0, 250.0, poisson=True),
+             "l2": Requests(4.0, 250.0, poisson=True)}
+    m = Model(groups, kinds).run(30_000.0)
+    f, u = m.share("f", 3000, m.now), m.share("u", 3000, m.now)
+    assert (abs(f - u) <= 0.015) == kept, (f, u)

@@ -288,11 +288,13 @@ def test_a_slot_makes_way_for_the_next_frames_budget_of_a_group_in_debt():
     1.5 ms every 20 ms. Its slots end a fraction of a millisecond in debt, so at the next boundary its bucket stays
     under its depth and counted as full only at the boundary after: nothing was cut for it, an uncapped 100 ms slot
     covered all of its next frame, and every third frame was skipped -- 0.285 instead of 0.35 (an independent
-    review). A slot now also ends by the time the next frame's budget would no longer fit before that frame ends."""
+    review). A slot now also ends by the time the next frame's budget would no longer fit before that frame ends.
+    (0.338 then; 0.330 since the light groups' demand counts in the targets: g1's target, 0.28, is then over half
+    its cap and its slots are cut by at most what its frame holds over its share, _spare.)"""
     groups = [("l", 0.0, 0.21), ("g1", 0.0, 0.39), ("g2", 0.0, 0.42), ("g3", 0.0, 1.0), ("n", 0.35, 0.35)]
     m = Model(groups, {"l": Requests(1.5, 20.0, poisson=True), "g1": Busy(), "g2": Requests(2.0, 50.0), "g3": Busy(),
                        "n": Busy()}, seed=116).run(14_000.0)
-    assert m.share("n", 2000, m.now) >= 0.33
+    assert m.share("n", 2000, m.now) >= 0.325
 
 
 def test_a_slot_granted_at_a_boundary_makes_way_for_a_busy_framed_group_whose_request_is_on_its_way():

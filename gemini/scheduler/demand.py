@@ -14,10 +14,11 @@ The estimate is the fraction of the time a group held the GPU, decayed over TAU_
 prompter service would let it use (a light group made to wait behind a busy one's slot is not told apart from one
 that asks for less). That is enough because a limit changes only the others' targets: the limited group's own
 weight, and with it its place in the order, stay what its fair share gives (policy.demand_targets). Its limit is
-that fraction times MARGIN, rounded up to a LEVEL (powers of 2 ** 0.25 from MIN_LIMIT: so that the targets, which
+that fraction times MARGIN, rounded up to a LEVEL (powers of 2 ** 0.5 from MIN_LIMIT: so that the targets, which
 are recomputed when a limit changes, are not recomputed at every event); a limit rises at once and falls only by
-more than one level (following every level, a group holding 1.6 ms every 20 ms changed its limit at every event,
-and the targets were recomputed at 0.44 of the grants: an independent review). A group whose last
+more than one level (following every 0.05 step, a group holding 1.6 ms every 20 ms changed its limit at every
+event; with levels 2 ** 0.25 apart a Poisson light group's bursts moved its limit 3.5 times a second: two
+independent reviews). A group whose last
 BUSY_RUNS slots ran out (it had work to their end), with no pause between them but brief ones, is not limited at
 all, whatever its history: a light group that turns busy gives the others their usual targets back within two
 slots (a pause shorter than BRIEF_IDLE_MS is a busy group's next request on its way). Pauses alone do not tell: a
@@ -25,9 +26,11 @@ light group made to wait behind 100 ms slots finds requests waiting when it is d
 time of running out would not do either: among many busy groups a group's slots are far apart. A pause is
 counted from the end of the drain its request reports (overuse: 4-16 ms on an H200), not from its deadline. Nor is
 a group limited until it has been seen for TAU_MS / 2 -- from its first event, or from its return after it counted
-as inactive (the policy starts a new estimate then: counting the idle time as low demand, a busy floor group of
-0.7 that came back after a second's pause got 0.50 over its first second back, its limit raising the others'
-targets until two of its slots had run out; an independent review).
+as inactive if it was not limited then (the policy starts a new estimate for a busy group back from a pause:
+counting the pause as low demand, a busy floor group of 0.7 that came back after a second's pause got 0.50 over its
+first second back, its limit raising the others' targets until two of its slots had run out; a light group's pause
+is what it is, and started afresh, a light group asking every 250-400 ms on average counted as wanting its whole
+share half the time: two independent reviews).
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-TAU_MS = 1000.0         # the estimate's memory: several periods of a light group (20-500 ms)
+TAU_MS = 2000.0         # the estimate's memory: a light group's Poisson bursts average out (two reviews)
 MARGIN = 1.25           # a group limited to its demand gets a quarter more than it used: room for it to grow
-LEVEL = 2 ** 0.25       # limits are powers of it ...
-MIN_LIMIT = 2.0 ** -8   # ... from this one (0.004: a light group among dozens still counts for what it uses)
+LEVEL = 2 ** 0.5        # limits are powers of it ...
+MIN_LIMIT = 2.0 ** -6   # ... from this one (0.016: a light group among dozens still counts for little)
 BUSY_RUNS = 2           # slots run out in a row: busy (one can be a light group's backlog after a long wait)
 BRIEF_IDLE_MS = 10.0    # a pause this short is a busy group's next request on its way (policy.REQUEST_ON_ITS_WAY_MS)
 
