@@ -276,3 +276,19 @@ def test_a_sparse_light_group_keeps_its_limit_across_its_pauses(kept, monkeypatc
     m = Model(groups, kinds).run(30_000.0)
     f, u = m.share("f", 3000, m.now), m.share("u", 3000, m.now)
     assert (abs(f - u) <= 0.015) == kept, (f, u)
+
+
+def test_a_light_groups_use_is_what_its_hooks_measured_not_its_slots_length():
+    """A slot lasts a light group's burst and the idle release after it: 1.5 ms of work every 20 ms held slots of
+    6.5 ms, and counted by their length it was never limited (on the simulated driver a floor of 0.35 beside it and
+    an uncapped group got 0.453 / 0.276 in tests/probe_light.py; 0.365 / 0.366 counting what the hooks measured)."""
+    for used, limited in ((1.5, True), (0.0, False)):
+        d = Demand()
+        t = 0.0
+        while t < 5000.0:
+            d.asked(t)
+            d.update(t)
+            d.slot_ended(t, t + 6.5, idle=True, ran_out=False, used=used)
+            d.update(t + 6.5)
+            t += 20.0
+        assert (d.limit is not None and d.limit <= 0.125) == limited, d.limit

@@ -1530,7 +1530,8 @@ class Policy:
             self._rekey(g)
             g.usage.add(h.start, end, charge)
             self._touch(g, now)
-            g.demand.slot_ended(h.start, end, idle=reason != "continued" and g.waiting is None, ran_out=g.ran_out)
+            g.demand.slot_ended(h.start, end, idle=reason != "continued" and g.waiting is None, ran_out=g.ran_out,
+                                used=used)
             self._update_demand(g, end)
         if span > 0 or not h.prev_seq:
             late = h.forfeit > 0 and end >= h.forfeit_until - EPS     # (ended before the boundary: given back above)
