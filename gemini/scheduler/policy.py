@@ -1396,7 +1396,7 @@ class Policy:
             limits: dict[str, float] = {}
             for name in ordered:
                 limit = groups[name].demand.limit
-                if limit is not None and self.demand_limits and not groups[name].cfg.latency:
+                if limit is not None and not groups[name].cfg.latency:     # (None with demand_limits off)
                     limits[name] = limit
             self._targets, self._shares, self._limited = demand_targets(
                 {n: groups[n].cfg.max_util for n in ordered}, {n: groups[n].cfg.min_util for n in ordered}, limits)
